@@ -1,0 +1,97 @@
+# kvq - GNU Makefile. Targets:
+#   make            build/libkvq.a, build/libkvq.so, build/kvq
+#   make check      every test, in a normal build and in an ASan+UBSan build
+#   make bench      the benchmarks (kvq bench ...)
+#   make demo       the main job, printed as a table
+#   make install PREFIX=/usr/local [DESTDIR=...]
+# BUILD=dir selects the build folder (helpers and sanitizer builds use their own).
+# SAN=1 builds with AddressSanitizer + UndefinedBehaviorSanitizer.
+
+CC       ?= cc
+BUILD    ?= build
+PREFIX   ?= /usr/local
+DATA     ?= ../shared/data
+PYTHON   ?= /usr/bin/python3
+
+OPT      ?= -O2
+WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-missing-field-initializers
+BASEFLAGS := -std=c11 -D_GNU_SOURCE -ffp-contract=off -fPIC -fvisibility=hidden -Iinclude -g
+ifeq ($(SAN),1)
+  OPT    := -O1
+  SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+endif
+CFLAGS_ALL := $(BASEFLAGS) $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS)
+LDLIBS   := -lm -lpthread
+AVX2FLAGS := -mavx2 -mfma -mf16c -mbmi2
+
+LIB_SRC  := $(sort $(shell find src -name '*.c'))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TOOL_SRC := $(sort $(wildcard tools/*.c))
+TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_HELP := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
+
+.PHONY: all check check-run check-san bench demo install clean python-test
+
+all: $(BUILD)/libkvq.a $(BUILD)/libkvq.so $(BUILD)/kvq
+
+$(BUILD)/obj/src/kernels/x86/%.o: src/kernels/x86/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/libkvq.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libkvq.so: $(LIB_OBJ)
+	$(CC) -shared $(SANFLAGS) -Wl,-soname,libkvq.so.0 -o $@ $^ $(LDLIBS)
+
+$(BUILD)/kvq: $(TOOL_OBJ) $(BUILD)/libkvq.a
+	$(CC) $(SANFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(TEST_HELP) tests/testutil.h $(BUILD)/libkvq.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Isrc -o $@ $< $(TEST_HELP) $(BUILD)/libkvq.a $(LDLIBS)
+
+# Runs every test binary of $(BUILD); fails at the end if any failed.
+check-run: $(TEST_BIN) $(BUILD)/kvq
+	@fail=0; for t in $(TEST_BIN); do \
+	  echo "== $$t"; KVQ_DATA=$(DATA) $$t --data $(DATA) || fail=1; \
+	done; \
+	echo "== tools/cli_test.sh ($(BUILD))"; sh tests/cli_test.sh $(BUILD)/kvq || fail=1; \
+	if [ $$fail -ne 0 ]; then echo "SOME TESTS FAILED ($(BUILD))"; exit 1; fi; \
+	echo "all test binaries passed ($(BUILD))"
+
+check-san:
+	$(MAKE) BUILD=build-san SAN=1 check-run
+
+check: all
+	$(MAKE) check-run
+	$(MAKE) check-san
+
+bench: all
+	$(BUILD)/kvq bench codecs --head-dim 128 --data gauss
+	$(BUILD)/kvq bench codecs --head-dim 128 --data outlier
+	$(BUILD)/kvq bench codecs --head-dim 8 --data gauss
+
+demo: all
+	$(BUILD)/kvq bench codecs
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 include/kvq.h $(DESTDIR)$(PREFIX)/include/kvq.h
+	install -m 644 $(BUILD)/libkvq.a $(DESTDIR)$(PREFIX)/lib/libkvq.a
+	install -m 755 $(BUILD)/libkvq.so $(DESTDIR)$(PREFIX)/lib/libkvq.so.0
+	ln -sf libkvq.so.0 $(DESTDIR)$(PREFIX)/lib/libkvq.so
+	install -m 755 $(BUILD)/kvq $(DESTDIR)$(PREFIX)/bin/kvq
+	sed -e 's|@PREFIX@|$(PREFIX)|' kvq.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc
+
+clean:
+	rm -rf build build-san
+
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d)

@@ -1,0 +1,203 @@
+/*
+ * kvq.h - the one public header of libkvq.
+ *
+ * kvq keeps the key/value cache of LLM inference small and fast: it encodes K
+ * and V vectors with compact codecs (integer, TurboQuant, non-uniform per
+ * channel), scores queries and accumulates values directly on the encoded
+ * bytes, and (in later layers of the library) pages, evicts and tiers them.
+ *
+ * Conventions
+ * - Every function that can fail returns kvq_status: 0 is success, negative
+ *   values are errors; kvq_strerror() names them and never returns NULL.
+ *   Results come back through out-parameters.
+ * - When a function returns an error, it has written nothing to its outputs
+ *   and the handle is unchanged.
+ * - Buffers are passed as (dst, dst_capacity, src, src_size); sizes are
+ *   size_t. Capacities of float buffers count floats, of byte buffers bytes.
+ * - Handles are opaque; every _free() accepts NULL.
+ * - Thread safety: a kvq_codec is immutable once created, except by
+ *   kvq_codec_fit() and kvq_codec_load_state(). All other calls on one codec
+ *   may run from several threads at once. Nothing in the library uses global
+ *   mutable state; CPU feature detection runs once (pthread_once) and is
+ *   read-only after.
+ * - Stored data is little-endian. docs/format.md has the byte layouts.
+ */
+#ifndef KVQ_H
+#define KVQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVQ_VERSION_MAJOR 0
+#define KVQ_VERSION_MINOR 1
+#define KVQ_VERSION_PATCH 0
+#define KVQ_VERSION_NUMBER (KVQ_VERSION_MAJOR * 10000 + KVQ_VERSION_MINOR * 100 + KVQ_VERSION_PATCH)
+
+#if defined(_WIN32)
+#define KVQ_API
+#else
+#define KVQ_API __attribute__((visibility("default")))
+#endif
+
+KVQ_API const char *kvq_version_string(void);
+
+/* ---- errors --------------------------------------------------------------
+ * One X-macro list: the enum and the strings cannot drift apart. */
+#define KVQ_ERROR_LIST(X)                                                                          \
+    X(KVQ_OK, 0, "ok")                                                                             \
+    X(KVQ_ERR_INVALID_ARG, -1, "invalid argument (NULL pointer or zero count)")                    \
+    X(KVQ_ERR_NOMEM, -2, "out of memory")                                                          \
+    X(KVQ_ERR_UNKNOWN_CODEC, -3, "unknown codec name")                                             \
+    X(KVQ_ERR_BAD_OPTION, -4, "unknown or invalid codec option")                                   \
+    X(KVQ_ERR_HEAD_DIM, -5, "head_dim must be between 1 and 1024")                                 \
+    X(KVQ_ERR_GROUP, -6, "group size does not divide head_dim")                                    \
+    X(KVQ_ERR_DST_TOO_SMALL, -7, "destination buffer too small")                                   \
+    X(KVQ_ERR_SRC_SIZE, -8, "source size is not a whole number of encoded vectors")                \
+    X(KVQ_ERR_NONFINITE, -9, "input contains NaN or Inf")                                          \
+    X(KVQ_ERR_NOT_FITTED, -10, "codec has no fitted tables: call kvq_codec_fit or load state")     \
+    X(KVQ_ERR_CORRUPT, -11, "corrupt or malformed data")                                           \
+    X(KVQ_ERR_VERSION, -12, "unsupported format version")                                          \
+    X(KVQ_ERR_IO, -13, "I/O error")                                                                \
+    X(KVQ_ERR_ISA, -14, "requested SIMD path is not supported by this CPU")                        \
+    X(KVQ_ERR_UNSUPPORTED, -15, "operation not supported by this codec or configuration")          \
+    X(KVQ_ERR_FULL, -16, "cache is full (max_tokens reached and no eviction possible)")            \
+    X(KVQ_ERR_ORDER, -17, "token position goes backwards")                                         \
+    X(KVQ_ERR_RANGE, -18, "index out of range")                                                    \
+    X(KVQ_ERR_MISMATCH, -19, "state or data does not match this codec or cache")
+
+typedef enum {
+#define KVQ__ENUM(name, value, msg) name = value,
+    KVQ_ERROR_LIST(KVQ__ENUM)
+#undef KVQ__ENUM
+} kvq_status;
+
+/* Never NULL; unknown codes give "unknown error". */
+KVQ_API const char *kvq_strerror(kvq_status status);
+
+/* ---- allocator -------------------------------------------------------------
+ * Per handle. NULL (or a struct with NULL functions) means malloc/free.
+ * alloc must return memory aligned to at least 64 bytes or NULL; kvq never
+ * asks for 0 bytes. free is never called with NULL. */
+typedef struct kvq_allocator {
+    void *(*alloc)(void *ctx, size_t size);
+    void (*free)(void *ctx, void *ptr);
+    void *ctx;
+} kvq_allocator;
+
+/* ---- CPU paths -------------------------------------------------------------*/
+typedef enum {
+    KVQ_ISA_AUTO = 0,   /* the best path this CPU supports */
+    KVQ_ISA_SCALAR = 1, /* the plain C reference */
+    KVQ_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
+    KVQ_ISA_AVX512 = 3  /* AVX-512 F/BW/VL (not built yet: rejected with KVQ_ERR_ISA) */
+} kvq_isa;
+
+KVQ_API kvq_isa kvq_cpu_best_isa(void);
+KVQ_API int kvq_cpu_supports(kvq_isa isa);
+KVQ_API const char *kvq_isa_name(kvq_isa isa);
+
+/* ---- codecs ----------------------------------------------------------------
+ * A codec encodes each vector of head_dim floats (1..1024) independently into
+ * a fixed number of bytes. Codecs are named by a spec: a name and options
+ * after colons, e.g. "int4:g=32", "tq3:nc=0:seed=7".
+ *
+ *   f32 f16 bf16          plain values (f16/bf16 round to nearest even; f16
+ *                         saturates at +-65504 instead of overflowing to Inf)
+ *   int8[:g=G]            symmetric per group: fp16 scale (absmax/127), int8s
+ *   int4[:g=G] int2[:g=G] asymmetric per group: fp16 scale and minimum, codes
+ *                         packed little-end first (value 2i in the low nibble
+ *                         of byte i for int4; value 4i+k in bits 2k..2k+1)
+ *   tq1..tq4[:nc=][:norm=][:seed=]
+ *                         TurboQuant-MSE: random rotation, Lloyd-Max codebook
+ *                         for one coordinate of a random unit vector in R^d,
+ *                         packed b-bit indices and one stored scale
+ *   tqp2..tqp4[:nc=][:norm=][:seed=]
+ *                         TurboQuant-prod: tq(b-1) + 1-bit QJL sketch of the
+ *                         residual and its norm (unbiased inner products)
+ *   nuq1..nuq8            per-channel non-uniform levels fitted by 1-D
+ *                         Lloyd-Max; needs kvq_codec_fit or load_state
+ * Options: g=N group size (int codecs; default head_dim; must divide it),
+ * nc=0|1 norm correction (default 1), norm=16|8 stored scale as fp16 or as an
+ * 8-bit log2 code, seed=N rotation and sketch seed (default 0x6b7671). */
+typedef struct kvq_codec kvq_codec;
+
+typedef struct kvq_codec_params {
+    const kvq_allocator *allocator; /* NULL = malloc/free */
+    kvq_isa isa;                    /* KVQ_ISA_AUTO or a forced path */
+    char *err_msg;                  /* optional: a detailed message on failure */
+    size_t err_msg_size;
+} kvq_codec_params;
+
+/* params may be NULL (defaults). On error *out is NULL. */
+KVQ_API kvq_status kvq_codec_create(kvq_codec **out, const char *spec, size_t head_dim,
+                                    const kvq_codec_params *params);
+KVQ_API void kvq_codec_free(kvq_codec *codec);
+
+/* The canonical spec with every option spelled out, e.g. "int4:g=32". */
+KVQ_API const char *kvq_codec_spec(const kvq_codec *codec);
+KVQ_API size_t kvq_codec_head_dim(const kvq_codec *codec);
+/* Bytes of one encoded vector (everything stored for it: scales, norms...). */
+KVQ_API size_t kvq_codec_vector_bytes(const kvq_codec *codec);
+/* vector_bytes * 8 / head_dim. Codec state (nuq tables) is not per vector
+ * and is reported by kvq_codec_state_bytes. */
+KVQ_API double kvq_codec_bits_per_value(const kvq_codec *codec);
+KVQ_API size_t kvq_codec_state_bytes(const kvq_codec *codec);
+KVQ_API kvq_isa kvq_codec_isa(const kvq_codec *codec);
+/* 1 when the codec needs kvq_codec_fit (or load_state) before encoding. */
+KVQ_API int kvq_codec_needs_fit(const kvq_codec *codec);
+/* Capacity in bytes needed to encode n vectors. */
+KVQ_API size_t kvq_codec_encode_bound(const kvq_codec *codec, size_t n_vectors);
+
+/* src holds n_vectors * head_dim floats. The input is checked first: NaN/Inf
+ * gives KVQ_ERR_NONFINITE and dst is not touched. */
+KVQ_API kvq_status kvq_codec_encode(const kvq_codec *codec, void *dst, size_t dst_capacity,
+                                    const float *src, size_t n_vectors);
+/* src_size must be a multiple of vector_bytes; dst gets src_size/vector_bytes
+ * * head_dim floats. */
+KVQ_API kvq_status kvq_codec_decode(const kvq_codec *codec, float *dst, size_t dst_capacity,
+                                    const void *src, size_t src_size);
+
+/* Fused score: for n_q float queries (n_q * head_dim floats) and the
+ * n_keys = keys_size / vector_bytes encoded keys, scores[i * n_keys + j] =
+ * <q_i, key_j> computed on the encoded bytes (each key is decoded once for
+ * all queries). The SIMD paths may quantize the query to int8 (int codecs);
+ * their error against the scalar path is bounded in tests/. */
+KVQ_API kvq_status kvq_codec_score(const kvq_codec *codec, float *scores, size_t scores_capacity,
+                                   const float *q, size_t n_q, const void *keys, size_t keys_size);
+
+/* Fused accumulate: out[i * head_dim + c] += sum_j w[i * n_vals + j] * v_j[c]
+ * for n_q weight rows over n_vals = vals_size / vector_bytes encoded values. */
+KVQ_API kvq_status kvq_codec_accumulate(const kvq_codec *codec, float *out, size_t out_capacity,
+                                        const float *w, size_t n_q, const void *vals,
+                                        size_t vals_size);
+
+/* Fit codec state from sample vectors (nuq: per-channel Lloyd-Max tables;
+ * tq/tqp with norm=8: the range of the log2 norm code). Codecs without
+ * state return KVQ_OK and do nothing. */
+KVQ_API kvq_status kvq_codec_fit(kvq_codec *codec, const float *samples, size_t n_vectors);
+
+/* Codec state as a self-checking blob (magic, version, spec, head_dim,
+ * payload, CRC32C). save_state with dst NULL reports the size in *written. */
+KVQ_API kvq_status kvq_codec_save_state(const kvq_codec *codec, void *dst, size_t dst_capacity,
+                                        size_t *written);
+KVQ_API kvq_status kvq_codec_load_state(kvq_codec *codec, const void *src, size_t src_size);
+/* The same blob in a file (the calibration file). Saving writes a temporary
+ * file, fsyncs it and renames it over path. */
+KVQ_API kvq_status kvq_codec_save_file(const kvq_codec *codec, const char *path);
+KVQ_API kvq_status kvq_codec_load_file(kvq_codec *codec, const char *path);
+
+/* ---- small utilities used by tools and bindings ---------------------------*/
+KVQ_API uint16_t kvq_f32_to_f16(float x); /* round to nearest even, saturating */
+KVQ_API float kvq_f16_to_f32(uint16_t h);
+KVQ_API uint16_t kvq_f32_to_bf16(float x); /* round to nearest even */
+KVQ_API float kvq_bf16_to_f32(uint16_t h);
+KVQ_API uint32_t kvq_crc32c(uint32_t crc, const void *data, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_H */

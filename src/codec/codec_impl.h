@@ -1,0 +1,121 @@
+/*
+ * codec_impl.h - the internal shape of a codec: the kvq_codec struct, the
+ * kernel table each codec family fills in, and the family hooks that the
+ * codec table (codec.c) calls. Families live in one file each (float.c,
+ * int.c, tq.c, nuq.c); their scalar kernels are the reference, and the SIMD
+ * kernels in src/kernels/ must agree with them (bit-exact for packing, within
+ * named bounds for float arithmetic).
+ *
+ * Kernel contracts (n may be 0; pointers need no alignment):
+ *   encode(c, dst, src, n)   n vectors of d floats -> n * c->bytes bytes.
+ *                            src is already checked finite.
+ *   decode(c, dst, src, n)   n * c->bytes bytes -> n * d floats.
+ *   prep(c, qp, q)           one float query -> c->qp_bytes bytes of prepared
+ *                            query (rotated, quantized, LUTs...). qp is
+ *                            64-byte aligned.
+ *   score(c, out, ostride, qp, nq, keys, n)
+ *                            out[i * ostride + j] = <q_i, key_j>, i < nq,
+ *                            j < n; qp holds nq prepared queries, each
+ *                            c->qp_bytes apart.
+ *   accum(c, acc, astride, w, wstride, nq, vals, n)
+ *                            acc[i * astride + t] += sum_j w[i * wstride + j]
+ *                            * v_j[t] in the codec's accumulation domain
+ *                            (c->acc_len floats per row; for tq this is the
+ *                            rotated domain).
+ *   finish(c, out, acc)      out[t] += (acc mapped back to the value domain)[t]
+ *                            for t < d; NULL when the domain is the identity
+ *                            (then acc is added directly).
+ * All kernels are thread-safe: they only read the codec and use the stack.
+ */
+#ifndef KVQ_CODEC_IMPL_H
+#define KVQ_CODEC_IMPL_H
+
+#include "../common/common.h"
+
+typedef struct kvq__kernels {
+    void (*encode)(const kvq_codec *c, uint8_t *dst, const float *src, size_t n);
+    void (*decode)(const kvq_codec *c, float *dst, const uint8_t *src, size_t n);
+    void (*prep)(const kvq_codec *c, void *qp, const float *q);
+    void (*score)(const kvq_codec *c, float *out, size_t ostride, const void *qp, size_t nq,
+                  const uint8_t *keys, size_t n);
+    void (*accum)(const kvq_codec *c, float *acc, size_t astride, const float *w, size_t wstride,
+                  size_t nq, const uint8_t *vals, size_t n);
+    void (*finish)(const kvq_codec *c, float *out, const float *acc);
+} kvq__kernels;
+
+typedef enum {
+    KVQ__FAM_FLOAT = 1, /* f32, f16, bf16 */
+    KVQ__FAM_INT,       /* int8, int4, int2 */
+    KVQ__FAM_TQ,        /* tq1..tq4 */
+    KVQ__FAM_TQP,       /* tqp2..tqp4 */
+    KVQ__FAM_NUQ        /* nuq1..nuq8 */
+} kvq__family;
+
+/* float family kinds */
+enum { KVQ__F32 = 0, KVQ__F16 = 1, KVQ__BF16 = 2 };
+
+#define KVQ__SEED_DEFAULT 0x6b7671u
+
+struct kvq_codec {
+    kvq_allocator alloc;
+    kvq__family family;
+    int kind;        /* float family: KVQ__F32/F16/BF16 */
+    int bits;        /* int: 8/4/2; tq: 1..4 (index bits); tqp: total bits 2..4; nuq: 1..8 */
+    size_t d;        /* head_dim */
+    size_t group;    /* int codecs: group size (divides d) */
+    size_t ngroups;  /* d / group */
+    int nc;          /* tq/tqp: norm correction */
+    int norm_bits;   /* tq/tqp: 16 (fp16 scale) or 8 (log2 code) */
+    uint64_t seed;   /* tq/tqp rotation and sketch */
+    size_t bytes;    /* encoded bytes per vector */
+    size_t qp_bytes; /* prepared query size in bytes (multiple of 64) */
+    size_t acc_len;  /* floats per accumulation row (>= d) */
+    kvq_isa isa;     /* path the kernels were chosen for */
+    char spec[96];   /* canonical spec */
+
+    kvq__kernels ref; /* the scalar reference kernels */
+    kvq__kernels k;   /* the kernels in use (SIMD where available) */
+
+    /* family state; owned, freed by the family's destroy hook */
+    void *state;
+    size_t state_bytes; /* bytes of state that are fitted/persistent (nuq tables) */
+    int fitted;         /* nuq: tables present */
+};
+
+/* Family hooks. init() has c->family/kind/bits/d/group/ngroups/nc/norm_bits/
+ * seed/alloc filled and must set bytes, qp_bytes, acc_len, ref and state; it
+ * may fail with KVQ_ERR_NOMEM / KVQ_ERR_HEAD_DIM (writing a message into err
+ * with snprintf when err is not NULL). destroy() frees c->state (also after
+ * a failed init). After init, codec.c copies ref into k and lets
+ * src/kernels/dispatch.c override the entries that have a SIMD path for
+ * c->isa (kvq__kernels_select). */
+typedef struct kvq__family_ops {
+    kvq_status (*init)(kvq_codec *c, char *err, size_t err_size);
+    void (*destroy)(kvq_codec *c);
+    /* optional: */
+    kvq_status (*fit)(kvq_codec *c, const float *x, size_t n);
+    size_t (*state_size)(const kvq_codec *c); /* payload bytes of persistent state */
+    void (*state_save)(const kvq_codec *c, uint8_t *dst);
+    kvq_status (*state_load)(kvq_codec *c, const uint8_t *src, size_t size); /* validates */
+} kvq__family_ops;
+
+extern const kvq__family_ops kvq__float_ops;
+extern const kvq__family_ops kvq__int_ops;
+extern const kvq__family_ops kvq__tq_ops;  /* tq and tqp */
+extern const kvq__family_ops kvq__nuq_ops;
+
+/* src/kernels/dispatch.c: override c->k entries with SIMD kernels for
+ * c->isa where the family and its parameters have one. */
+void kvq__kernels_select(kvq_codec *c);
+
+/* Internal entry points the cache uses (no argument checks: callers ensure
+ * sizes). qp must be 64-byte aligned, nq * c->qp_bytes bytes. */
+static inline void kvq__codec_prep(const kvq_codec *c, void *qp, const float *q, size_t nq) {
+    for (size_t i = 0; i < nq; i++)
+        c->k.prep(c, (uint8_t *)qp + i * c->qp_bytes, q + i * c->d);
+}
+
+/* Round up to a multiple of 64. */
+static inline size_t kvq__round64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+#endif

@@ -1,0 +1,18 @@
+/*
+ * kernels.h - SIMD kernel selectors, one per codec family and ISA. Each one
+ * overrides the entries of c->k for which it has a kernel that supports the
+ * codec's parameters, and leaves the scalar reference in place otherwise.
+ * Files under x86/ are compiled with the flags of their ISA and only called
+ * after run-time CPU detection said the ISA is there.
+ */
+#ifndef KVQ_KERNELS_H
+#define KVQ_KERNELS_H
+
+#include "../codec/codec_impl.h"
+
+void kvq__float_avx2_select(kvq_codec *c);
+void kvq__int_avx2_select(kvq_codec *c);
+void kvq__tq_avx2_select(kvq_codec *c);
+void kvq__nuq_avx2_select(kvq_codec *c);
+
+#endif

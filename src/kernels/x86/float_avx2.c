@@ -1,0 +1,118 @@
+/*
+ * float_avx2.c - AVX2 kernels of f32/f16/bf16: conversion with F16C (f16
+ * values are clamped to +-65504 first so the hardware rounding matches the
+ * saturating reference bit for bit), and multi-query score / accumulate with
+ * FMA. Used when head_dim is a multiple of 8.
+ */
+#include "../kernels.h"
+#include "simd_avx2.h"
+
+static inline __m256 kvq__fload(int kind, const uint8_t *p, size_t t) {
+    if (kind == KVQ__F32)
+        return _mm256_loadu_ps((const float *)(const void *)(p + 4 * t));
+    if (kind == KVQ__F16)
+        return kvq__load_f16x8(p + 2 * t);
+    return kvq__load_bf16x8(p + 2 * t);
+}
+
+static void kvq__float_encode_avx2(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    size_t m = n * c->d;
+    if (c->kind == KVQ__F32) {
+        memcpy(dst, src, m * 4);
+        return;
+    }
+    size_t i = 0;
+    if (c->kind == KVQ__F16) {
+        const __m256 lim = _mm256_set1_ps(65504.0f), nlim = _mm256_set1_ps(-65504.0f);
+        for (; i + 8 <= m; i += 8) {
+            __m256 x = _mm256_loadu_ps(src + i);
+            x = _mm256_min_ps(_mm256_max_ps(x, nlim), lim);
+            _mm_storeu_si128((__m128i *)(dst + 2 * i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+        }
+        for (; i < m; i++)
+            kvq__st16(dst + 2 * i, kvq__f16_from_f32(src[i]));
+    } else {
+        const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+        for (; i + 16 <= m; i += 16) {
+            __m256i a = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+            __m256i b = _mm256_castps_si256(_mm256_loadu_ps(src + i + 8));
+            a = _mm256_srli_epi32(
+                _mm256_add_epi32(a, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(a, 16), one))), 16);
+            b = _mm256_srli_epi32(
+                _mm256_add_epi32(b, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(b, 16), one))), 16);
+            __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+            _mm256_storeu_si256((__m256i *)(dst + 2 * i), p);
+        }
+        for (; i < m; i++)
+            kvq__st16(dst + 2 * i, kvq__bf16_from_f32(src[i]));
+    }
+}
+
+static void kvq__float_decode_avx2(const kvq_codec *c, float *dst, const uint8_t *src, size_t n) {
+    size_t m = n * c->d;
+    if (c->kind == KVQ__F32) {
+        memcpy(dst, src, m * 4);
+        return;
+    }
+    size_t i = 0;
+    for (; i + 8 <= m; i += 8)
+        _mm256_storeu_ps(dst + i, kvq__fload(c->kind, src, i));
+    for (; i < m; i++) {
+        uint16_t h = kvq__ld16(src + 2 * i);
+        dst[i] = c->kind == KVQ__F16 ? kvq__f16_to_f32(h) : kvq__bf16_to_f32(h);
+    }
+}
+
+static void kvq__float_score_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                                  size_t nq, const uint8_t *keys, size_t n) {
+    const float *q = (const float *)qp;
+    const size_t qs = c->qp_bytes / sizeof(float), d = c->d;
+    const int kind = c->kind;
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        size_t g = KVQ__MIN(4, nq - i0);
+        const float *q0 = q + i0 * qs;
+        const float *q1 = q0 + (g > 1 ? qs : 0), *q2 = q0 + (g > 2 ? 2 * qs : 0),
+                    *q3 = q0 + (g > 3 ? 3 * qs : 0);
+        for (size_t j = 0; j < n; j++) {
+            const uint8_t *k = keys + j * c->bytes;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t t = 0; t < d; t += 8) {
+                __m256 kv = kvq__fload(kind, k, t);
+                a0 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q0 + t), a0);
+                a1 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q1 + t), a1);
+                a2 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q2 + t), a2);
+                a3 = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q3 + t), a3);
+            }
+            float r[4];
+            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, a2, a3));
+            for (size_t i = 0; i < g; i++)
+                out[(i0 + i) * ostride + j] = r[i];
+        }
+    }
+}
+
+static void kvq__float_accum_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                                  size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
+    const size_t d = c->d;
+    const int kind = c->kind;
+    for (size_t j = 0; j < n; j++) {
+        const uint8_t *v = vals + j * c->bytes;
+        for (size_t t = 0; t < d; t += 8) {
+            __m256 vv = kvq__fload(kind, v, t);
+            for (size_t i = 0; i < nq; i++) {
+                float *a = acc + i * astride + t;
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(w[i * wstride + j]), vv,
+                                                    _mm256_loadu_ps(a)));
+            }
+        }
+    }
+}
+
+void kvq__float_avx2_select(kvq_codec *c) {
+    c->k.encode = kvq__float_encode_avx2;
+    c->k.decode = kvq__float_decode_avx2;
+    if (c->d % 8 == 0) {
+        c->k.score = kvq__float_score_avx2;
+        c->k.accum = kvq__float_accum_avx2;
+    }
+}

@@ -1,0 +1,39 @@
+/*
+ * simd_avx2.h - small AVX2 helpers shared by the AVX2 kernel files. Include
+ * only from files compiled with -mavx2 -mfma -mf16c.
+ */
+#ifndef KVQ_SIMD_AVX2_H
+#define KVQ_SIMD_AVX2_H
+
+#include <immintrin.h>
+
+static inline float kvq__hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v);
+    __m128 hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    __m128 sh = _mm_movehdup_ps(lo);
+    lo = _mm_add_ps(lo, sh);
+    sh = _mm_movehl_ps(sh, lo);
+    lo = _mm_add_ss(lo, sh);
+    return _mm_cvtss_f32(lo);
+}
+
+/* Horizontal sums of four vectors at once: result lane i = sum of v_i. */
+static inline __m128 kvq__hsum4x256(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_hadd_ps(a, b);
+    __m256 cd = _mm256_hadd_ps(c, d);
+    __m256 abcd = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* 8 fp16 values at p (unaligned) to floats. */
+static inline __m256 kvq__load_f16x8(const void *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+/* 8 bf16 values at p to floats. */
+static inline __m256 kvq__load_bf16x8(const void *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+#endif

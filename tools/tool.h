@@ -1,0 +1,10 @@
+/* tool.h - subcommands of the kvq tool, one file each. argv[0] is the
+ * subcommand name. Each returns the process exit code (0 ok, 1 failure, 2
+ * usage error). */
+#ifndef KVQ_TOOL_H
+#define KVQ_TOOL_H
+
+int kvq_tool_bench_codecs(int argc, char **argv);
+int kvq_tool_list_codecs(int argc, char **argv);
+
+#endif
