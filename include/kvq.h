@@ -190,6 +190,150 @@ KVQ_API kvq_status kvq_codec_load_state(kvq_codec *codec, const void *src, size_
 KVQ_API kvq_status kvq_codec_save_file(const kvq_codec *codec, const char *path);
 KVQ_API kvq_status kvq_codec_load_file(kvq_codec *codec, const char *path);
 
+
+/* ---- the cache -------------------------------------------------------------
+ * A kvq_cache stores the K and V vectors of every layer and KV head of one
+ * sequence, encoded in pages of page_tokens tokens, and computes attention
+ * directly over the encoded pages. Keys are stored after RoPE (the model
+ * applies RoPE before appending) unless k_prerope is set, in which case the
+ * cache stores pre-RoPE keys and rotates each decoded key page inside
+ * attention at its token's position. Each token keeps its position, so
+ * eviction never shifts the positions of the tokens that remain.
+ *
+ * Thread safety: a cache is not safe for concurrent mutation; append, evict,
+ * set_precision and attend (which updates utility scores and counters) on
+ * one cache must be serialized by the caller. Read-only calls (get_kv,
+ * stats, tokens) may run concurrently with each other. attend may itself use
+ * n_threads worker threads over the KV heads of a layer. */
+typedef struct kvq_cache kvq_cache;
+
+typedef enum {
+    KVQ_POLICY_NONE = 0,    /* never evict; append past max_tokens fails */
+    KVQ_POLICY_WINDOW = 1,  /* StreamingLLM: sinks + the most recent tokens */
+    KVQ_POLICY_FIFO = 2,    /* evict in arrival order (oldest appended first) */
+    KVQ_POLICY_UTILITY = 3  /* EMA of attention received (0.9 old + 0.1 new; new = 1.0) */
+} kvq_policy;
+
+typedef enum {
+    KVQ_LAYOUT_TOKEN = 0,  /* each key vector encoded on its own */
+    KVQ_LAYOUT_CHANNEL = 1 /* KIVI: per-channel scale/min over the tokens of a page */
+} kvq_layout;
+
+/* Per-layer / per-KV-head codec override. layer or head < 0 means "all". */
+typedef struct kvq_codec_override {
+    int layer;
+    int kv_head;
+    int is_value; /* 0: keys, 1: values */
+    const char *codec;
+} kvq_codec_override;
+
+typedef struct kvq_cache_config {
+    size_t n_layers, n_kv_heads, n_q_heads, head_dim;
+    size_t max_tokens;          /* per layer: the page pool holds at most this many */
+    const char *k_codec;        /* default "f16" */
+    const char *v_codec;        /* default "f16" */
+    const kvq_codec_override *overrides;
+    size_t n_overrides;
+    size_t page_tokens;         /* default 16 */
+    size_t recent_window;       /* newest R tokens kept in f16, encoded when they leave (0) */
+    size_t sinks;               /* first tokens never evicted (4) */
+    kvq_policy policy;          /* default KVQ_POLICY_NONE */
+    size_t budget_tokens;       /* per layer, 0 = none (max_tokens bounds it) */
+    double budget_ratio;        /* > 0: budget = ceil(ratio * length of the first append) */
+    size_t protect_recent;      /* most recent tokens never evicted (128) */
+    kvq_layout k_layout;        /* default token */
+    int k_prerope;              /* keys are given before RoPE; RoPE applied in attention */
+    double rope_theta;          /* 10000 */
+    size_t rope_dims;           /* rotary dims (0 = head_dim); pairs (2i, 2i+1) */
+    int k_center;               /* subtract a per-(layer, head) channel mean from keys */
+    const float *k_center_values; /* [n_layers][n_kv_heads][head_dim], or NULL = estimate
+                                     from the first append of each layer */
+    size_t n_threads;           /* attention worker threads (1) */
+    const kvq_allocator *allocator;
+    kvq_isa isa;
+    char *err_msg;              /* optional detailed message on failure */
+    size_t err_msg_size;
+} kvq_cache_config;
+
+/* Fills every field with its default (and zeros the shape). */
+KVQ_API void kvq_cache_config_init(kvq_cache_config *cfg);
+KVQ_API kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg);
+KVQ_API void kvq_cache_free(kvq_cache *cache);
+
+/* Appends n_tokens tokens to one layer. k and v are [n_tokens][n_kv_heads]
+ * [head_dim]; positions[n_tokens] strictly increase and continue after the
+ * last appended position (NULL: the next positions in order). Eviction (when
+ * a policy is set) makes room first so that the layer never holds more than
+ * its budget after the call. On error nothing is stored. */
+KVQ_API kvq_status kvq_cache_append(kvq_cache *cache, size_t layer, const float *k,
+                                    const float *v, const int32_t *positions, size_t n_tokens);
+
+/* Attention for one layer: q is [n_queries][n_q_heads][head_dim] at
+ * q_positions[n_queries] (a key at position p is visible to a query at
+ * position qp when p <= qp); out is [n_queries][n_q_heads][head_dim] =
+ * softmax(q.K^T/sqrt(head_dim)).V. When token_attn is not NULL it receives,
+ * for each KV head and stored token (in ascending position order, the order
+ * of kvq_cache_positions), the attention that token received summed over the
+ * query heads of its group and over the queries: [n_kv_heads][n_tokens]
+ * (token_attn_capacity floats). Under the utility policy, attention received
+ * updates the scores whether or not token_attn is given. */
+KVQ_API kvq_status kvq_cache_attend(kvq_cache *cache, size_t layer, const float *q,
+                                    const int32_t *q_positions, size_t n_queries, float *out,
+                                    size_t out_capacity, float *token_attn,
+                                    size_t token_attn_capacity);
+
+/* Number of tokens stored in a layer, and their positions in ascending
+ * order. */
+KVQ_API kvq_status kvq_cache_tokens(const kvq_cache *cache, size_t layer, size_t *n_tokens);
+KVQ_API kvq_status kvq_cache_positions(const kvq_cache *cache, size_t layer, int32_t *positions,
+                                       size_t capacity);
+
+/* Decodes the tokens of a layer with index first..first+count-1 in ascending
+ * position order, for one KV head (kv_head >= 0) or all (kv_head = -1), to
+ * float: k and v are [count][heads][head_dim] (either may be NULL). Keys come
+ * back as stored (after RoPE unless k_prerope) with the centre added back. */
+KVQ_API kvq_status kvq_cache_get_kv(const kvq_cache *cache, size_t layer, int kv_head,
+                                    size_t first, size_t count, float *k, float *v,
+                                    size_t capacity);
+
+/* Switches the K or V codec of a layer (and one KV head, or all with -1) at
+ * run time: pages are decoded and re-encoded with the new codec; new tokens
+ * use it. *added_nmse (optional) gets the error the re-encode added:
+ * sum ||old decoded - new decoded||^2 / sum ||old decoded||^2. */
+KVQ_API kvq_status kvq_cache_set_precision(kvq_cache *cache, int layer, int kv_head,
+                                           int is_value, const char *codec, double *added_nmse);
+
+/* Evicts down to the budget now (the policy also runs inside append). */
+KVQ_API kvq_status kvq_cache_set_budget(kvq_cache *cache, size_t budget_tokens);
+
+typedef struct kvq_stats {
+    uint64_t tokens;          /* stored now */
+    uint64_t tokens_appended;
+    uint64_t tokens_evicted;
+    uint64_t payload_bytes;   /* K/V page bytes (codec scales and norms included) and the f16
+                                 staging of tokens not yet encoded */
+    uint64_t metadata_bytes;  /* page tables, per-slot positions/states/scores */
+    uint64_t codec_meta_bytes; /* part of payload_bytes that is codec metadata (scales,
+                                  minimums, norms, per-page channel scales) */
+    uint64_t stored_bytes;    /* payload + metadata = what is allocated now */
+    uint64_t peak_stored_bytes;
+    uint64_t bytes_written;   /* encoded bytes produced */
+    uint64_t bytes_read;      /* encoded bytes scanned by attention */
+    uint64_t reencodes;       /* vectors re-encoded (set_precision, window flushes excluded) */
+    uint64_t pages;           /* allocated pages */
+    uint64_t free_slots;      /* free token slots in allocated pages */
+    double bits_per_value;    /* payload_bytes * 8 / (tokens * kv_heads * head_dim * 2) */
+    double total_bits_per_value; /* stored_bytes (tables too) * 8 / the same */
+    double fragmentation;     /* free slots in allocated pages / all slots in allocated pages */
+} kvq_stats;
+
+/* layer = -1: the total over layers (peak is the peak of the total). */
+KVQ_API kvq_status kvq_cache_stats(const kvq_cache *cache, int layer, kvq_stats *st);
+/* JSON rendering of the total and per-layer stats; *written excludes the NUL.
+ * With dst NULL, reports the size needed. */
+KVQ_API kvq_status kvq_cache_stats_json(const kvq_cache *cache, char *dst, size_t capacity,
+                                        size_t *written);
+
 /* ---- small utilities used by tools and bindings ---------------------------*/
 KVQ_API uint16_t kvq_f32_to_f16(float x); /* round to nearest even, saturating */
 KVQ_API float kvq_f16_to_f32(uint16_t h);

@@ -1,9 +1,218 @@
-/* int.c - placeholder until the family is written. */
+/*
+ * int.c - the integer codecs int8, int4 and int2 (scalar reference kernels).
+ *
+ * A vector of d floats is cut into ng = d/g groups of g values. int8 is
+ * symmetric: one fp16 scale s per group and x ~ s*q, q in [-127, 127]. int4
+ * and int2 are asymmetric: an fp16 scale s and an fp16 minimum m per group
+ * and x ~ m + s*q, q in [0, L] with L = 15 or 3. Byte layout of one vector
+ * (little-endian; docs/format.md):
+ *   int8       [ng x f16 scale][d x int8 code]
+ *   int4/int2  [ng x f16 scale][ng x f16 min][codes packed over the vector]
+ * int4 value i sits in byte i/2 (low nibble when i is even), int2 value i in
+ * byte i/4 at bits 2*(i%4); unused high bits of the last byte are zero.
+ *
+ * Group parameters (the AVX2 encoder reproduces them bit for bit, so every
+ * step is one correctly rounded float operation in a fixed order):
+ *   int8:  s = f16(min(amax/127, 65504)), inv = s > 0 ? 1/s : 0,
+ *          q = clamp(rint(x*inv), -127, 127)
+ *   asym:  m = f16(clamp(min, +-65504)), s = f16(clamp((max - m)/L, 0, 65504)),
+ *          inv as above, q = clamp(rint((x - m)*inv), 0, L)
+ * rint is round-to-nearest-even. min and max are taken with -0 folded into
+ * +0 so the scan order cannot change the stored bits. The clamps keep huge
+ * inputs (1e30) finite: their scale saturates at 65504.
+ *
+ * The reference prepared query is the float query followed by the float sum
+ * of each group (the minimum term of int4/int2 is m_g * sum of q over g).
+ * qp_bytes also covers the AVX2 layout (src/kernels/x86/int_avx2.c), which
+ * needs at most 3*d + 96 bytes.
+ */
 #include "codec_impl.h"
 
-static kvq_status kvq__int_init(kvq_codec *c, char *err, size_t err_size) {
-    (void)c; (void)err; (void)err_size;
-    return KVQ_ERR_UNSUPPORTED;
+#define KVQ__F16_MAXF 65504.0f
+
+static size_t kvq__int_code_bytes(int bits, size_t d) {
+    return bits == 8 ? d : bits == 4 ? (d + 1) / 2 : (d + 3) / 4;
 }
+
+/* Bytes of scales (and minimums) in front of the codes. */
+static size_t kvq__int_param_bytes(int bits, size_t ng) { return (bits == 8 ? 2 : 4) * ng; }
+
+static inline float kvq__clampf(float v, float lo, float hi) {
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+static inline unsigned kvq__int_code(const uint8_t *codes, int bits, size_t i) {
+    if (bits == 8)
+        return codes[i];
+    if (bits == 4)
+        return (codes[i >> 1] >> ((i & 1) * 4)) & 15u;
+    return (codes[i >> 2] >> ((i & 3) * 2)) & 3u;
+}
+
+static void kvq__int_encode_one(const kvq_codec *c, uint8_t *dst, const float *x) {
+    const size_t d = c->d, g = c->group, ng = c->ngroups;
+    if (c->bits == 8) {
+        uint8_t *codes = dst + 2 * ng;
+        for (size_t gi = 0; gi < ng; gi++) {
+            const float *xg = x + gi * g;
+            float amax = 0.0f;
+            for (size_t t = 0; t < g; t++) {
+                float a = fabsf(xg[t]);
+                if (a > amax)
+                    amax = a;
+            }
+            float r = amax / 127.0f;
+            if (r > KVQ__F16_MAXF)
+                r = KVQ__F16_MAXF;
+            uint16_t sh = kvq__f16_from_f32(r);
+            float s = kvq__f16_to_f32(sh);
+            float inv = s > 0.0f ? 1.0f / s : 0.0f;
+            kvq__st16(dst + 2 * gi, sh);
+            for (size_t t = 0; t < g; t++) {
+                float q = kvq__clampf(nearbyintf(xg[t] * inv), -127.0f, 127.0f);
+                codes[gi * g + t] = (uint8_t)(int8_t)(int)q;
+            }
+        }
+        return;
+    }
+    const int bits = c->bits;
+    const float L = bits == 4 ? 15.0f : 3.0f;
+    uint8_t *codes = dst + 4 * ng;
+    memset(codes, 0, kvq__int_code_bytes(bits, d));
+    for (size_t gi = 0; gi < ng; gi++) {
+        const float *xg = x + gi * g;
+        float mn = xg[0], mx = xg[0];
+        for (size_t t = 1; t < g; t++) {
+            if (xg[t] < mn)
+                mn = xg[t];
+            if (xg[t] > mx)
+                mx = xg[t];
+        }
+        mn = mn + 0.0f; /* -0 -> +0 */
+        mx = mx + 0.0f;
+        uint16_t mh = kvq__f16_from_f32(kvq__clampf(mn, -KVQ__F16_MAXF, KVQ__F16_MAXF));
+        float m = kvq__f16_to_f32(mh);
+        float r = kvq__clampf((mx - m) / L, 0.0f, KVQ__F16_MAXF);
+        uint16_t sh = kvq__f16_from_f32(r);
+        float s = kvq__f16_to_f32(sh);
+        float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        kvq__st16(dst + 2 * gi, sh);
+        kvq__st16(dst + 2 * ng + 2 * gi, mh);
+        for (size_t t = 0; t < g; t++) {
+            unsigned q = (unsigned)kvq__clampf(nearbyintf((xg[t] - m) * inv), 0.0f, L);
+            size_t i = gi * g + t;
+            if (bits == 4)
+                codes[i >> 1] |= (uint8_t)(q << ((i & 1) * 4));
+            else
+                codes[i >> 2] |= (uint8_t)(q << ((i & 3) * 2));
+        }
+    }
+}
+
+static void kvq__int_encode(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    for (size_t j = 0; j < n; j++)
+        kvq__int_encode_one(c, dst + j * c->bytes, src + j * c->d);
+}
+
+/* x = s*q (int8) or m + s*q (int4/int2): one multiply, then one add. */
+static void kvq__int_decode_one(const kvq_codec *c, float *out, const uint8_t *src) {
+    const size_t g = c->group, ng = c->ngroups;
+    const int bits = c->bits;
+    const uint8_t *codes = src + kvq__int_param_bytes(bits, ng);
+    for (size_t gi = 0; gi < ng; gi++) {
+        float s = kvq__f16_to_f32(kvq__ld16(src + 2 * gi));
+        if (bits == 8) {
+            for (size_t t = gi * g; t < (gi + 1) * g; t++)
+                out[t] = s * (float)(int8_t)codes[t];
+        } else {
+            float m = kvq__f16_to_f32(kvq__ld16(src + 2 * ng + 2 * gi));
+            for (size_t t = gi * g; t < (gi + 1) * g; t++)
+                out[t] = m + s * (float)kvq__int_code(codes, bits, t);
+        }
+    }
+}
+
+static void kvq__int_decode(const kvq_codec *c, float *dst, const uint8_t *src, size_t n) {
+    for (size_t j = 0; j < n; j++)
+        kvq__int_decode_one(c, dst + j * c->d, src + j * c->bytes);
+}
+
+/* Reference prepared query: q[d] then qsum[ng] (float sums per group). */
+static void kvq__int_prep(const kvq_codec *c, void *qp, const float *q) {
+    float *f = (float *)qp;
+    memcpy(f, q, c->d * sizeof(float));
+    for (size_t gi = 0; gi < c->ngroups; gi++) {
+        float s = 0.0f;
+        for (size_t t = gi * c->group; t < (gi + 1) * c->group; t++)
+            s += q[t];
+        f[c->d + gi] = s;
+    }
+}
+
+/* <q, key> = sum_g (s_g * sum_{t in g} q_t code_t + m_g * qsum_g). */
+static void kvq__int_score(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                           size_t nq, const uint8_t *keys, size_t n) {
+    const size_t d = c->d, g = c->group, ng = c->ngroups;
+    const size_t qs = c->qp_bytes / sizeof(float);
+    const int bits = c->bits;
+    float cf[KVQ__MAX_HEAD_DIM];
+    for (size_t j = 0; j < n; j++) {
+        const uint8_t *k = keys + j * c->bytes;
+        const uint8_t *codes = k + kvq__int_param_bytes(bits, ng);
+        for (size_t t = 0; t < d; t++)
+            cf[t] = bits == 8 ? (float)(int8_t)codes[t] : (float)kvq__int_code(codes, bits, t);
+        for (size_t i = 0; i < nq; i++) {
+            const float *q = (const float *)qp + i * qs;
+            float dot = 0.0f;
+            for (size_t gi = 0; gi < ng; gi++) {
+                float a = 0.0f;
+                for (size_t t = gi * g; t < (gi + 1) * g; t++)
+                    a += q[t] * cf[t];
+                dot += kvq__f16_to_f32(kvq__ld16(k + 2 * gi)) * a;
+                if (bits != 8)
+                    dot += kvq__f16_to_f32(kvq__ld16(k + 2 * ng + 2 * gi)) * q[d + gi];
+            }
+            out[i * ostride + j] = dot;
+        }
+    }
+}
+
+static void kvq__int_accum(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                           size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
+    float v[KVQ__MAX_HEAD_DIM];
+    for (size_t j = 0; j < n; j++) {
+        kvq__int_decode_one(c, v, vals + j * c->bytes);
+        for (size_t i = 0; i < nq; i++) {
+            float wj = w[i * wstride + j];
+            float *a = acc + i * astride;
+            for (size_t t = 0; t < c->d; t++)
+                a[t] += wj * v[t];
+        }
+    }
+}
+
+static kvq_status kvq__int_init(kvq_codec *c, char *err, size_t err_size) {
+    (void)err;
+    (void)err_size;
+    const size_t d = c->d, ng = c->ngroups;
+    c->bytes = kvq__int_param_bytes(c->bits, ng) + kvq__int_code_bytes(c->bits, d);
+    size_t ref_qp = (d + ng) * sizeof(float);
+    size_t simd_qp = 3 * d + 96;
+    c->qp_bytes = kvq__round64(KVQ__MAX(ref_qp, simd_qp));
+    c->acc_len = d;
+    c->ref.encode = kvq__int_encode;
+    c->ref.decode = kvq__int_decode;
+    c->ref.prep = kvq__int_prep;
+    c->ref.score = kvq__int_score;
+    c->ref.accum = kvq__int_accum;
+    c->ref.finish = NULL;
+    c->state = NULL;
+    return KVQ_OK;
+}
+
 static void kvq__int_destroy(kvq_codec *c) { (void)c; }
-const kvq__family_ops kvq__int_ops = { .init = kvq__int_init, .destroy = kvq__int_destroy };
+
+const kvq__family_ops kvq__int_ops = {
+    .init = kvq__int_init,
+    .destroy = kvq__int_destroy,
+};

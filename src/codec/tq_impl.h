@@ -1,0 +1,144 @@
+/*
+ * tq_impl.h - internals shared by the TurboQuant family (tq.c), its codebook
+ * and rotation helpers (tq_codebook.c, tq_rotate.c) and its AVX2 kernels
+ * (kernels/x86/tq_avx2.c).
+ *
+ * Model (see tq.c for the byte layout): a vector x is rotated, y = R x, and
+ * u = y / ||x|| is quantized coordinate by coordinate with the Lloyd-Max
+ * codebook of one coordinate of a uniform random unit vector in R^d. tqp
+ * adds a 1-bit QJL sketch of the residual, taken in the rotated domain.
+ *
+ * Bit-exactness rules the SIMD paths rely on (the scalar code in tq.c and
+ * tq_rotate.c is the definition):
+ * - "lane sums": a sum over j < d is accumulated in 8 float lanes, lane j % 8,
+ *   each lane in increasing j, with a separate multiply and add (no FMA);
+ *   the lanes are then combined either in double in lane order (norms) or by
+ *   kvq__tq_reduce8 (dot products of the dense rotation and the sketch).
+ * - the FWHT is unnormalized and runs its stages h = 1, 2, 4, ... in order.
+ * Score and accumulate are not bit-exact (FMA, other summation order).
+ */
+#ifndef KVQ_TQ_IMPL_H
+#define KVQ_TQ_IMPL_H
+
+#include "codec_impl.h"
+
+#define KVQ__TQ_MAX_LEVELS 16
+
+/* One stored norm when norm=8: code 0 is 0, codes 1..255 put log2 of the
+ * norm uniformly on [lo, hi]. tab[k] is the value code k decodes to. */
+typedef struct kvq__tq_ncode {
+    float lo, hi;
+    float tab[256];
+} kvq__tq_ncode;
+
+typedef struct kvq__tq {
+    int kb;           /* index bits of the MSE part: tq bits, tqp bits - 1 */
+    int levels;       /* 1 << kb */
+    int pow2;         /* 1: R = H D / sqrt(d) (FWHT); 0: dense Haar matrix */
+    int sketch;       /* tqp: the QJL sketch is present */
+    size_t nb;        /* bytes of one stored norm: 2 (fp16) or 1 (log code) */
+    size_t idx_bytes; /* ceil(d * kb / 8) */
+    size_t off_idx, off_rnorm, off_sign; /* byte offsets in one vector */
+
+    /* codebook; symmetric: cent[levels-1-k] = -cent[k] */
+    double cent_d[KVQ__TQ_MAX_LEVELS]; /* centroids, ascending */
+    double thr_d[KVQ__TQ_MAX_LEVELS];  /* levels-1 thresholds, ascending */
+    double distortion;                 /* E||u - Q(u)||^2 for a random unit u */
+    float cent[KVQ__TQ_MAX_LEVELS];
+    float mag[8];  /* positive half: mag[n] = cent[levels/2 + n] */
+    float msq[8];  /* mag[n] * mag[n] */
+    float pthr[8]; /* positive thresholds tau_1..tau_{levels/2-1}: thr[levels/2-1+i] */
+    float rs;      /* (float)(1 / sqrt(d)) */
+
+    uint32_t *sflip; /* pow2: d words, 0 or 0x80000000 (the signs of D) */
+    float *rot;      /* !pow2: d x d row-major M, y = M x */
+    float *skm;      /* tqp: d x d row-major Gaussian sketch S */
+    float sk_scale;  /* sqrt(pi/2) / d */
+
+    kvq__tq_ncode ns; /* scale code (norm=8) */
+    kvq__tq_ncode nr; /* tqp residual norm code (norm=8) */
+} kvq__tq;
+
+/* ---- tq_codebook.c ---- */
+/* Lloyd-Max codebook with 2^bits levels (bits 1..4) for the density
+ * f(x) ~ (1-x^2)^((d-3)/2) on [-1, 1] (d >= 2), or evenly spaced levels on
+ * [-1, 1] for d = 1. Fills cent[2^bits] and thr[2^bits - 1], both
+ * ascending. Returns the number of Lloyd iterations, or -1 if it did not
+ * converge (the result is still usable). Deterministic. */
+int kvq__tq_lloyd_max(size_t d, int bits, double *cent, double *thr);
+/* E||u - Q(u)||^2 for a uniform random unit u in R^d quantized coordinate-
+ * wise with the codebook (d times the per-coordinate distortion). */
+double kvq__tq_codebook_distortion(size_t d, int bits, const double *cent, const double *thr);
+
+/* ---- tq_rotate.c ---- */
+/* Fills t->sflip (pow2 d) or t->rot (other d) from seed; t->skm from the
+ * sketch seed when t->sketch. */
+kvq_status kvq__tq_rotation_init(const kvq_allocator *al, kvq__tq *t, size_t d, uint64_t seed);
+/* The sketch seed derived from the codec seed. */
+#define KVQ__TQ_SKETCH_SEED(seed) ((seed) ^ 0x9e3779b97f4a7c15ull)
+
+static inline float kvq__tq_reduce8(const float *s) {
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+/* In-place unnormalized Walsh-Hadamard transform, d a power of two. */
+void kvq__tq_fwht(float *x, size_t d);
+/* y = M x with lane sums and kvq__tq_reduce8 per row (M d x d row-major). */
+void kvq__tq_matvec(const float *m, size_t d, float *y, const float *x);
+/* y = M^T z: y[j] = sum_i z[i] * M[i][j], accumulated in increasing i. */
+void kvq__tq_matvec_t(const float *m, size_t d, float *y, const float *z);
+/* y = R x (normalized). */
+void kvq__tq_rotate(const kvq__tq *t, size_t d, float *y, const float *x);
+/* out += R^T z. z is clobbered. */
+void kvq__tq_unrotate_add(const kvq__tq *t, size_t d, float *out, float *z);
+
+/* ---- tq.c ---- */
+/* Scalar encoder of one vector; the AVX2 encoder falls back to it for
+ * vectors whose norm is outside its fast range. */
+void kvq__tq_encode_one(const kvq_codec *c, uint8_t *dst, const float *x);
+
+/* ---- stored norms ---- */
+/* Sum of 8 float lanes in double, lane order. */
+static inline double kvq__tq_lanes_sum(const float *s) {
+    double a = 0.0;
+    for (int l = 0; l < 8; l++)
+        a += (double)s[l];
+    return a;
+}
+
+/* Writes norm s >= 0 (double, may exceed the float range) in t's norm
+ * format; returns the value the stored bytes decode to. */
+static inline float kvq__tq_put_norm(const kvq__tq *t, const kvq__tq_ncode *nc, uint8_t *p,
+                                     double s) {
+    if (t->nb == 2) {
+        float f = s >= 65504.0 ? 65504.0f : (float)s;
+        uint16_t h = kvq__f16_from_f32(f);
+        kvq__st16(p, h);
+        return kvq__f16_to_f32(h);
+    }
+    int code = 0;
+    if (s > 0.0) {
+        double l = log2(s);
+        if (l >= (double)nc->lo - 1.0) { /* below that, 0 is the nearer value */
+            double k = 1.0 + floor((l - nc->lo) * 254.0 / ((double)nc->hi - nc->lo) + 0.5);
+            code = k < 1.0 ? 1 : k > 255.0 ? 255 : (int)k;
+        }
+    }
+    p[0] = (uint8_t)code;
+    return nc->tab[code];
+}
+
+static inline float kvq__tq_get_norm(const kvq__tq *t, const kvq__tq_ncode *nc, const uint8_t *p) {
+    return t->nb == 2 ? kvq__f16_to_f32(kvq__ld16(p)) : nc->tab[p[0]];
+}
+
+/* b-bit index j of a packed area (b in 1..4; indices never straddle in a
+ * way that needs more than two bytes). */
+static inline unsigned kvq__tq_get_idx(const uint8_t *p, size_t j, int b) {
+    size_t bit = j * (size_t)b;
+    unsigned w = p[bit >> 3];
+    if ((bit & 7) + (size_t)b > 8)
+        w |= (unsigned)p[(bit >> 3) + 1] << 8;
+    return (w >> (bit & 7)) & ((1u << b) - 1u);
+}
+
+#endif
