@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "usage:\n"
             "  kvq bench codecs [--head-dim N] [--count N] [--data gauss|outlier|FILE.npy]\n"
             "                   [--codec LIST] [--json]\n"
+            "  kvq simulate     prefill + decode through a kvq cache vs exact f32 (--help)\n"
             "  kvq codecs       list the codecs with their bits per value\n"
             "  kvq version\n",
             kvq_version_string());
@@ -32,6 +33,8 @@ int main(int argc, char **argv) {
                 argc >= 3 ? argv[2] : "");
         return 2;
     }
+    if (strcmp(cmd, "simulate") == 0)
+        return kvq_tool_simulate(argc - 1, argv + 1);
     if (strcmp(cmd, "codecs") == 0)
         return kvq_tool_list_codecs(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

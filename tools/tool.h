@@ -6,5 +6,6 @@
 
 int kvq_tool_bench_codecs(int argc, char **argv);
 int kvq_tool_list_codecs(int argc, char **argv);
+int kvq_tool_simulate(int argc, char **argv);
 
 #endif

@@ -1,9 +1,439 @@
-/* tq.c - placeholder until the family is written. */
-#include "codec_impl.h"
+/*
+ * tq.c - the TurboQuant family: tq1..tq4 (TurboQuant-MSE) and tqp2..tqp4
+ * (TurboQuant-prod, tq(b-1) plus a 1-bit QJL sketch of the residual), with
+ * the scalar reference kernels, the stored-norm codes and the fit/state hooks.
+ *
+ * tq (b index bits), per vector of d floats:
+ *   gamma = ||x||, u = R x / gamma, idx_j = Lloyd-Max cell of u_j, and the
+ *   scale gamma / ||c|| with nc=1 (c = the chosen centroids; the decoded
+ *   rotated vector then has norm gamma) or gamma with nc=0.
+ *   decode: x_hat = scale * R^T c[idx]. A zero vector stores all zero bytes.
+ * tqp (b total bits = b-1 index bits + 1 sketch bit), in the rotated domain:
+ *   r' = R x - scale * c[idx] (the rotated residual, ||r'|| = ||r||), store
+ *   ||r'|| and sign(S r'); S is Gaussian, so S R is too and this is the QJL
+ *   sketch of r with matrix S R.
+ *   decode: x_hat = R^T (scale c[idx] + ||r'|| sqrt(pi/2)/d S^T sign).
+ *   <q, x_hat> is an unbiased estimate of <q, x> over the draw of S.
+ *
+ * Byte layout of one vector (N = 2 with norm=16: fp16 little-endian, N = 1
+ * with norm=8: log2 code, see kvq__tq_put_norm):
+ *   tq:  [scale: N][indices: ceil(d*b/8)]
+ *   tqp: [scale: N][indices: ceil(d*(b-1)/8)][residual norm: N][signs: ceil(d/8)]
+ * Index j occupies bits [j*k, j*k+k) of the index area (bit i of the area is
+ * bit i%8 of byte i/8), k the index bits; indices are ascending cells (0 =
+ * the most negative centroid). Sign bit j is bit j%8 of byte j/8, 1 when
+ * (S r')_j >= 0. Unused high bits of the last byte are 0.
+ *
+ * Quantization rule (defines ties): with H = 2^(k-1) and positive thresholds
+ * tau_1 < ... < tau_{H-1}, n = #{i : |u_j| >= tau_i}; idx = H + n when u_j's
+ * sign bit is clear, else H - 1 - n.
+ */
+#include "tq_impl.h"
+
+#include <stdio.h>
+
+#define KVQ__TQ_LOG_LO (-10.0f)
+#define KVQ__TQ_LOG_HI 10.0f
+#define KVQ__TQ_LOG_MIN (-120.0f) /* accepted range of lo/hi: decoded norms stay */
+#define KVQ__TQ_LOG_MAX 100.0f    /* far from float under/overflow */
+
+static inline float kvq__tq_flipf(float v, uint32_t f) { return kvq__bits_f32(kvq__f32_bits(v) ^ f); }
+
+static void kvq__tq_ncode_set(kvq__tq_ncode *nc, float lo, float hi) {
+    nc->lo = lo;
+    nc->hi = hi;
+    nc->tab[0] = 0.0f;
+    for (int k = 1; k < 256; k++)
+        nc->tab[k] = (float)exp2((double)lo + (double)(k - 1) * ((double)hi - lo) / 254.0);
+}
+
+/* Fills u[0..d) = R x / ||x|| and *gamma = ||x||; returns 0 for a zero
+ * vector. The fast range test and arithmetic are mirrored by the AVX2
+ * encoder, which calls this whole encoder outside that range. */
+static int kvq__tq_unit(const kvq__tq *t, size_t d, const float *x, float *u, double *gamma) {
+    float s[8] = {0};
+    for (size_t j = 0; j < d; j++)
+        s[j & 7] += x[j] * x[j];
+    double g2 = kvq__tq_lanes_sum(s), g, p = 1.0;
+    const float *src = x;
+    float xs[KVQ__MAX_HEAD_DIM];
+    if (g2 >= 0x1p-100 && g2 <= 0x1p100) {
+        g = sqrt(g2);
+    } else {
+        /* huge or tiny: exact norm in double, rotate x scaled by a power of 2 */
+        double a = 0.0;
+        for (size_t j = 0; j < d; j++)
+            a += (double)x[j] * (double)x[j];
+        g = sqrt(a);
+        if (g == 0.0)
+            return 0;
+        p = ldexp(1.0, -ilogb(g));
+        for (size_t j = 0; j < d; j++)
+            xs[j] = (float)((double)x[j] * p);
+        src = xs;
+    }
+    float inv;
+    if (t->pow2) {
+        for (size_t j = 0; j < d; j++)
+            u[j] = kvq__tq_flipf(src[j], t->sflip[j]);
+        kvq__tq_fwht(u, d);
+        inv = (float)(1.0 / (sqrt((double)d) * (g * p)));
+    } else {
+        kvq__tq_matvec(t->rot, d, u, src);
+        inv = (float)(1.0 / (g * p));
+    }
+    for (size_t j = 0; j < d; j++)
+        u[j] *= inv;
+    *gamma = g;
+    return 1;
+}
+
+/* The encoder; scale_out / rnorm_out (may be NULL) get the norms before they
+ * are rounded to the stored format (kvq_codec_fit uses them). */
+static void kvq__tq_encode_impl(const kvq_codec *c, uint8_t *dst, const float *x, double *scale_out,
+                                double *rnorm_out) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    const int kb = t->kb, h = t->levels / 2;
+    float u[KVQ__MAX_HEAD_DIM], cv[KVQ__MAX_HEAD_DIM];
+    double gamma;
+    memset(dst, 0, c->bytes);
+    if (!kvq__tq_unit(t, d, x, u, &gamma)) {
+        if (scale_out)
+            *scale_out = 0.0;
+        if (rnorm_out)
+            *rnorm_out = 0.0;
+        return;
+    }
+    uint8_t *ix = dst + t->off_idx;
+    float sl[8] = {0};
+    for (size_t j = 0; j < d; j++) {
+        float a = fabsf(u[j]);
+        int n = 0;
+        for (int i = 0; i + 1 < h; i++)
+            n += a >= t->pthr[i];
+        int neg = signbit(u[j]) != 0;
+        unsigned idx = neg ? (unsigned)(h - 1 - n) : (unsigned)(h + n);
+        sl[j & 7] += t->msq[n];
+        cv[j] = neg ? -t->mag[n] : t->mag[n];
+        size_t bit = j * (size_t)kb;
+        ix[bit >> 3] |= (uint8_t)(idx << (bit & 7));
+        if ((bit & 7) + (size_t)kb > 8)
+            ix[(bit >> 3) + 1] |= (uint8_t)(idx >> (8 - (bit & 7)));
+    }
+    double scale = c->nc ? gamma / sqrt(kvq__tq_lanes_sum(sl)) : gamma;
+    float sq = kvq__tq_put_norm(t, &t->ns, dst, scale);
+    if (scale_out)
+        *scale_out = scale;
+    if (!t->sketch)
+        return;
+    float rho = (float)((double)sq / gamma), rl[8] = {0};
+    for (size_t j = 0; j < d; j++) {
+        u[j] = u[j] - rho * cv[j]; /* u now holds the rotated residual / gamma */
+        rl[j & 7] += u[j] * u[j];
+    }
+    double rn = gamma * sqrt(kvq__tq_lanes_sum(rl));
+    kvq__tq_put_norm(t, &t->nr, dst + t->off_rnorm, rn);
+    if (rnorm_out)
+        *rnorm_out = rn;
+    kvq__tq_matvec(t->skm, d, cv, u);
+    uint8_t *sg = dst + t->off_sign;
+    for (size_t i = 0; i < d; i++)
+        sg[i >> 3] |= (uint8_t)((cv[i] >= 0.0f) << (i & 7));
+}
+
+void kvq__tq_encode_one(const kvq_codec *c, uint8_t *dst, const float *x) {
+    kvq__tq_encode_impl(c, dst, x, NULL, NULL);
+}
+
+static void kvq__tq_encode(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        kvq__tq_encode_impl(c, dst + i * c->bytes, src + i * c->d, NULL, NULL);
+}
+
+/* sum_i sigma_i S[i][:] into t (sigma = +-1 from the sign bits). */
+static void kvq__tq_sketch_t_signs(const kvq__tq *t, size_t d, float *out, const uint8_t *sg) {
+    for (size_t j = 0; j < d; j++)
+        out[j] = 0.0f;
+    for (size_t i = 0; i < d; i++) {
+        const float *row = t->skm + i * d;
+        if ((sg[i >> 3] >> (i & 7)) & 1)
+            for (size_t j = 0; j < d; j++)
+                out[j] += row[j];
+        else
+            for (size_t j = 0; j < d; j++)
+                out[j] -= row[j];
+    }
+}
+
+static void kvq__tq_decode(const kvq_codec *c, float *dst, const uint8_t *src, size_t n) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    float z[KVQ__MAX_HEAD_DIM], tmp[KVQ__MAX_HEAD_DIM];
+    for (size_t v = 0; v < n; v++) {
+        const uint8_t *p = src + v * c->bytes;
+        float *x = dst + v * d;
+        float scale = kvq__tq_get_norm(t, &t->ns, p);
+        for (size_t j = 0; j < d; j++)
+            z[j] = t->cent[kvq__tq_get_idx(p + t->off_idx, j, t->kb)];
+        if (t->sketch) {
+            float kappa = kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) * t->sk_scale;
+            kvq__tq_sketch_t_signs(t, d, tmp, p + t->off_sign);
+            for (size_t j = 0; j < d; j++)
+                z[j] = scale * z[j] + kappa * tmp[j];
+            scale = 1.0f;
+        }
+        if (t->pow2) {
+            kvq__tq_fwht(z, d);
+            float f = scale * t->rs;
+            for (size_t j = 0; j < d; j++)
+                x[j] = kvq__tq_flipf(z[j] * f, t->sflip[j]);
+        } else {
+            kvq__tq_matvec_t(t->rot, d, x, z);
+            for (size_t j = 0; j < d; j++)
+                x[j] *= scale;
+        }
+    }
+}
+
+/* qp: [R q: d floats][tqp: S R q at byte offset round64(4d)] */
+static void kvq__tq_prep(const kvq_codec *c, void *qp, const float *q) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    float *qr = (float *)qp;
+    kvq__tq_rotate(t, c->d, qr, q);
+    if (t->sketch)
+        kvq__tq_matvec(t->skm, c->d, qr + kvq__round64(c->d * 4) / 4, qr);
+}
+
+static void kvq__tq_score(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                          size_t nq, const uint8_t *keys, size_t n) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d, qs = c->qp_bytes / 4, so = kvq__round64(d * 4) / 4;
+    for (size_t k = 0; k < n; k++) {
+        const uint8_t *p = keys + k * c->bytes;
+        float scale = kvq__tq_get_norm(t, &t->ns, p);
+        float kappa = t->sketch ? kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) * t->sk_scale : 0;
+        for (size_t i = 0; i < nq; i++) {
+            const float *q = (const float *)qp + i * qs;
+            float s = 0.0f;
+            for (size_t j = 0; j < d; j++)
+                s += q[j] * t->cent[kvq__tq_get_idx(p + t->off_idx, j, t->kb)];
+            s *= scale;
+            if (t->sketch) {
+                const float *sq = q + so;
+                const uint8_t *sg = p + t->off_sign;
+                float s2 = 0.0f;
+                for (size_t j = 0; j < d; j++)
+                    s2 += ((sg[j >> 3] >> (j & 7)) & 1) ? sq[j] : -sq[j];
+                s += kappa * s2;
+            }
+            out[i * ostride + k] = s;
+        }
+    }
+}
+
+/* acc row: [rotated part: d][tqp: sketch part: d, sum of w * ||r'|| * sign] */
+static void kvq__tq_accum(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                          size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    float z[KVQ__MAX_HEAD_DIM];
+    for (size_t k = 0; k < n; k++) {
+        const uint8_t *p = vals + k * c->bytes;
+        float scale = kvq__tq_get_norm(t, &t->ns, p);
+        float rn = t->sketch ? kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) : 0.0f;
+        for (size_t j = 0; j < d; j++)
+            z[j] = t->cent[kvq__tq_get_idx(p + t->off_idx, j, t->kb)];
+        for (size_t i = 0; i < nq; i++) {
+            float *a = acc + i * astride;
+            float wk = w[i * wstride + k], ws = wk * scale;
+            for (size_t j = 0; j < d; j++)
+                a[j] += ws * z[j];
+            if (t->sketch) {
+                float wr = wk * rn;
+                const uint8_t *sg = p + t->off_sign;
+                for (size_t j = 0; j < d; j++)
+                    a[d + j] += ((sg[j >> 3] >> (j & 7)) & 1) ? wr : -wr;
+            }
+        }
+    }
+}
+
+static void kvq__tq_finish(const kvq_codec *c, float *out, const float *acc) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    float z[KVQ__MAX_HEAD_DIM], tmp[KVQ__MAX_HEAD_DIM];
+    memcpy(z, acc, d * sizeof(float));
+    if (t->sketch) {
+        kvq__tq_matvec_t(t->skm, d, tmp, acc + d);
+        for (size_t j = 0; j < d; j++)
+            z[j] += t->sk_scale * tmp[j];
+    }
+    kvq__tq_unrotate_add(t, d, out, z);
+}
+
+static void kvq__tq_destroy(kvq_codec *c) {
+    kvq__tq *t = (kvq__tq *)c->state;
+    if (!t)
+        return;
+    kvq__free(&c->alloc, t->sflip);
+    kvq__free(&c->alloc, t->rot);
+    kvq__free(&c->alloc, t->skm);
+    kvq__free(&c->alloc, t);
+    c->state = NULL;
+}
 
 static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
-    (void)c; (void)err; (void)err_size;
-    return KVQ_ERR_UNSUPPORTED;
+    kvq__tq *t = (kvq__tq *)kvq__calloc(&c->alloc, sizeof *t);
+    if (!t) {
+        if (err && err_size)
+            snprintf(err, err_size, "out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    c->state = t;
+    const size_t d = c->d;
+    t->sketch = c->family == KVQ__FAM_TQP;
+    t->kb = t->sketch ? c->bits - 1 : c->bits;
+    t->levels = 1 << t->kb;
+    t->pow2 = (d & (d - 1)) == 0;
+    t->nb = c->norm_bits == 16 ? 2 : 1;
+    t->idx_bytes = (d * (size_t)t->kb + 7) / 8;
+    t->off_idx = t->nb;
+    c->bytes = t->nb + t->idx_bytes;
+    if (t->sketch) {
+        t->off_rnorm = c->bytes;
+        t->off_sign = c->bytes + t->nb;
+        c->bytes = t->off_sign + (d + 7) / 8;
+    }
+    kvq__tq_lloyd_max(d, t->kb, t->cent_d, t->thr_d);
+    t->distortion = kvq__tq_codebook_distortion(d, t->kb, t->cent_d, t->thr_d);
+    const int h = t->levels / 2;
+    for (int k = 0; k < t->levels; k++)
+        t->cent[k] = (float)t->cent_d[k];
+    for (int n = 0; n < h; n++) {
+        t->mag[n] = t->cent[h + n];
+        t->msq[n] = t->mag[n] * t->mag[n];
+    }
+    for (int i = 0; i + 1 < h; i++)
+        t->pthr[i] = (float)t->thr_d[h + i];
+    t->rs = (float)(1.0 / sqrt((double)d));
+    t->sk_scale = (float)(sqrt(2.0 * atan(1.0)) / (double)d); /* sqrt(pi/2) / d */
+    kvq__tq_ncode_set(&t->ns, KVQ__TQ_LOG_LO, KVQ__TQ_LOG_HI);
+    kvq__tq_ncode_set(&t->nr, KVQ__TQ_LOG_LO, KVQ__TQ_LOG_HI);
+    kvq_status st = kvq__tq_rotation_init(&c->alloc, t, d, c->seed);
+    if (st != KVQ_OK) {
+        if (err && err_size)
+            snprintf(err, err_size, "out of memory building the rotation");
+        return st;
+    }
+    size_t q1 = kvq__round64(d * sizeof(float));
+    c->qp_bytes = t->sketch ? 2 * q1 : q1;
+    c->acc_len = t->sketch ? 2 * d : d;
+    c->state_bytes = c->norm_bits == 8 ? (t->sketch ? 16 : 8) : 0;
+    c->ref.encode = kvq__tq_encode;
+    c->ref.decode = kvq__tq_decode;
+    c->ref.prep = kvq__tq_prep;
+    c->ref.score = kvq__tq_score;
+    c->ref.accum = kvq__tq_accum;
+    c->ref.finish = kvq__tq_finish;
+    return KVQ_OK;
 }
-static void kvq__tq_destroy(kvq_codec *c) { (void)c; }
-const kvq__family_ops kvq__tq_ops = { .init = kvq__tq_init, .destroy = kvq__tq_destroy };
+
+/* ---- fitted state: the log2 ranges of the 8-bit norm codes ---- */
+
+/* [lo, hi] covering log2 of the nonzero values in [vmin, vmax] with a margin
+ * of 0.1 + 5% of the spread. Returns 0 when there is no nonzero value. */
+static int kvq__tq_range(double vmin, double vmax, float *lo, float *hi) {
+    if (!(vmax > 0.0))
+        return 0;
+    double a = log2(vmin), b = log2(vmax), m = 0.1 + 0.05 * (b - a);
+    a = fmax(a - m, (double)KVQ__TQ_LOG_MIN);
+    b = fmin(b + m, (double)KVQ__TQ_LOG_MAX);
+    if (b < a + 0.2)
+        b = a + 0.2;
+    *lo = (float)a;
+    *hi = (float)b;
+    return 1;
+}
+
+static kvq_status kvq__tq_fit(kvq_codec *c, const float *x, size_t n) {
+    kvq__tq *t = (kvq__tq *)c->state;
+    if (t->nb != 1)
+        return KVQ_OK; /* fp16 norms need no fitting */
+    uint8_t scratch[4 * KVQ__MAX_HEAD_DIM];
+    float lo, hi;
+    double smin = INFINITY, smax = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double s;
+        kvq__tq_encode_impl(c, scratch, x + i * c->d, &s, NULL);
+        if (s > 0.0) {
+            smin = fmin(smin, s);
+            smax = fmax(smax, s);
+        }
+    }
+    if (kvq__tq_range(smin, smax, &lo, &hi))
+        kvq__tq_ncode_set(&t->ns, lo, hi);
+    if (t->sketch) { /* residual norms depend on the scale code just set */
+        smin = INFINITY;
+        smax = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            double s;
+            kvq__tq_encode_impl(c, scratch, x + i * c->d, NULL, &s);
+            if (s > 0.0) {
+                smin = fmin(smin, s);
+                smax = fmax(smax, s);
+            }
+        }
+        if (kvq__tq_range(smin, smax, &lo, &hi))
+            kvq__tq_ncode_set(&t->nr, lo, hi);
+    }
+    c->fitted = 1;
+    return KVQ_OK;
+}
+
+/* payload (norm=8 only): f32 lo, f32 hi of the scale code; tqp adds f32 lo,
+ * f32 hi of the residual norm code. Little-endian. */
+static size_t kvq__tq_state_size(const kvq_codec *c) { return c->state_bytes; }
+
+static void kvq__tq_state_save(const kvq_codec *c, uint8_t *dst) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    if (c->state_bytes == 0)
+        return;
+    kvq__st32(dst, kvq__f32_bits(t->ns.lo));
+    kvq__st32(dst + 4, kvq__f32_bits(t->ns.hi));
+    if (t->sketch) {
+        kvq__st32(dst + 8, kvq__f32_bits(t->nr.lo));
+        kvq__st32(dst + 12, kvq__f32_bits(t->nr.hi));
+    }
+}
+
+static int kvq__tq_range_ok(float lo, float hi) {
+    return lo >= KVQ__TQ_LOG_MIN && hi <= KVQ__TQ_LOG_MAX && hi > lo; /* false for NaN */
+}
+
+static kvq_status kvq__tq_state_load(kvq_codec *c, const uint8_t *src, size_t size) {
+    kvq__tq *t = (kvq__tq *)c->state;
+    if (size != c->state_bytes)
+        return KVQ_ERR_MISMATCH;
+    if (size == 0)
+        return KVQ_OK;
+    float v[4];
+    for (size_t i = 0; i < size / 4; i++)
+        v[i] = kvq__bits_f32(kvq__ld32(src + 4 * i));
+    if (!kvq__tq_range_ok(v[0], v[1]) || (t->sketch && !kvq__tq_range_ok(v[2], v[3])))
+        return KVQ_ERR_CORRUPT;
+    kvq__tq_ncode_set(&t->ns, v[0], v[1]);
+    if (t->sketch)
+        kvq__tq_ncode_set(&t->nr, v[2], v[3]);
+    c->fitted = 1;
+    return KVQ_OK;
+}
+
+const kvq__family_ops kvq__tq_ops = {
+    .init = kvq__tq_init,
+    .destroy = kvq__tq_destroy,
+    .fit = kvq__tq_fit,
+    .state_size = kvq__tq_state_size,
+    .state_save = kvq__tq_state_save,
+    .state_load = kvq__tq_state_load,
+};
