@@ -29,7 +29,9 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) {
         if (argc >= 3 && strcmp(argv[2], "codecs") == 0)
             return kvq_tool_bench_codecs(argc - 2, argv + 2);
-        fprintf(stderr, "kvq bench: unknown benchmark '%s' (known: codecs)\n",
+        if (argc >= 3 && strcmp(argv[2], "attend") == 0)
+            return kvq_tool_bench_attend(argc - 2, argv + 2);
+        fprintf(stderr, "kvq bench: unknown benchmark '%s' (known: codecs, attend)\n",
                 argc >= 3 ? argv[2] : "");
         return 2;
     }

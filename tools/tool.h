@@ -7,5 +7,6 @@
 int kvq_tool_bench_codecs(int argc, char **argv);
 int kvq_tool_list_codecs(int argc, char **argv);
 int kvq_tool_simulate(int argc, char **argv);
+int kvq_tool_bench_attend(int argc, char **argv);
 
 #endif

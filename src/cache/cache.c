@@ -7,6 +7,7 @@
  * policies live in cache_evict.c, channel-layout key pages in cache_chan.c.
  */
 #include "cache_impl.h"
+#include "../kernels/kernels.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -171,6 +172,13 @@ static size_t kvq__block_codec_meta(const kvq_cache *c, const kvq__layer *ly) {
 static void kvq__work_free(kvq_cache *c, kvq__work *w) {
     float **fl[] = {&w->qs, &w->sc, &w->sc2, &w->w, &w->w2, &w->acc, &w->accs, &w->m, &w->l,
                     &w->cdot, &w->scratch, &w->outh};
+    kvq__free(&c->alloc, w->cls);
+    kvq__free(&c->alloc, w->bpages);
+    kvq__free(&c->alloc, w->bne);
+    kvq__free(&c->alloc, w->bnp);
+    w->cls = NULL;
+    w->bpages = NULL;
+    w->bne = w->bnp = NULL;
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) {
         kvq__free(&c->alloc, *fl[i]);
         *fl[i] = NULL;
@@ -183,7 +191,14 @@ static void kvq__work_free(kvq_cache *c, kvq__work *w) {
 static kvq_status kvq__work_alloc(kvq_cache *c, kvq__work *w) {
     size_t G = c->G, d = c->d, P = c->P;
     w->qs = kvq__calloc(&c->alloc, G * d * sizeof(float));
-    w->sc = kvq__calloc(&c->alloc, G * P * sizeof(float));
+    size_t BW = c->block_pages * P;
+    w->sc = kvq__calloc(&c->alloc, G * BW * sizeof(float));
+    w->cls = kvq__calloc(&c->alloc, BW);
+    w->bpages = kvq__calloc(&c->alloc, c->block_pages * sizeof(size_t));
+    w->bne = kvq__calloc(&c->alloc, c->block_pages * sizeof(int));
+    w->bnp = kvq__calloc(&c->alloc, c->block_pages * sizeof(int));
+    if (!w->cls || !w->bpages || !w->bne || !w->bnp)
+        return KVQ_ERR_NOMEM;
     w->sc2 = kvq__calloc(&c->alloc, G * P * sizeof(float));
     w->w = kvq__calloc(&c->alloc, G * P * sizeof(float));
     w->w2 = kvq__calloc(&c->alloc, G * P * sizeof(float));
@@ -361,6 +376,8 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
             ly->center_ready = 1;
         }
     }
+    c->block_pages = c->P >= 256 ? 1 : 256 / c->P;
+    c->exp_block = kvq__exp_block_select(c->f16->isa);
     if (st == KVQ_OK) {
         c->work = (kvq__work *)kvq__calloc(&al, c->n_threads * sizeof *c->work);
         if (!c->work)
@@ -1012,10 +1029,11 @@ typedef struct {
     kvq_status st;
 } kvq__attn_job;
 
-/* Scores of the keys of page p for head h into w->sc (encoded) / w->sc2
- * (pending), for the G prepared/scaled queries. */
+/* Scores of the keys of page p for head h into sc (stride ss) for the G
+ * scaled queries: encoded slots through the fused kernel, pending slots from
+ * the f16 staging; masked slots get -inf. */
 static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, const uint8_t *cls,
-                             int ne, int npd, kvq__work *w) {
+                             int ne, int npd, kvq__work *w, float *sc, size_t ss) {
     const kvq__head *hd = &ly->heads[h];
     const kvq__page *pg = &ly->pages[p];
     size_t P = c->P, d = c->d, G = c->G;
@@ -1041,14 +1059,14 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
         }
         for (size_t g = 0; g < G; g++)
             for (size_t i = 0; i < P; i++) {
-                float s = 0.0f;
+                float s = -INFINITY;
                 if (cls[i]) {
                     const float *row = w->scratch + i * d, *qg = w->qs + g * d;
+                    s = 0.0f;
                     for (size_t t = 0; t < d; t++)
                         s += qg[t] * row[t];
                 }
-                w->sc[g * P + i] = s;
-                w->sc2[g * P + i] = s;
+                sc[g * ss + i] = s;
             }
         if (ne)
             w->bytes_read += hd->k_hdr + P * hd->kbytes;
@@ -1056,28 +1074,40 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
     }
     if (ne) {
         if (hd->kchan_bits)
-            kvq__chan_score(pg->block + hd->k_off, d, P, hd->kchan_bits, w->qs, G, w->sc, P);
+            kvq__chan_score(pg->block + hd->k_off, d, P, hd->kchan_bits, w->qs, G, sc, ss);
         else
-            hd->kc->k.score(hd->kc, w->sc, P, w->qpk, G, pg->block + hd->k_off, P);
+            hd->kc->k.score(hd->kc, sc, ss, w->qpk, G, pg->block + hd->k_off, P);
         for (size_t g = 0; g < G; g++)
             if (w->cdot[g] != 0.0f)
                 for (size_t i = 0; i < P; i++)
-                    w->sc[g * P + i] += w->cdot[g];
+                    sc[g * ss + i] += w->cdot[g];
         w->bytes_read += hd->k_hdr + P * hd->kbytes;
     }
     if (npd)
         c->f16->k.score(c->f16, w->sc2, P, w->qpf, G, (const uint8_t *)kvq__stage_k(c, pg, h), P);
+    if (ne + npd < (int)P || npd)
+        for (size_t i = 0; i < P; i++) {
+            if (cls[i] == KVQ__ENC)
+                continue;
+            for (size_t g = 0; g < G; g++)
+                sc[g * ss + i] = cls[i] == KVQ__PEND ? w->sc2[g * P + i] : -INFINITY;
+        }
 }
 
+/* Attention of the queries of KV head h, flash-style: blocks of pages are
+ * scored, folded into a running max and sum (online softmax) and their
+ * values accumulated with the exponentiated weights. */
 static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
     kvq_cache *c = jb->c;
     kvq__layer *ly = jb->ly;
     kvq__work *w = jb->w;
     const kvq__head *hd = &ly->heads[h];
-    size_t P = c->P, d = c->d, G = c->G, QH = c->QH;
+    size_t P = c->P, d = c->d, G = c->G, QH = c->QH, BW = c->block_pages * P;
     size_t alen = hd->vc->acc_len;
     const float scale = 1.0f / sqrtf((float)d);
-    uint8_t cls[4096];
+    uint8_t *cls = w->cls;
+    size_t *bp = w->bpages;
+    int *bne = w->bne, *bnp = w->bnp;
     for (size_t t = 0; t < jb->T; t++) {
         int32_t qp = jb->qpos[t];
         for (size_t g = 0; g < G; g++) {
@@ -1099,59 +1129,84 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
         }
         memset(w->acc, 0, G * alen * sizeof(float));
         memset(w->accs, 0, G * d * sizeof(float));
-        for (size_t p = 0; p < ly->n_pages; p++) {
-            const kvq__page *pg = &ly->pages[p];
-            if (!pg->block)
-                continue;
-            int ne = 0, npd = 0;
-            for (size_t i = 0; i < P; i++) {
-                size_t s = p * P + i;
-                uint8_t st = KVQ__STATE(ly->state[s]);
-                if (ly->pos[s] < 0 || ly->pos[s] > qp)
-                    st = KVQ__FREE;
-                cls[i] = st;
-                ne += st == KVQ__ENC;
-                npd += st == KVQ__PEND;
-            }
-            if (!ne && !npd)
-                continue;
-            kvq__page_scores(c, ly, h, p, cls, ne, npd, w);
-            for (size_t g = 0; g < G; g++) {
-                float *sc = w->sc + g * P, *sc2 = w->sc2 + g * P;
-                float pm = -INFINITY;
+        int any_pend = 0;
+        size_t p = 0;
+        while (p < ly->n_pages) {
+            /* gather a block of pages with visible tokens */
+            size_t nb = 0;
+            for (; p < ly->n_pages && nb < c->block_pages; p++) {
+                const kvq__page *pg = &ly->pages[p];
+                if (!pg->block)
+                    continue;
+                uint8_t *cl = cls + nb * P;
+                int ne = 0, npd = 0;
+                const int32_t *pos = ly->pos + p * P;
+                const uint8_t *stt = ly->state + p * P;
                 for (size_t i = 0; i < P; i++) {
-                    float s = cls[i] == KVQ__ENC ? sc[i] : cls[i] == KVQ__PEND ? sc2[i] : -INFINITY;
-                    sc[i] = s;
-                    pm = s > pm ? s : pm;
+                    uint8_t st = KVQ__STATE(stt[i]);
+                    if (pos[i] < 0 || pos[i] > qp)
+                        st = KVQ__FREE;
+                    cl[i] = st;
+                    ne += st == KVQ__ENC;
+                    npd += st == KVQ__PEND;
                 }
-                float mnew = pm > w->m[g] ? pm : w->m[g];
+                if (!ne && !npd)
+                    continue;
+                bp[nb] = p;
+                bne[nb] = ne;
+                bnp[nb] = npd;
+                kvq__page_scores(c, ly, h, p, cl, ne, npd, w, w->sc + nb * P, BW);
+                any_pend |= npd;
+                nb++;
+            }
+            if (!nb)
+                break;
+            size_t width = nb * P;
+            for (size_t g = 0; g < G; g++) {
+                float *sc = w->sc + g * BW;
+                if (rawsc)
+                    for (size_t b = 0; b < nb; b++)
+                        memcpy(rawsc + g * ly->slots_cap + bp[b] * P, sc + b * P, P * sizeof(float));
+                float bm = -INFINITY;
+                for (size_t i = 0; i < width; i++)
+                    bm = sc[i] > bm ? sc[i] : bm;
+                float mnew = bm > w->m[g] ? bm : w->m[g];
+                if (mnew == -INFINITY)
+                    continue;
                 if (mnew > w->m[g] && w->l[g] > 0.0f) {
                     float f = expf(w->m[g] - mnew);
                     for (size_t i = 0; i < alen; i++)
                         w->acc[g * alen + i] *= f;
-                    for (size_t i = 0; i < d; i++)
-                        w->accs[g * d + i] *= f;
+                    if (any_pend)
+                        for (size_t i = 0; i < d; i++)
+                            w->accs[g * d + i] *= f;
                     w->l[g] *= f;
                 }
                 w->m[g] = mnew;
-                float lsum = 0.0f;
-                for (size_t i = 0; i < P; i++) {
-                    float e = cls[i] ? expf(sc[i] - mnew) : 0.0f;
-                    w->w[g * P + i] = cls[i] == KVQ__ENC ? e : 0.0f;
-                    w->w2[g * P + i] = cls[i] == KVQ__PEND ? e : 0.0f;
-                    lsum += e;
-                    if (rawsc)
-                        rawsc[g * ly->slots_cap + p * P + i] = sc[i];
+                w->l[g] += c->exp_block(sc, width, mnew);
+            }
+            for (size_t b = 0; b < nb; b++) {
+                const kvq__page *pg = &ly->pages[bp[b]];
+                const float *wb = w->sc + b * P;
+                if (bnp[b]) {
+                    /* split the weights: encoded slots vs staged slots */
+                    const uint8_t *cl = cls + b * P;
+                    for (size_t g = 0; g < G; g++)
+                        for (size_t i = 0; i < P; i++) {
+                            float x = wb[g * BW + i];
+                            w->w[g * P + i] = cl[i] == KVQ__ENC ? x : 0.0f;
+                            w->w2[g * P + i] = cl[i] == KVQ__PEND ? x : 0.0f;
+                        }
+                    c->f16->k.accum(c->f16, w->accs, d, w->w2, P, G,
+                                    (const uint8_t *)kvq__stage_v(c, pg, hd - ly->heads), P);
+                    if (bne[b])
+                        hd->vc->k.accum(hd->vc, w->acc, alen, w->w, P, G, pg->block + hd->v_off, P);
+                } else {
+                    hd->vc->k.accum(hd->vc, w->acc, alen, wb, BW, G, pg->block + hd->v_off, P);
                 }
-                w->l[g] += lsum;
+                if (bne[b])
+                    w->bytes_read += P * hd->vbytes;
             }
-            if (ne) {
-                hd->vc->k.accum(hd->vc, w->acc, alen, w->w, P, G, pg->block + hd->v_off, P);
-                w->bytes_read += P * hd->vbytes;
-            }
-            if (npd)
-                c->f16->k.accum(c->f16, w->accs, d, w->w2, P, G,
-                                (const uint8_t *)kvq__stage_v(c, pg, h), P);
         }
         for (size_t g = 0; g < G; g++) {
             float *o = jb->out + (t * QH + h * G + g) * d;
@@ -1163,7 +1218,7 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                     o[i] += w->acc[g * alen + i];
             float inv = w->l[g] > 0.0f ? 1.0f / w->l[g] : 0.0f;
             for (size_t i = 0; i < d; i++)
-                o[i] = (o[i] + w->accs[g * d + i]) * inv;
+                o[i] = (o[i] + (any_pend ? w->accs[g * d + i] : 0.0f)) * inv;
         }
         if (rawsc && jb->attn) {
             float *a = jb->attn + h * ly->slots_cap;

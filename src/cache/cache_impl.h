@@ -73,6 +73,9 @@ typedef struct kvq__layer {
 typedef struct kvq__work {
     float *qs, *sc, *sc2, *w, *w2, *acc, *accs, *m, *l, *cdot, *scratch, *outh;
     uint8_t *qpk, *qpf;
+    uint8_t *cls;          /* slot classes of the current block */
+    size_t *bpages;        /* pages of the current block */
+    int *bne, *bnp;        /* their encoded / pending visible counts */
     uint64_t bytes_read;
 } kvq__work;
 
@@ -91,6 +94,8 @@ struct kvq_cache {
     kvq__work *work; /* one per thread */
     size_t n_threads;
     size_t max_qp, max_acc;
+    size_t block_pages;                     /* pages per online-softmax block */
+    float (*exp_block)(float *x, size_t n, float m);
     size_t total_peak;
 };
 

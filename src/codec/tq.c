@@ -106,7 +106,7 @@ static void kvq__tq_encode_impl(const kvq_codec *c, uint8_t *dst, const float *x
         return;
     }
     uint8_t *ix = dst + t->off_idx;
-    float sl[8] = {0};
+    uint64_t cs = 0;
     for (size_t j = 0; j < d; j++) {
         float a = fabsf(u[j]);
         int n = 0;
@@ -114,14 +114,14 @@ static void kvq__tq_encode_impl(const kvq_codec *c, uint8_t *dst, const float *x
             n += a >= t->pthr[i];
         int neg = signbit(u[j]) != 0;
         unsigned idx = neg ? (unsigned)(h - 1 - n) : (unsigned)(h + n);
-        sl[j & 7] += t->msq[n];
+        cs += (uint64_t)t->msq_fx[n];
         cv[j] = neg ? -t->mag[n] : t->mag[n];
         size_t bit = j * (size_t)kb;
         ix[bit >> 3] |= (uint8_t)(idx << (bit & 7));
         if ((bit & 7) + (size_t)kb > 8)
             ix[(bit >> 3) + 1] |= (uint8_t)(idx >> (8 - (bit & 7)));
     }
-    double scale = c->nc ? gamma / sqrt(kvq__tq_lanes_sum(sl)) : gamma;
+    double scale = c->nc ? gamma / sqrt((double)cs * t->msq_unit) : gamma;
     float sq = kvq__tq_put_norm(t, &t->ns, dst, scale);
     if (scale_out)
         *scale_out = scale;
@@ -310,10 +310,15 @@ static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
     const int h = t->levels / 2;
     for (int k = 0; k < t->levels; k++)
         t->cent[k] = (float)t->cent_d[k];
-    for (int n = 0; n < h; n++) {
+    for (int n = 0; n < h; n++)
         t->mag[n] = t->cent[h + n];
-        t->msq[n] = t->mag[n] * t->mag[n];
-    }
+    /* fixed point with d * max mag^2 < 2^31: an int32 lane never overflows */
+    double mmax = (double)t->mag[h - 1] * t->mag[h - 1];
+    int e = (int)floor(log2(2147483647.0 / ((double)d * mmax)));
+    e = e > 60 ? 60 : e;
+    t->msq_unit = ldexp(1.0, -e);
+    for (int n = 0; n < h; n++)
+        t->msq_fx[n] = (int32_t)llround(ldexp((double)t->mag[n] * t->mag[n], e));
     for (int i = 0; i + 1 < h; i++)
         t->pthr[i] = (float)t->thr_d[h + i];
     t->rs = (float)(1.0 / sqrt((double)d));

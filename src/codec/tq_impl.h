@@ -46,7 +46,10 @@ typedef struct kvq__tq {
     double distortion;                 /* E||u - Q(u)||^2 for a random unit u */
     float cent[KVQ__TQ_MAX_LEVELS];
     float mag[8];  /* positive half: mag[n] = cent[levels/2 + n] */
-    float msq[8];  /* mag[n] * mag[n] */
+    /* mag[n]^2 in fixed point (units of msq_unit): ||c||^2 is a sum of
+     * integers, the same in any order and on every path */
+    int32_t msq_fx[8];
+    double msq_unit;
     float pthr[8]; /* positive thresholds tau_1..tau_{levels/2-1}: thr[levels/2-1+i] */
     float rs;      /* (float)(1 / sqrt(d)) */
 

@@ -15,4 +15,10 @@ void kvq__int_avx2_select(kvq_codec *c);
 void kvq__tq_avx2_select(kvq_codec *c);
 void kvq__nuq_avx2_select(kvq_codec *c);
 
+/* x[i] = exp(x[i] - m) (0 for -inf), returns the sum. */
+typedef float (*kvq__exp_block_fn)(float *x, size_t n, float m);
+float kvq__exp_block_ref(float *x, size_t n, float m);
+float kvq__exp_block_avx2(float *x, size_t n, float m);
+kvq__exp_block_fn kvq__exp_block_select(kvq_isa isa);
+
 #endif

@@ -91,18 +91,47 @@ static void kvq__float_score_avx2(const kvq_codec *c, float *out, size_t ostride
     }
 }
 
+/* Register-blocked: for each 16-value column strip, up to 4 weight rows
+ * accumulate in registers over all n values, so acc is loaded and stored
+ * once per strip instead of once per value. */
 static void kvq__float_accum_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
                                   size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
-    const size_t d = c->d;
+    const size_t d = c->d, vb = c->bytes;
     const int kind = c->kind;
-    for (size_t j = 0; j < n; j++) {
-        const uint8_t *v = vals + j * c->bytes;
-        for (size_t t = 0; t < d; t += 8) {
-            __m256 vv = kvq__fload(kind, v, t);
-            for (size_t i = 0; i < nq; i++) {
-                float *a = acc + i * astride + t;
-                _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(w[i * wstride + j]), vv,
-                                                    _mm256_loadu_ps(a)));
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        size_t g = KVQ__MIN(4, nq - i0);
+        const float *w0 = w + i0 * wstride;
+        const float *w1 = g > 1 ? w0 + wstride : w0, *w2 = g > 2 ? w0 + 2 * wstride : w0,
+                    *w3 = g > 3 ? w0 + 3 * wstride : w0;
+        float *a0 = acc + i0 * astride;
+        float *a1 = g > 1 ? a0 + astride : NULL, *a2 = g > 2 ? a0 + 2 * astride : NULL,
+              *a3 = g > 3 ? a0 + 3 * astride : NULL;
+        for (size_t t = 0; t < d; t += 16) {
+            int two = t + 16 <= d;
+            __m256 z = _mm256_setzero_ps();
+            __m256 x00 = z, x01 = z, x10 = z, x11 = z, x20 = z, x21 = z, x30 = z, x31 = z;
+            for (size_t j = 0; j < n; j++) {
+                const uint8_t *v = vals + j * vb;
+                __m256 v0 = kvq__fload(kind, v, t);
+                __m256 v1 = two ? kvq__fload(kind, v, t + 8) : z;
+                __m256 b0 = _mm256_broadcast_ss(w0 + j), b1 = _mm256_broadcast_ss(w1 + j);
+                __m256 b2 = _mm256_broadcast_ss(w2 + j), b3 = _mm256_broadcast_ss(w3 + j);
+                x00 = _mm256_fmadd_ps(b0, v0, x00);
+                x01 = _mm256_fmadd_ps(b0, v1, x01);
+                x10 = _mm256_fmadd_ps(b1, v0, x10);
+                x11 = _mm256_fmadd_ps(b1, v1, x11);
+                x20 = _mm256_fmadd_ps(b2, v0, x20);
+                x21 = _mm256_fmadd_ps(b2, v1, x21);
+                x30 = _mm256_fmadd_ps(b3, v0, x30);
+                x31 = _mm256_fmadd_ps(b3, v1, x31);
+            }
+            float *rows[4] = {a0, a1, a2, a3};
+            __m256 xs[4][2] = {{x00, x01}, {x10, x11}, {x20, x21}, {x30, x31}};
+            for (size_t r = 0; r < g; r++) {
+                float *a = rows[r] + t;
+                _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), xs[r][0]));
+                if (two)
+                    _mm256_storeu_ps(a + 8, _mm256_add_ps(_mm256_loadu_ps(a + 8), xs[r][1]));
             }
         }
     }

@@ -89,14 +89,44 @@ KVQ__NUQ_INLINE __m256i kvq__nuq_idx(const uint32_t *gt, int i, const int b) {
 }
 
 /* tab[idx] per lane from one channel's table of 2^b floats (which may be
- * followed by up to 8 readable floats). */
+ * followed by up to 8 readable floats). In-lane permutes of 4-entry tables
+ * where they suffice (cheap everywhere, unlike the cross-lane permute on
+ * some AMD cores); a gather for b >= 5. */
+#ifndef KVQ__NUQ_LOOK
+#define KVQ__NUQ_LOOK 0
+#endif
 KVQ__NUQ_INLINE __m256 kvq__nuq_look(const float *tab, __m256i idx, const int b) {
-    if (b <= 3)
+#ifndef KVQ__NUQ_IL
+#define KVQ__NUQ_IL 1
+#endif
+    if (b <= 2 && !KVQ__NUQ_IL)
         return _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab), idx);
-    if (b == 4) {
-        __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab), idx);
-        __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab + 8), idx);
-        return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+    if (b <= 2)
+        return _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)tab), idx);
+    if (KVQ__NUQ_LOOK == 0) {
+        if (b == 3) {
+            __m256 m2 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 29));
+            __m256 lo = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)tab), idx);
+            __m256 hi = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)(tab + 4)), idx);
+            return _mm256_blendv_ps(lo, hi, m2);
+        }
+        if (b == 4) {
+            __m256 m2 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 29));
+            __m256 m3 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+            __m256 a0 = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)tab), idx);
+            __m256 a1 = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)(tab + 4)), idx);
+            __m256 a2 = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)(tab + 8)), idx);
+            __m256 a3 = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)(tab + 12)), idx);
+            return _mm256_blendv_ps(_mm256_blendv_ps(a0, a1, m2), _mm256_blendv_ps(a2, a3, m2), m3);
+        }
+    } else {
+        if (b == 3)
+            return _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab), idx);
+        if (b == 4) {
+            __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab), idx);
+            __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab + 8), idx);
+            return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+        }
     }
     return _mm256_i32gather_ps(tab, idx, 4);
 }

@@ -1,0 +1,26 @@
+/*
+ * vmath.c - vector math for attention: x[i] = exp(x[i] - m) over a block of
+ * scores, returning the sum; -inf (masked) gives exactly 0. The scalar
+ * reference uses expf; the AVX2 path (x86/vmath_avx2.c) a range-reduced
+ * polynomial within 2e-7 relative of it (tests/test_kernels.c).
+ */
+#include "kernels.h"
+
+float kvq__exp_block_ref(float *x, size_t n, float m) {
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float e = x[i] == -INFINITY ? 0.0f : expf(x[i] - m);
+        x[i] = e;
+        s += e;
+    }
+    return s;
+}
+
+kvq__exp_block_fn kvq__exp_block_select(kvq_isa isa) {
+#if defined(__x86_64__)
+    if ((isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVX512) && kvq__cpu_has_avx2())
+        return kvq__exp_block_avx2;
+#endif
+    (void)isa;
+    return kvq__exp_block_ref;
+}
