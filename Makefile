@@ -78,9 +78,13 @@ bench: all
 	$(BUILD)/kvq bench codecs --head-dim 128 --data gauss
 	$(BUILD)/kvq bench codecs --head-dim 128 --data outlier
 	$(BUILD)/kvq bench codecs --head-dim 8 --data gauss
+	$(BUILD)/kvq bench attend
+	$(BUILD)/kvq simulate --k-codec tq4 --v-codec tq3 --policy utility --budget 1024
 
+# The main job: a prefill + decode session through a compressed cache with
+# utility eviction, against exact f32 attention and an f32 cache.
 demo: all
-	$(BUILD)/kvq bench codecs
+	$(BUILD)/kvq simulate --k-codec int8 --v-codec tq3 --policy utility --budget 1024
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig

@@ -1,4 +1,710 @@
-/* tq_avx2.c - AVX2 kernels of the tq family (placeholder until written). */
+/*
+ * tq_avx2.c - AVX2 kernels of the TurboQuant family (tq1..tq4, tqp2..tqp4),
+ * used when head_dim is a multiple of 8.
+ *
+ * encode, decode, prep and finish follow the scalar reference (tq.c,
+ * tq_rotate.c) operation for operation, so their results are bit-identical:
+ * the FWHT runs the same stages (h = 1, 2, 4 inside a register, then across
+ * registers), norms use the same 8-lane sums with separate multiply and add,
+ * matrix rows use the same lane sums and the reduction order of
+ * kvq__hsum4x256, and ||c||^2 is an order-free integer sum. Encoding uses
+ * a branch-free binary search on |u| against the positive thresholds; the
+ * index bit planes come from movemask and are interleaved with small spread
+ * tables. Vectors with a norm outside the fast range go to the scalar
+ * encoder.
+ *
+ * score and accumulate decode 8 indices at a time: one broadcast load, a
+ * variable shift, a permute of the 8-entry codebook (two permutes and a
+ * blend for 16 entries), and FMA (so they differ from the scalar sums by
+ * rounding). 3-bit groups are read as 4 bytes; the last tq3 vector of a
+ * call is copied to a padded buffer so no byte past the input is read.
+ */
 #include "../kernels.h"
+#include "../../codec/tq_impl.h"
+#include "simd_avx2.h"
 
-void kvq__tq_avx2_select(kvq_codec *c) { (void)c; }
+#define KVQ__AI static inline __attribute__((always_inline))
+
+/* ---- bit spreading: bit i of a byte -> bit k*i ---- */
+#define KVQ__SPB(b, k)                                                                             \
+    ((((b) >> 0 & 1u) << (0 * (k))) | (((b) >> 1 & 1u) << (1 * (k))) |                            \
+     (((b) >> 2 & 1u) << (2 * (k))) | (((b) >> 3 & 1u) << (3 * (k))) |                            \
+     (((b) >> 4 & 1u) << (4 * (k))) | (((b) >> 5 & 1u) << (5 * (k))) |                            \
+     (((b) >> 6 & 1u) << (6 * (k))) | (((b) >> 7 & 1u) << (7 * (k))))
+#define KVQ__SP4(b, k) KVQ__SPB(b, k), KVQ__SPB(b + 1, k), KVQ__SPB(b + 2, k), KVQ__SPB(b + 3, k)
+#define KVQ__SP16(b, k) KVQ__SP4(b, k), KVQ__SP4(b + 4, k), KVQ__SP4(b + 8, k), KVQ__SP4(b + 12, k)
+#define KVQ__SP64(b, k)                                                                            \
+    KVQ__SP16(b, k), KVQ__SP16(b + 16, k), KVQ__SP16(b + 32, k), KVQ__SP16(b + 48, k)
+#define KVQ__SP256(k) KVQ__SP64(0, k), KVQ__SP64(64, k), KVQ__SP64(128, k), KVQ__SP64(192, k)
+
+static const uint32_t kvq__tq_spread[3][256] = {{KVQ__SP256(2)}, {KVQ__SP256(3)}, {KVQ__SP256(4)}};
+
+static inline uint32_t kvq__tq_ldu32(const uint8_t *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return w;
+}
+
+KVQ__AI __m256 kvq__tq_signmask(void) { return _mm256_set1_ps(-0.0f); }
+
+/* ---- FWHT ---- */
+/* Stages h = 1, 2, 4 inside one register, as the scalar butterflies:
+ * lower lane a + b (computed b + a), upper lane a - b (computed a + (-b)). */
+KVQ__AI __m256 kvq__tq_fwht8(__m256 x) {
+    const __m256 n1 = _mm256_castsi256_ps(
+        _mm256_setr_epi32(0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN));
+    const __m256 n2 = _mm256_castsi256_ps(
+        _mm256_setr_epi32(0, 0, INT32_MIN, INT32_MIN, 0, 0, INT32_MIN, INT32_MIN));
+    const __m256 n4 =
+        _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, 0, 0, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN));
+    x = _mm256_add_ps(_mm256_permute_ps(x, 0xB1), _mm256_xor_ps(x, n1));
+    x = _mm256_add_ps(_mm256_permute_ps(x, 0x4E), _mm256_xor_ps(x, n2));
+    x = _mm256_add_ps(_mm256_permute2f128_ps(x, x, 0x01), _mm256_xor_ps(x, n4));
+    return x;
+}
+
+/* Cross-register stages h = 8 .. 4 * nr floats on nr registers. */
+KVQ__AI void kvq__tq_xstages(__m256 *r, int nr) {
+    for (int h = 1; h < nr; h *= 2)
+        for (int i = 0; i < nr; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                __m256 a = r[j], b = r[j + h];
+                r[j] = _mm256_add_ps(a, b);
+                r[j + h] = _mm256_sub_ps(a, b);
+            }
+}
+
+/* One block of nr registers (8 * nr floats) from src: optional sign flip
+ * and norm lanes, then all stages inside the block; stored to dst. */
+KVQ__AI void kvq__tq_block(float *dst, const float *src, const uint32_t *flip, __m256 *ss, int nr) {
+    __m256 r[8];
+    for (int i = 0; i < nr; i++) {
+        __m256 x = _mm256_loadu_ps(src + 8 * i);
+        if (ss)
+            *ss = _mm256_add_ps(*ss, _mm256_mul_ps(x, x));
+        if (flip)
+            x = _mm256_xor_ps(x, _mm256_loadu_ps((const float *)(const void *)(flip + 8 * i)));
+        r[i] = kvq__tq_fwht8(x);
+    }
+    kvq__tq_xstages(r, nr);
+    for (int i = 0; i < nr; i++)
+        _mm256_store_ps(dst + 8 * i, r[i]);
+}
+
+/* First pass of the FWHT of src (flipped by flip when not NULL) into the
+ * 32-byte aligned buf: every stage with h < min(d, 64). Adds the squares of
+ * src to the lanes of *ss when ss is not NULL. */
+static inline void kvq__tq_fwht_blocks(float *buf, const float *src, const uint32_t *flip,
+                                       __m256 *ss, size_t d) {
+    switch (d) {
+    case 8:
+        kvq__tq_block(buf, src, flip, ss, 1);
+        return;
+    case 16:
+        kvq__tq_block(buf, src, flip, ss, 2);
+        return;
+    case 32:
+        kvq__tq_block(buf, src, flip, ss, 4);
+        return;
+    default:
+        for (size_t i = 0; i < d; i += 64)
+            kvq__tq_block(buf + i, src + i, flip ? flip + i : NULL, ss, 8);
+    }
+}
+
+/* Stages h = from .. to-1 (floats, powers of two >= 64) over buf. */
+static void kvq__tq_fwht_passes(float *buf, size_t d, size_t from, size_t to) {
+    for (size_t h = from; h < to; h *= 2)
+        for (size_t i = 0; i < d; i += 2 * h)
+            for (size_t j = i; j < i + h; j += 8) {
+                __m256 a = _mm256_load_ps(buf + j), b = _mm256_load_ps(buf + j + h);
+                _mm256_store_ps(buf + j, _mm256_add_ps(a, b));
+                _mm256_store_ps(buf + j + h, _mm256_sub_ps(a, b));
+            }
+}
+
+/* Full in-place FWHT of buf (aligned), d a power of two >= 8. */
+static void kvq__tq_fwht_avx2(float *buf, size_t d) {
+    kvq__tq_fwht_blocks(buf, buf, NULL, NULL, d);
+    kvq__tq_fwht_passes(buf, d, 64, d);
+}
+
+/* ---- dense matrices (d % 8 == 0) ---- */
+/* y = M x, rows as the scalar lane sums + kvq__tq_reduce8. */
+static void kvq__tq_matvec_avx2(const float *m, size_t d, float *y, const float *x) {
+    for (size_t i = 0; i < d; i += 4) {
+        const float *r0 = m + i * d, *r1 = r0 + d, *r2 = r1 + d, *r3 = r2 + d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t j = 0; j < d; j += 8) {
+            __m256 xv = _mm256_loadu_ps(x + j);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(r0 + j), xv));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(r1 + j), xv));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(r2 + j), xv));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(r3 + j), xv));
+        }
+        _mm_storeu_ps(y + i, kvq__hsum4x256(a0, a1, a2, a3));
+    }
+}
+
+/* y = M^T z, accumulated over rows in increasing order (y may not alias z). */
+static void kvq__tq_matvec_t_avx2(const float *m, size_t d, float *y, const float *z) {
+    for (size_t j = 0; j < d; j += 8)
+        _mm256_storeu_ps(y + j, _mm256_setzero_ps());
+    for (size_t i = 0; i < d; i++) {
+        const float *row = m + i * d;
+        __m256 zi = _mm256_set1_ps(z[i]);
+        for (size_t j = 0; j < d; j += 8)
+            _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j),
+                                                  _mm256_mul_ps(zi, _mm256_loadu_ps(row + j))));
+    }
+}
+
+/* out = sum_i sigma_i S[i][:], sigma from the sign bits. */
+static void kvq__tq_sketch_t_signs_avx2(const kvq__tq *t, size_t d, float *out, const uint8_t *sg) {
+    const __m256 sm = kvq__tq_signmask();
+    for (size_t j = 0; j < d; j += 8)
+        _mm256_storeu_ps(out + j, _mm256_setzero_ps());
+    for (size_t i = 0; i < d; i++) {
+        const float *row = t->skm + i * d;
+        __m256 f = ((sg[i >> 3] >> (i & 7)) & 1) ? _mm256_setzero_ps() : sm;
+        for (size_t j = 0; j < d; j += 8)
+            _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_loadu_ps(out + j),
+                                                    _mm256_xor_ps(_mm256_loadu_ps(row + j), f)));
+    }
+}
+
+/* ---- codebook lookups ---- */
+typedef struct {
+    __m256 t0, t1;  /* permute tables: kb < 4: cent[k & (levels-1)]; kb = 4: cent[0..7], [8..15] */
+    __m256i shr;    /* lane i: i * kb */
+} kvq__tq_lut;
+
+static inline void kvq__tq_lut_init(kvq__tq_lut *l, const kvq__tq *t) {
+    float a[8], b[8];
+    for (int k = 0; k < 8; k++) {
+        a[k] = t->cent[k & (t->levels - 1) & 7];
+        b[k] = t->levels == 16 ? t->cent[8 + k] : a[k];
+    }
+    l->t0 = _mm256_loadu_ps(a);
+    l->t1 = _mm256_loadu_ps(b);
+    int kb = t->kb;
+    l->shr = _mm256_setr_epi32(0, kb, 2 * kb, 3 * kb, 4 * kb, 5 * kb, 6 * kb, 7 * kb);
+}
+
+/* The 8 centroids of the group whose kb packed bytes start at p. kb = 3
+ * reads 4 bytes (callers guarantee the 4th is readable). */
+KVQ__AI __m256 kvq__tq_cent8(const kvq__tq_lut *l, const uint8_t *p, int kb) {
+    uint32_t w = kb == 1 ? p[0] : kb == 2 ? kvq__ld16(p) : kvq__tq_ldu32(p);
+    __m256i s = _mm256_srlv_epi32(_mm256_set1_epi32((int)w), l->shr);
+    __m256 lo = _mm256_permutevar8x32_ps(l->t0, s);
+    if (kb < 4)
+        return lo;
+    __m256 hi = _mm256_permutevar8x32_ps(l->t1, s);
+    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(s, 28)));
+}
+
+/* Lane i all ones when bit i of byte b is set. */
+KVQ__AI __m256 kvq__tq_bitmask8(unsigned b) {
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    __m256i v = _mm256_and_si256(_mm256_set1_epi32((int)b), sel);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, sel));
+}
+
+/* ---- encode ---- */
+typedef struct {
+    __m256 sign, t1, t2, t3, t4, t6, todd, mag;
+    __m256i msq;
+} kvq__tq_qk;
+
+static inline void kvq__tq_qk_init(kvq__tq_qk *k, const kvq__tq *t) {
+    const float *p = t->pthr; /* p[i] = tau_{i+1} */
+    int h = t->levels / 2;
+    float z = 0.0f;
+    k->sign = kvq__tq_signmask();
+    k->t1 = _mm256_set1_ps(h > 1 ? p[0] : z);
+    k->t2 = _mm256_set1_ps(h > 2 ? p[1] : z);
+    k->t3 = _mm256_set1_ps(h > 3 ? p[2] : z);
+    k->t4 = _mm256_set1_ps(h > 4 ? p[3] : z);
+    k->t6 = _mm256_set1_ps(h > 6 ? p[5] : z);
+    k->todd = h > 4 ? _mm256_setr_ps(p[0], z, p[2], z, p[4], z, p[6], z) : _mm256_setzero_ps();
+    float mg[8];
+    int32_t mq[8];
+    for (int n = 0; n < 8; n++) {
+        mg[n] = t->mag[n < h ? n : 0];
+        mq[n] = t->msq_fx[n < h ? n : 0];
+    }
+    k->mag = _mm256_loadu_ps(mg);
+    k->msq = _mm256_loadu_si256((const __m256i *)(const void *)mq);
+}
+
+/* Quantizes one group of 8 u values: writes its kb index bytes at out,
+ * the signed centroids to *cv (tqp), returns the fixed-point mag^2. */
+KVQ__AI __m256i kvq__tq_q8(const kvq__tq_qk *k, int kb, __m256 u, uint8_t *out, float *cv) {
+    const uint32_t *sp = kvq__tq_spread[kb >= 2 ? kb - 2 : 0];
+    const __m256i one = _mm256_set1_epi32(1), two = _mm256_set1_epi32(2),
+                  four = _mm256_set1_epi32(4);
+    __m256 a = _mm256_andnot_ps(k->sign, u);
+    unsigned ns = (unsigned)_mm256_movemask_ps(u); /* 1 = sign bit set */
+    unsigned pos = ns ^ 0xffu;
+    __m256i n;
+    if (kb == 1) {
+        n = _mm256_setzero_si256();
+        out[0] = (uint8_t)pos;
+    } else if (kb == 2) {
+        __m256 m1 = _mm256_cmp_ps(a, k->t1, _CMP_GE_OQ);
+        n = _mm256_and_si256(_mm256_castps_si256(m1), one);
+        unsigned b0 = (unsigned)_mm256_movemask_ps(m1) ^ ns;
+        kvq__st16(out, (uint16_t)(sp[b0] | sp[pos] << 1));
+    } else if (kb == 3) {
+        __m256 m2 = _mm256_cmp_ps(a, k->t2, _CMP_GE_OQ);
+        __m256 m1 = _mm256_cmp_ps(a, _mm256_blendv_ps(k->t1, k->t3, m2), _CMP_GE_OQ);
+        n = _mm256_or_si256(_mm256_and_si256(_mm256_castps_si256(m2), two),
+                            _mm256_and_si256(_mm256_castps_si256(m1), one));
+        unsigned b1 = (unsigned)_mm256_movemask_ps(m2) ^ ns;
+        unsigned b0 = (unsigned)_mm256_movemask_ps(m1) ^ ns;
+        uint32_t w = sp[b0] | sp[b1] << 1 | sp[pos] << 2;
+        kvq__st16(out, (uint16_t)w);
+        out[2] = (uint8_t)(w >> 16);
+    } else {
+        __m256 m4 = _mm256_cmp_ps(a, k->t4, _CMP_GE_OQ);
+        __m256 m2 = _mm256_cmp_ps(a, _mm256_blendv_ps(k->t2, k->t6, m4), _CMP_GE_OQ);
+        __m256i n2 = _mm256_or_si256(_mm256_and_si256(_mm256_castps_si256(m4), four),
+                                     _mm256_and_si256(_mm256_castps_si256(m2), two));
+        __m256 m1 = _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(k->todd, n2), _CMP_GE_OQ);
+        n = _mm256_or_si256(n2, _mm256_and_si256(_mm256_castps_si256(m1), one));
+        unsigned b2 = (unsigned)_mm256_movemask_ps(m4) ^ ns;
+        unsigned b1 = (unsigned)_mm256_movemask_ps(m2) ^ ns;
+        unsigned b0 = (unsigned)_mm256_movemask_ps(m1) ^ ns;
+        uint32_t w = sp[b0] | sp[b1] << 1 | sp[b2] << 2 | sp[pos] << 3;
+        memcpy(out, &w, 4);
+    }
+    if (cv)
+        _mm256_store_ps(cv, _mm256_or_ps(_mm256_permutevar8x32_ps(k->mag, n),
+                                         _mm256_and_ps(u, k->sign)));
+    return _mm256_permutevar8x32_epi32(k->msq, n);
+}
+
+static inline uint64_t kvq__tq_hsum_epi32(__m256i v) {
+    int32_t l[8];
+    _mm256_storeu_si256((__m256i *)(void *)l, v);
+    uint64_t s = 0;
+    for (int i = 0; i < 8; i++)
+        s += (uint32_t)l[i];
+    return s;
+}
+
+/* tqp tail of the encoder: the rotated residual (u - rho * cv) / 1, its
+ * norm and the sign bits of S r'. u, cv: aligned d floats. */
+static void kvq__tq_sketch_avx2(const kvq_codec *c, uint8_t *p, float *u, const float *cv,
+                                double gamma, float sq) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    __m256 vr = _mm256_set1_ps((float)((double)sq / gamma)), rr = _mm256_setzero_ps();
+    for (size_t j = 0; j < d; j += 8) {
+        __m256 r = _mm256_sub_ps(_mm256_load_ps(u + j), _mm256_mul_ps(vr, _mm256_load_ps(cv + j)));
+        rr = _mm256_add_ps(rr, _mm256_mul_ps(r, r));
+        _mm256_store_ps(u + j, r);
+    }
+    float rl[8];
+    _mm256_storeu_ps(rl, rr);
+    kvq__tq_put_norm(t, &t->nr, p + t->off_rnorm, gamma * sqrt(kvq__tq_lanes_sum(rl)));
+    uint8_t *sg = p + t->off_sign;
+    const float *s = t->skm;
+    for (size_t i = 0; i < d; i += 8) {
+        unsigned bits = 0;
+        for (size_t h = 0; h < 8; h += 4) {
+            const float *r0 = s + (i + h) * d, *r1 = r0 + d, *r2 = r1 + d, *r3 = r2 + d;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t j = 0; j < d; j += 8) {
+                __m256 xv = _mm256_load_ps(u + j);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(r0 + j), xv));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(r1 + j), xv));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(r2 + j), xv));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(r3 + j), xv));
+            }
+            __m128 dots = kvq__hsum4x256(a0, a1, a2, a3);
+            bits |= (unsigned)_mm_movemask_ps(_mm_cmpge_ps(dots, _mm_setzero_ps())) << h;
+        }
+        sg[i >> 3] = (uint8_t)bits;
+    }
+}
+
+/* Encoder for d % 8 == 0 and a fixed kb (inlined per kb). */
+KVQ__AI void kvq__tq_encode_kb(const kvq_codec *c, uint8_t *dst, const float *src, size_t nv,
+                               int kb) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d, ng = d / 8;
+    _Alignas(32) float buf[KVQ__MAX_HEAD_DIM];
+    _Alignas(32) float ub[KVQ__MAX_HEAD_DIM];
+    _Alignas(32) float cvb[KVQ__MAX_HEAD_DIM];
+    kvq__tq_qk k;
+    kvq__tq_qk_init(&k, t);
+    const int sk = t->sketch;
+    for (size_t v = 0; v < nv; v++) {
+        const float *x = src + v * d;
+        uint8_t *p = dst + v * c->bytes, *ix = p + t->off_idx;
+        __m256 ss = _mm256_setzero_ps();
+        if (t->pow2) {
+            kvq__tq_fwht_blocks(buf, x, t->sflip, &ss, d);
+        } else {
+            for (size_t j = 0; j < d; j += 8) {
+                __m256 xv = _mm256_loadu_ps(x + j);
+                ss = _mm256_add_ps(ss, _mm256_mul_ps(xv, xv));
+            }
+        }
+        float sl[8];
+        _mm256_storeu_ps(sl, ss);
+        double g2 = kvq__tq_lanes_sum(sl);
+        if (!(g2 >= 0x1p-100 && g2 <= 0x1p100)) {
+            kvq__tq_encode_one(c, p, x);
+            continue;
+        }
+        double gamma = sqrt(g2);
+        __m256i cs = _mm256_setzero_si256();
+        if (t->pow2) {
+            __m256 vi = _mm256_set1_ps((float)(1.0 / (sqrt((double)d) * gamma)));
+            if (d <= 64) {
+                for (size_t g = 0; g < ng; g++) {
+                    __m256 u = _mm256_mul_ps(_mm256_load_ps(buf + 8 * g), vi);
+                    if (sk)
+                        _mm256_store_ps(ub + 8 * g, u);
+                    cs = _mm256_add_epi32(cs, kvq__tq_q8(&k, kb, u, ix + g * kb, sk ? cvb + 8 * g : NULL));
+                }
+            } else {
+                kvq__tq_fwht_passes(buf, d, 64, d / 2);
+                const size_t hg = ng / 2; /* the last stage, fused with quantization */
+                for (size_t g = 0; g < hg; g++) {
+                    __m256 a = _mm256_load_ps(buf + 8 * g), b = _mm256_load_ps(buf + 8 * (g + hg));
+                    __m256 u0 = _mm256_mul_ps(_mm256_add_ps(a, b), vi);
+                    __m256 u1 = _mm256_mul_ps(_mm256_sub_ps(a, b), vi);
+                    if (sk) {
+                        _mm256_store_ps(ub + 8 * g, u0);
+                        _mm256_store_ps(ub + 8 * (g + hg), u1);
+                    }
+                    cs = _mm256_add_epi32(cs, kvq__tq_q8(&k, kb, u0, ix + g * kb, sk ? cvb + 8 * g : NULL));
+                    cs = _mm256_add_epi32(cs, kvq__tq_q8(&k, kb, u1, ix + (g + hg) * kb,
+                                                         sk ? cvb + 8 * (g + hg) : NULL));
+                }
+            }
+        } else {
+            kvq__tq_matvec_avx2(t->rot, d, buf, x);
+            __m256 vi = _mm256_set1_ps((float)(1.0 / gamma));
+            for (size_t g = 0; g < ng; g++) {
+                __m256 u = _mm256_mul_ps(_mm256_load_ps(buf + 8 * g), vi);
+                if (sk)
+                    _mm256_store_ps(ub + 8 * g, u);
+                cs = _mm256_add_epi32(cs, kvq__tq_q8(&k, kb, u, ix + g * kb, sk ? cvb + 8 * g : NULL));
+            }
+        }
+        double cn2 = (double)kvq__tq_hsum_epi32(cs) * t->msq_unit;
+        double scale = c->nc ? gamma / sqrt(cn2) : gamma;
+        float sq = kvq__tq_put_norm(t, &t->ns, p, scale);
+        if (sk)
+            kvq__tq_sketch_avx2(c, p, ub, cvb, gamma, sq);
+    }
+}
+
+static void kvq__tq_encode_avx2(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    switch (((const kvq__tq *)c->state)->kb) {
+    case 1:
+        kvq__tq_encode_kb(c, dst, src, n, 1);
+        break;
+    case 2:
+        kvq__tq_encode_kb(c, dst, src, n, 2);
+        break;
+    case 3:
+        kvq__tq_encode_kb(c, dst, src, n, 3);
+        break;
+    default:
+        kvq__tq_encode_kb(c, dst, src, n, 4);
+        break;
+    }
+}
+
+/* ---- decode ---- */
+/* Pointer to vector v's bytes, or to a zero-padded copy in pad when a
+ * 4-byte read of its last 3-bit group would pass the end of the input. */
+static inline const uint8_t *kvq__tq_vec(const kvq_codec *c, const uint8_t *base, size_t v,
+                                         size_t n, uint8_t *pad) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const uint8_t *p = base + v * c->bytes;
+    if (t->kb == 3 && !t->sketch && v + 1 == n) {
+        memcpy(pad, p, c->bytes);
+        pad[c->bytes] = 0;
+        return pad;
+    }
+    return p;
+}
+
+static void kvq__tq_decode_avx2(const kvq_codec *c, float *dst, const uint8_t *src, size_t n) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    _Alignas(32) float z[KVQ__MAX_HEAD_DIM];
+    float tmp[KVQ__MAX_HEAD_DIM];
+    uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
+    kvq__tq_lut l;
+    kvq__tq_lut_init(&l, t);
+    const int kb = t->kb;
+    for (size_t v = 0; v < n; v++) {
+        const uint8_t *p = kvq__tq_vec(c, src, v, n, pad), *ix = p + t->off_idx;
+        float *x = dst + v * d;
+        float scale = kvq__tq_get_norm(t, &t->ns, p);
+        for (size_t g = 0; g < d / 8; g++)
+            _mm256_store_ps(z + 8 * g, kb == 1   ? kvq__tq_cent8(&l, ix + g, 1)
+                                       : kb == 2 ? kvq__tq_cent8(&l, ix + 2 * g, 2)
+                                       : kb == 3 ? kvq__tq_cent8(&l, ix + 3 * g, 3)
+                                                 : kvq__tq_cent8(&l, ix + 4 * g, 4));
+        if (t->sketch) {
+            __m256 kap = _mm256_set1_ps(kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) * t->sk_scale);
+            __m256 sc = _mm256_set1_ps(scale);
+            kvq__tq_sketch_t_signs_avx2(t, d, tmp, p + t->off_sign);
+            for (size_t j = 0; j < d; j += 8)
+                _mm256_store_ps(z + j, _mm256_add_ps(_mm256_mul_ps(sc, _mm256_load_ps(z + j)),
+                                                     _mm256_mul_ps(kap, _mm256_loadu_ps(tmp + j))));
+            scale = 1.0f;
+        }
+        if (t->pow2) {
+            kvq__tq_fwht_avx2(z, d);
+            __m256 f = _mm256_set1_ps(scale * t->rs);
+            for (size_t j = 0; j < d; j += 8)
+                _mm256_storeu_ps(x + j, _mm256_xor_ps(_mm256_mul_ps(_mm256_load_ps(z + j), f),
+                                                      _mm256_loadu_ps((const float *)(const void *)(t->sflip + j))));
+        } else {
+            kvq__tq_matvec_t_avx2(t->rot, d, x, z);
+            __m256 f = _mm256_set1_ps(scale);
+            for (size_t j = 0; j < d; j += 8)
+                _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), f));
+        }
+    }
+}
+
+/* ---- prep / finish ---- */
+static void kvq__tq_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    float *qr = (float *)qp; /* 64-byte aligned */
+    if (t->pow2) {
+        for (size_t j = 0; j < d; j += 8)
+            _mm256_store_ps(qr + j, _mm256_xor_ps(_mm256_loadu_ps(q + j),
+                                                  _mm256_loadu_ps((const float *)(const void *)(t->sflip + j))));
+        kvq__tq_fwht_avx2(qr, d);
+        __m256 rs = _mm256_set1_ps(t->rs);
+        for (size_t j = 0; j < d; j += 8)
+            _mm256_store_ps(qr + j, _mm256_mul_ps(_mm256_load_ps(qr + j), rs));
+    } else {
+        kvq__tq_matvec_avx2(t->rot, d, qr, q);
+    }
+    if (t->sketch)
+        kvq__tq_matvec_avx2(t->skm, d, qr + kvq__round64(d * 4) / 4, qr);
+}
+
+static void kvq__tq_finish_avx2(const kvq_codec *c, float *out, const float *acc) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    _Alignas(32) float z[KVQ__MAX_HEAD_DIM];
+    float tmp[KVQ__MAX_HEAD_DIM];
+    memcpy(z, acc, d * sizeof(float));
+    if (t->sketch) {
+        kvq__tq_matvec_t_avx2(t->skm, d, tmp, acc + d);
+        __m256 ks = _mm256_set1_ps(t->sk_scale);
+        for (size_t j = 0; j < d; j += 8)
+            _mm256_store_ps(z + j, _mm256_add_ps(_mm256_load_ps(z + j),
+                                                 _mm256_mul_ps(ks, _mm256_loadu_ps(tmp + j))));
+    }
+    if (t->pow2) {
+        kvq__tq_fwht_avx2(z, d);
+        __m256 rs = _mm256_set1_ps(t->rs);
+        for (size_t j = 0; j < d; j += 8) {
+            __m256 v = _mm256_xor_ps(_mm256_mul_ps(_mm256_load_ps(z + j), rs),
+                                     _mm256_loadu_ps((const float *)(const void *)(t->sflip + j)));
+            _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_loadu_ps(out + j), v));
+        }
+    } else {
+        kvq__tq_matvec_t_avx2(t->rot, d, tmp, z);
+        for (size_t j = 0; j < d; j += 8)
+            _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_loadu_ps(out + j), _mm256_loadu_ps(tmp + j)));
+    }
+}
+
+/* ---- score ---- */
+/* sum_j sq_j * sigma_j for one vector's sign bits. */
+KVQ__AI float kvq__tq_sign_dot(const float *sq, const uint8_t *sg, size_t d) {
+    const __m256 sm = kvq__tq_signmask();
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    size_t g = 0;
+    for (; g + 2 <= d / 8; g += 2) {
+        a0 = _mm256_add_ps(a0, _mm256_xor_ps(_mm256_load_ps(sq + 8 * g),
+                                             _mm256_andnot_ps(kvq__tq_bitmask8(sg[g]), sm)));
+        a1 = _mm256_add_ps(a1, _mm256_xor_ps(_mm256_load_ps(sq + 8 * g + 8),
+                                             _mm256_andnot_ps(kvq__tq_bitmask8(sg[g + 1]), sm)));
+    }
+    if (g < d / 8)
+        a0 = _mm256_add_ps(a0, _mm256_xor_ps(_mm256_load_ps(sq + 8 * g),
+                                             _mm256_andnot_ps(kvq__tq_bitmask8(sg[g]), sm)));
+    return kvq__hsum256(_mm256_add_ps(a0, a1));
+}
+
+KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                              size_t nq, const uint8_t *keys, size_t n, int kb) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d, ng = d / 8, qs = c->qp_bytes / 4, so = kvq__round64(d * 4) / 4;
+    const size_t vb = c->bytes, oi = t->off_idx;
+    const int sk = t->sketch;
+    uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
+    kvq__tq_lut l;
+    kvq__tq_lut_init(&l, t);
+    const float *qb = (const float *)qp;
+    if (nq == 1) {
+        /* four keys at a time: four independent FMA chains share each q load */
+        size_t safe = (kb == 3 && !sk && n) ? n - 1 : n, k = 0;
+        for (; k + 4 <= safe; k += 4) {
+            const uint8_t *p0 = keys + k * vb, *p1 = p0 + vb, *p2 = p1 + vb, *p3 = p2 + vb;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t g = 0; g < ng; g++) {
+                __m256 qv = _mm256_load_ps(qb + 8 * g);
+                size_t o = oi + g * (size_t)kb;
+                a0 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p0 + o, kb), qv, a0);
+                a1 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p1 + o, kb), qv, a1);
+                a2 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p2 + o, kb), qv, a2);
+                a3 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p3 + o, kb), qv, a3);
+            }
+            float r[4];
+            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, a2, a3));
+            const uint8_t *ps[4] = {p0, p1, p2, p3};
+            for (int i = 0; i < 4; i++) {
+                float s = r[i] * kvq__tq_get_norm(t, &t->ns, ps[i]);
+                if (sk)
+                    s += kvq__tq_get_norm(t, &t->nr, ps[i] + t->off_rnorm) * t->sk_scale *
+                         kvq__tq_sign_dot(qb + so, ps[i] + t->off_sign, d);
+                out[k + i] = s;
+            }
+        }
+        for (; k < n; k++) {
+            const uint8_t *p = kvq__tq_vec(c, keys, k, n, pad);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            size_t g = 0;
+            for (; g + 2 <= ng; g += 2) {
+                a0 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p + oi + g * kb, kb),
+                                     _mm256_load_ps(qb + 8 * g), a0);
+                a1 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p + oi + (g + 1) * kb, kb),
+                                     _mm256_load_ps(qb + 8 * g + 8), a1);
+            }
+            if (g < ng)
+                a0 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p + oi + g * kb, kb),
+                                     _mm256_load_ps(qb + 8 * g), a0);
+            float s = kvq__hsum256(_mm256_add_ps(a0, a1)) * kvq__tq_get_norm(t, &t->ns, p);
+            if (sk)
+                s += kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) * t->sk_scale *
+                     kvq__tq_sign_dot(qb + so, p + t->off_sign, d);
+            out[k] = s;
+        }
+        return;
+    }
+    /* several queries: each key's groups are decoded once per 4 queries */
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        size_t gq = KVQ__MIN(4, nq - i0);
+        const float *q0 = qb + i0 * qs;
+        const float *q1 = q0 + (gq > 1 ? qs : 0), *q2 = q0 + (gq > 2 ? 2 * qs : 0),
+                    *q3 = q0 + (gq > 3 ? 3 * qs : 0);
+        for (size_t k = 0; k < n; k++) {
+            const uint8_t *p = kvq__tq_vec(c, keys, k, n, pad);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t g = 0; g < ng; g++) {
+                __m256 cv = kvq__tq_cent8(&l, p + oi + g * kb, kb);
+                a0 = _mm256_fmadd_ps(cv, _mm256_load_ps(q0 + 8 * g), a0);
+                a1 = _mm256_fmadd_ps(cv, _mm256_load_ps(q1 + 8 * g), a1);
+                a2 = _mm256_fmadd_ps(cv, _mm256_load_ps(q2 + 8 * g), a2);
+                a3 = _mm256_fmadd_ps(cv, _mm256_load_ps(q3 + 8 * g), a3);
+            }
+            float r[4];
+            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, a2, a3));
+            float scale = kvq__tq_get_norm(t, &t->ns, p);
+            float kap = sk ? kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) * t->sk_scale : 0.0f;
+            for (size_t i = 0; i < gq; i++) {
+                float s = r[i] * scale;
+                if (sk)
+                    s += kap * kvq__tq_sign_dot(q0 + i * qs + so, p + t->off_sign, d);
+                out[(i0 + i) * ostride + k] = s;
+            }
+        }
+    }
+}
+
+static void kvq__tq_score_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                               size_t nq, const uint8_t *keys, size_t n) {
+    switch (((const kvq__tq *)c->state)->kb) {
+    case 1:
+        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 1);
+        break;
+    case 2:
+        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 2);
+        break;
+    case 3:
+        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 3);
+        break;
+    default:
+        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 4);
+        break;
+    }
+}
+
+/* ---- accumulate ---- */
+KVQ__AI void kvq__tq_accum_kb(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                              size_t wstride, size_t nq, const uint8_t *vals, size_t n, int kb) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d, ng = d / 8, oi = t->off_idx;
+    const __m256 sm = kvq__tq_signmask();
+    uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
+    kvq__tq_lut l;
+    kvq__tq_lut_init(&l, t);
+    for (size_t k = 0; k < n; k++) {
+        const uint8_t *p = kvq__tq_vec(c, vals, k, n, pad);
+        float scale = kvq__tq_get_norm(t, &t->ns, p);
+        float rn = t->sketch ? kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) : 0.0f;
+        for (size_t i = 0; i < nq; i++) {
+            float wk = w[i * wstride + k];
+            float *a = acc + i * astride;
+            __m256 ws = _mm256_set1_ps(wk * scale);
+            for (size_t g = 0; g < ng; g++)
+                _mm256_storeu_ps(a + 8 * g, _mm256_fmadd_ps(ws, kvq__tq_cent8(&l, p + oi + g * kb, kb),
+                                                            _mm256_loadu_ps(a + 8 * g)));
+            if (t->sketch) {
+                __m256 wr = _mm256_set1_ps(wk * rn);
+                const uint8_t *sg = p + t->off_sign;
+                for (size_t g = 0; g < ng; g++) {
+                    __m256 v = _mm256_xor_ps(wr, _mm256_andnot_ps(kvq__tq_bitmask8(sg[g]), sm));
+                    _mm256_storeu_ps(a + d + 8 * g, _mm256_add_ps(_mm256_loadu_ps(a + d + 8 * g), v));
+                }
+            }
+        }
+    }
+}
+
+static void kvq__tq_accum_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                               size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
+    switch (((const kvq__tq *)c->state)->kb) {
+    case 1:
+        kvq__tq_accum_kb(c, acc, astride, w, wstride, nq, vals, n, 1);
+        break;
+    case 2:
+        kvq__tq_accum_kb(c, acc, astride, w, wstride, nq, vals, n, 2);
+        break;
+    case 3:
+        kvq__tq_accum_kb(c, acc, astride, w, wstride, nq, vals, n, 3);
+        break;
+    default:
+        kvq__tq_accum_kb(c, acc, astride, w, wstride, nq, vals, n, 4);
+        break;
+    }
+}
+
+void kvq__tq_avx2_select(kvq_codec *c) {
+    if (c->d % 8 != 0)
+        return;
+    c->k.encode = kvq__tq_encode_avx2;
+    c->k.decode = kvq__tq_decode_avx2;
+    c->k.prep = kvq__tq_prep_avx2;
+    c->k.score = kvq__tq_score_avx2;
+    c->k.accum = kvq__tq_accum_avx2;
+    c->k.finish = kvq__tq_finish_avx2;
+}
