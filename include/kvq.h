@@ -334,6 +334,54 @@ KVQ_API kvq_status kvq_cache_stats(const kvq_cache *cache, int layer, kvq_stats 
 KVQ_API kvq_status kvq_cache_stats_json(const kvq_cache *cache, char *dst, size_t capacity,
                                         size_t *written);
 
+/* Returns a copy of the cache's configuration (pointer fields NULL). */
+KVQ_API kvq_status kvq_cache_get_config(const kvq_cache *cache, kvq_cache_config *cfg);
+
+/* ---- model runner (llama2.c checkpoints) -----------------------------------
+ * Loads llama2.c checkpoints: the legacy header (7 int32, negative
+ * vocab_size = separate classifier) and the versioned "ak42" layout
+ * (version 1 fp32, version 2 Q8_0 dequantized at load), and runs the f32
+ * forward pass (RMSNorm, RoPE, grouped-query attention, SwiGLU) with K and V
+ * appended to a kvq cache and attention computed by kvq_cache_attend. A
+ * model is immutable after load; forward uses per-call scratch. */
+typedef struct kvq_model kvq_model;
+
+typedef struct kvq_model_info {
+    size_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len, head_dim;
+    int shared_classifier;
+    int version; /* 0 legacy, 1 or 2 ak42 */
+} kvq_model_info;
+
+KVQ_API kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator *alloc);
+KVQ_API void kvq_model_free(kvq_model *model);
+KVQ_API kvq_status kvq_model_get_info(const kvq_model *model, kvq_model_info *info);
+/* Fills the shape, max_tokens (seq_len) and RoPE fields of cfg for this model
+ * (call kvq_cache_config_init first; codecs and policy are left as they are). */
+KVQ_API kvq_status kvq_model_cache_shape(const kvq_model *model, kvq_cache_config *cfg);
+/* Runs n tokens at positions pos0.. through the model, appending their K/V
+ * to the cache (pre-RoPE keys when the cache has k_prerope) and writing the
+ * logits of every token to logits ([n][vocab_size]; logits may be NULL when
+ * only the cache is wanted, or hold only the last row when last_only). */
+KVQ_API kvq_status kvq_model_forward(const kvq_model *model, kvq_cache *cache,
+                                     const int32_t *tokens, size_t n, int32_t pos0, float *logits,
+                                     size_t logits_capacity, int last_only);
+
+/* llama2.c tokenizer.bin: BPE encoder and decoder. */
+typedef struct kvq_tokenizer kvq_tokenizer;
+KVQ_API kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t vocab_size,
+                                      const kvq_allocator *alloc);
+KVQ_API void kvq_tokenizer_free(kvq_tokenizer *tok);
+/* llama2.c encode(): optional BOS (1), the dummy-prefix space, UTF-8 byte
+ * fallback (<0xXX> = byte + 3), greedy highest-score merges, optional EOS
+ * (2). *n_tokens gets the count; capacity >= strlen(text) + 3 always fits. */
+KVQ_API kvq_status kvq_tokenizer_encode(const kvq_tokenizer *tok, const char *text, int bos,
+                                        int eos, int32_t *tokens, size_t capacity,
+                                        size_t *n_tokens);
+/* The text piece of `token` following `prev` (llama2.c decode(): the space
+ * after BOS is dropped, <0xXX> pieces become the byte). Never NULL. */
+KVQ_API const char *kvq_tokenizer_piece(const kvq_tokenizer *tok, int32_t prev, int32_t token,
+                                        char buf[8]);
+
 /* ---- small utilities used by tools and bindings ---------------------------*/
 KVQ_API uint16_t kvq_f32_to_f16(float x); /* round to nearest even, saturating */
 KVQ_API float kvq_f16_to_f32(uint16_t h);

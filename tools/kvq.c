@@ -15,6 +15,8 @@ static void usage(FILE *f) {
             "  kvq bench codecs [--head-dim N] [--count N] [--data gauss|outlier|FILE.npy]\n"
             "                   [--codec LIST] [--json]\n"
             "  kvq simulate     prefill + decode through a kvq cache vs exact f32 (--help)\n"
+            "  kvq generate     text from a llama2.c model through a kvq cache (--help)\n"
+            "  kvq eval         NLL/KL/top-1 of a compressed cache against f32 (--help)\n"
             "  kvq codecs       list the codecs with their bits per value\n"
             "  kvq version\n",
             kvq_version_string());
@@ -35,6 +37,10 @@ int main(int argc, char **argv) {
                 argc >= 3 ? argv[2] : "");
         return 2;
     }
+    if (strcmp(cmd, "generate") == 0)
+        return kvq_tool_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "eval") == 0)
+        return kvq_tool_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "simulate") == 0)
         return kvq_tool_simulate(argc - 1, argv + 1);
     if (strcmp(cmd, "codecs") == 0)

@@ -962,6 +962,8 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
         kvq__page *pg = &ly->pages[p];
         ly->pos[slot] = pos;
         pg->last_seq = ly->appended;
+        if (pg->n_valid == 0 || pos < pg->min_pos)
+            pg->min_pos = pos;
         if (ly->score)
             ly->score[slot] = 1.0f;
         pg->n_valid++;
@@ -1136,7 +1138,7 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
             size_t nb = 0;
             for (; p < ly->n_pages && nb < c->block_pages; p++) {
                 const kvq__page *pg = &ly->pages[p];
-                if (!pg->block)
+                if (!pg->block || pg->min_pos > qp)
                     continue;
                 uint8_t *cl = cls + nb * P;
                 int ne = 0, npd = 0;
@@ -1649,4 +1651,13 @@ kvq_status kvq_cache_stats_json(const kvq_cache *c, char *dst, size_t cap, size_
     *written = n;
     kvq__free(&c->alloc, buf);
     return st;
+}
+
+kvq_status kvq_cache_get_config(const kvq_cache *c, kvq_cache_config *cfg) {
+    if (!c || !cfg)
+        return KVQ_ERR_INVALID_ARG;
+    *cfg = c->cfg;
+    cfg->err_msg = NULL;
+    cfg->err_msg_size = 0;
+    return KVQ_OK;
 }

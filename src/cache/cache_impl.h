@@ -41,6 +41,7 @@ typedef struct kvq__page {
     uint32_t filled;    /* channel layout: slots handed out (sequential) */
     int encoded;        /* channel layout: keys of the page are encoded */
     uint64_t last_seq;  /* arrival index of the newest token placed in the page */
+    int32_t min_pos;    /* lower bound of the positions in the page (exact until evictions) */
 } kvq__page;
 
 typedef struct kvq__layer {

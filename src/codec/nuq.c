@@ -115,8 +115,9 @@ void kvq__nuq_prep(const kvq_codec *c, void *qp, const float *q) {
     memset(lut + d * L, 0, c->qp_bytes - d * L * sizeof(float));
 }
 
-/* Scores are sums of lut entries in channel order, in float: the AVX2 path
- * adds in the same order and matches bit for bit. */
+/* A score is a float sum of lut entries in four partial sums over channels
+ * t mod 4, combined as (s0 + s1) + (s2 + s3) (independent chains for the
+ * SIMD path, which adds in the same order and matches bit for bit). */
 static void kvq__nuq_score(const kvq_codec *c, float *out, size_t ostride, const void *qp,
                            size_t nq, const uint8_t *keys, size_t n) {
     const size_t d = c->d, L = kvq__nuq_levels(c);
@@ -129,10 +130,10 @@ static void kvq__nuq_score(const kvq_codec *c, float *out, size_t ostride, const
             offs[t] = (uint32_t)(t * L + kvq__nuq_get(p, t, b));
         for (size_t i = 0; i < nq; i++) {
             const float *lut = (const float *)qp + i * qs;
-            float s = 0.0f;
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             for (size_t t = 0; t < d; t++)
-                s += lut[offs[t]];
-            out[i * ostride + j] = s;
+                s[t & 3] += lut[offs[t]];
+            out[i * ostride + j] = (s[0] + s[1]) + (s[2] + s[3]);
         }
     }
 }

@@ -14,7 +14,7 @@
  *          eight vectors. The per-channel table (levels for decode/accumulate,
  *          the prepared query's q_t * level for score) is looked up with one
  *          permute for b <= 3, two permutes and a blend for b = 4 and a gather
- *          above. Scores are summed in channel order like the reference;
+ *          above. Scores are summed in the reference's order (four partial sums);
  *          decode and accumulate transpose 8 x 8 blocks back to rows.
  * Every kernel is generated once per b (1..8) so that shifts and masks are
  * constants.
@@ -89,44 +89,14 @@ KVQ__NUQ_INLINE __m256i kvq__nuq_idx(const uint32_t *gt, int i, const int b) {
 }
 
 /* tab[idx] per lane from one channel's table of 2^b floats (which may be
- * followed by up to 8 readable floats). In-lane permutes of 4-entry tables
- * where they suffice (cheap everywhere, unlike the cross-lane permute on
- * some AMD cores); a gather for b >= 5. */
-#ifndef KVQ__NUQ_LOOK
-#define KVQ__NUQ_LOOK 0
-#endif
+ * followed by up to 8 readable floats). */
 KVQ__NUQ_INLINE __m256 kvq__nuq_look(const float *tab, __m256i idx, const int b) {
-#ifndef KVQ__NUQ_IL
-#define KVQ__NUQ_IL 1
-#endif
-    if (b <= 2 && !KVQ__NUQ_IL)
+    if (b <= 3)
         return _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab), idx);
-    if (b <= 2)
-        return _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)tab), idx);
-    if (KVQ__NUQ_LOOK == 0) {
-        if (b == 3) {
-            __m256 m2 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 29));
-            __m256 lo = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)tab), idx);
-            __m256 hi = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)(tab + 4)), idx);
-            return _mm256_blendv_ps(lo, hi, m2);
-        }
-        if (b == 4) {
-            __m256 m2 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 29));
-            __m256 m3 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
-            __m256 a0 = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)tab), idx);
-            __m256 a1 = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)(tab + 4)), idx);
-            __m256 a2 = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)(tab + 8)), idx);
-            __m256 a3 = _mm256_permutevar_ps(_mm256_broadcast_ps((const __m128 *)(const void *)(tab + 12)), idx);
-            return _mm256_blendv_ps(_mm256_blendv_ps(a0, a1, m2), _mm256_blendv_ps(a2, a3, m2), m3);
-        }
-    } else {
-        if (b == 3)
-            return _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab), idx);
-        if (b == 4) {
-            __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab), idx);
-            __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab + 8), idx);
-            return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
-        }
+    if (b == 4) {
+        __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab), idx);
+        __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tab + 8), idx);
+        return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
     }
     return _mm256_i32gather_ps(tab, idx, 4);
 }
@@ -253,14 +223,18 @@ KVQ__NUQ_INLINE void kvq__nuq_accum_b(const kvq_codec *c, float *acc, size_t ast
 
 /* ---- score ---- */
 
-/* Scores of QN prepared queries (lut[q], each a table of d * 2^b floats)
- * against the 8 tile vectors: acc[q] lane k = sum over t in order of
- * lut[q][t * L + code_t(vector k)]. */
-KVQ__NUQ_INLINE void kvq__nuq_score_tile(__m256 acc[4], const uint32_t *tile, const float *const lut[4],
-                                         size_t d, const int b, const int QN) {
+/* Scores of QN (1 or 2) prepared queries (lut[q], each a table of d * 2^b
+ * floats) against the 8 tile vectors: lane k of out[q] is the sum of
+ * lut[q][t * L + code_t(vector k)] accumulated like the reference, in four
+ * partial sums over t mod 4 combined as (s0 + s1) + (s2 + s3). */
+KVQ__NUQ_INLINE void kvq__nuq_score_tile(__m256 out[2], const uint32_t *tile,
+                                         const float *const lut[2], size_t d, const int b,
+                                         const int QN) {
     const size_t L = (size_t)1 << b, ngr = (d + 31) / 32;
+    __m256 acc[2][4];
     for (int q = 0; q < QN; q++)
-        acc[q] = _mm256_setzero_ps();
+        for (int p = 0; p < 4; p++)
+            acc[q][p] = _mm256_setzero_ps();
     for (size_t g = 0; g < ngr; g++) {
         const uint32_t *gt = tile + g * (size_t)b * 8;
 #pragma GCC unroll 32
@@ -270,9 +244,12 @@ KVQ__NUQ_INLINE void kvq__nuq_score_tile(__m256 acc[4], const uint32_t *tile, co
                 break;
             __m256i idx = kvq__nuq_idx(gt, ci, b);
             for (int q = 0; q < QN; q++)
-                acc[q] = _mm256_add_ps(acc[q], kvq__nuq_look(lut[q] + t * L, idx, b));
+                acc[q][ci & 3] = _mm256_add_ps(acc[q][ci & 3], kvq__nuq_look(lut[q] + t * L, idx, b));
         }
     }
+    for (int q = 0; q < QN; q++)
+        out[q] = _mm256_add_ps(_mm256_add_ps(acc[q][0], acc[q][1]),
+                               _mm256_add_ps(acc[q][2], acc[q][3]));
 }
 
 KVQ__NUQ_INLINE void kvq__nuq_score_b(const kvq_codec *c, float *out, size_t ostride,
@@ -285,24 +262,23 @@ KVQ__NUQ_INLINE void kvq__nuq_score_b(const kvq_codec *c, float *out, size_t ost
     for (size_t j0 = 0; j0 < n; j0 += 8) {
         size_t nr = kvq__nuq_rows(rows, keys, bytes, j0, n);
         kvq__nuq_stage(tile, rows, bytes, ngr * (size_t)b);
-        size_t i0 = 0;
-        while (i0 < nq) {
-            __m256 acc[4];
-            const float *lut[4];
-            size_t m = nq - i0 >= 4 ? 4 : 1;
+        for (size_t i0 = 0; i0 < nq;) {
+            __m256 res[2];
+            const float *lut[2];
+            size_t m = nq - i0 >= 2 ? 2 : 1;
             for (size_t q = 0; q < m; q++)
                 lut[q] = (const float *)qp + (i0 + q) * qs;
-            if (m == 4)
-                kvq__nuq_score_tile(acc, tile, lut, d, b, 4);
+            if (m == 2)
+                kvq__nuq_score_tile(res, tile, lut, d, b, 2);
             else
-                kvq__nuq_score_tile(acc, tile, lut, d, b, 1);
+                kvq__nuq_score_tile(res, tile, lut, d, b, 1);
             for (size_t q = 0; q < m; q++) {
                 float *o = out + (i0 + q) * ostride + j0;
                 if (nr == 8) {
-                    _mm256_storeu_ps(o, acc[q]);
+                    _mm256_storeu_ps(o, res[q]);
                 } else {
                     float tmp[8];
-                    _mm256_storeu_ps(tmp, acc[q]);
+                    _mm256_storeu_ps(tmp, res[q]);
                     memcpy(o, tmp, nr * sizeof(float));
                 }
             }

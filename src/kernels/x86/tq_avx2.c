@@ -49,53 +49,92 @@ KVQ__AI __m256 kvq__tq_signmask(void) { return _mm256_set1_ps(-0.0f); }
 
 /* ---- FWHT ---- */
 /* Stages h = 1, 2, 4 inside one register, as the scalar butterflies:
- * lower lane a + b (computed b + a), upper lane a - b (computed a + (-b)). */
+ * lower lane a + b (computed b + a), upper lane a - b (computed a + (-b)).
+ * The h = 4 stage works on 128-bit halves (cheaper than a lane-crossing
+ * permute on CPUs that split 256-bit operations). */
 KVQ__AI __m256 kvq__tq_fwht8(__m256 x) {
     const __m256 n1 = _mm256_castsi256_ps(
         _mm256_setr_epi32(0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN));
     const __m256 n2 = _mm256_castsi256_ps(
         _mm256_setr_epi32(0, 0, INT32_MIN, INT32_MIN, 0, 0, INT32_MIN, INT32_MIN));
-    const __m256 n4 =
-        _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, 0, 0, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN));
     x = _mm256_add_ps(_mm256_permute_ps(x, 0xB1), _mm256_xor_ps(x, n1));
     x = _mm256_add_ps(_mm256_permute_ps(x, 0x4E), _mm256_xor_ps(x, n2));
-    x = _mm256_add_ps(_mm256_permute2f128_ps(x, x, 0x01), _mm256_xor_ps(x, n4));
-    return x;
+    __m128 lo = _mm256_castps256_ps128(x), hi = _mm256_extractf128_ps(x, 1);
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_add_ps(lo, hi)), _mm_sub_ps(lo, hi), 1);
 }
 
-/* Cross-register stages h = 8 .. 4 * nr floats on nr registers. */
-KVQ__AI void kvq__tq_xstages(__m256 *r, int nr) {
-    for (int h = 1; h < nr; h *= 2)
-        for (int i = 0; i < nr; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                __m256 a = r[j], b = r[j + h];
-                r[j] = _mm256_add_ps(a, b);
-                r[j + h] = _mm256_sub_ps(a, b);
-            }
+#define KVQ__TQ_BF(a, b)                                                                           \
+    do {                                                                                           \
+        __m256 t_ = (a);                                                                           \
+        (a) = _mm256_add_ps(t_, (b));                                                              \
+        (b) = _mm256_sub_ps(t_, (b));                                                              \
+    } while (0)
+
+/* Loads chunk i of src: squares into *ss (in chunk order), sign flip, and
+ * the in-register stages. */
+KVQ__AI __m256 kvq__tq_ld8(const float *src, const uint32_t *flip, __m256 *ss, int i) {
+    __m256 x = _mm256_loadu_ps(src + 8 * i);
+    if (ss)
+        *ss = _mm256_add_ps(*ss, _mm256_mul_ps(x, x));
+    if (flip)
+        x = _mm256_xor_ps(x, _mm256_loadu_ps((const float *)(const void *)(flip + 8 * i)));
+    return kvq__tq_fwht8(x);
 }
 
-/* One block of nr registers (8 * nr floats) from src: optional sign flip
- * and norm lanes, then all stages inside the block; stored to dst. */
+/* One block of 8 * nr floats (nr = 1, 2, 4, 8) from src through every stage
+ * inside the block, stored to the aligned dst. Named registers (not an
+ * array) so that the block stays in registers. */
 KVQ__AI void kvq__tq_block(float *dst, const float *src, const uint32_t *flip, __m256 *ss, int nr) {
-    __m256 r[8];
-    for (int i = 0; i < nr; i++) {
-        __m256 x = _mm256_loadu_ps(src + 8 * i);
-        if (ss)
-            *ss = _mm256_add_ps(*ss, _mm256_mul_ps(x, x));
-        if (flip)
-            x = _mm256_xor_ps(x, _mm256_loadu_ps((const float *)(const void *)(flip + 8 * i)));
-        r[i] = kvq__tq_fwht8(x);
+    __m256 r0 = kvq__tq_ld8(src, flip, ss, 0), r1, r2, r3, r4, r5, r6, r7;
+    if (nr >= 2)
+        r1 = kvq__tq_ld8(src, flip, ss, 1);
+    if (nr >= 4) {
+        r2 = kvq__tq_ld8(src, flip, ss, 2);
+        r3 = kvq__tq_ld8(src, flip, ss, 3);
     }
-    kvq__tq_xstages(r, nr);
-    for (int i = 0; i < nr; i++)
-        _mm256_store_ps(dst + 8 * i, r[i]);
+    if (nr >= 8) {
+        r4 = kvq__tq_ld8(src, flip, ss, 4);
+        r5 = kvq__tq_ld8(src, flip, ss, 5);
+        r6 = kvq__tq_ld8(src, flip, ss, 6);
+        r7 = kvq__tq_ld8(src, flip, ss, 7);
+    }
+    if (nr >= 2)
+        KVQ__TQ_BF(r0, r1);
+    if (nr >= 4) {
+        KVQ__TQ_BF(r2, r3);
+        KVQ__TQ_BF(r0, r2);
+        KVQ__TQ_BF(r1, r3);
+    }
+    if (nr >= 8) {
+        KVQ__TQ_BF(r4, r5);
+        KVQ__TQ_BF(r6, r7);
+        KVQ__TQ_BF(r4, r6);
+        KVQ__TQ_BF(r5, r7);
+        KVQ__TQ_BF(r0, r4);
+        KVQ__TQ_BF(r1, r5);
+        KVQ__TQ_BF(r2, r6);
+        KVQ__TQ_BF(r3, r7);
+    }
+    _mm256_store_ps(dst, r0);
+    if (nr >= 2)
+        _mm256_store_ps(dst + 8, r1);
+    if (nr >= 4) {
+        _mm256_store_ps(dst + 16, r2);
+        _mm256_store_ps(dst + 24, r3);
+    }
+    if (nr >= 8) {
+        _mm256_store_ps(dst + 32, r4);
+        _mm256_store_ps(dst + 40, r5);
+        _mm256_store_ps(dst + 48, r6);
+        _mm256_store_ps(dst + 56, r7);
+    }
 }
 
 /* First pass of the FWHT of src (flipped by flip when not NULL) into the
  * 32-byte aligned buf: every stage with h < min(d, 64). Adds the squares of
  * src to the lanes of *ss when ss is not NULL. */
-static inline void kvq__tq_fwht_blocks(float *buf, const float *src, const uint32_t *flip,
-                                       __m256 *ss, size_t d) {
+KVQ__AI void kvq__tq_fwht_blocks(float *buf, const float *src, const uint32_t *flip, __m256 *ss,
+                                 size_t d) {
     switch (d) {
     case 8:
         kvq__tq_block(buf, src, flip, ss, 1);
@@ -214,6 +253,7 @@ KVQ__AI __m256 kvq__tq_bitmask8(unsigned b) {
 typedef struct {
     __m256 sign, t1, t2, t3, t4, t6, todd, mag;
     __m256i msq;
+    __m256 mq[4]; /* msq_fx[n] broadcast (as float bit patterns), n < 4 */
 } kvq__tq_qk;
 
 static inline void kvq__tq_qk_init(kvq__tq_qk *k, const kvq__tq *t) {
@@ -235,6 +275,8 @@ static inline void kvq__tq_qk_init(kvq__tq_qk *k, const kvq__tq *t) {
     }
     k->mag = _mm256_loadu_ps(mg);
     k->msq = _mm256_loadu_si256((const __m256i *)(const void *)mq);
+    for (int n = 0; n < 4; n++)
+        k->mq[n] = _mm256_castsi256_ps(_mm256_set1_epi32(mq[n]));
 }
 
 /* Quantizes one group of 8 u values: writes its kb index bytes at out,
@@ -246,13 +288,15 @@ KVQ__AI __m256i kvq__tq_q8(const kvq__tq_qk *k, int kb, __m256 u, uint8_t *out, 
     __m256 a = _mm256_andnot_ps(k->sign, u);
     unsigned ns = (unsigned)_mm256_movemask_ps(u); /* 1 = sign bit set */
     unsigned pos = ns ^ 0xffu;
-    __m256i n;
+    __m256i n, msq;
     if (kb == 1) {
         n = _mm256_setzero_si256();
+        msq = _mm256_castps_si256(k->mq[0]);
         out[0] = (uint8_t)pos;
     } else if (kb == 2) {
         __m256 m1 = _mm256_cmp_ps(a, k->t1, _CMP_GE_OQ);
         n = _mm256_and_si256(_mm256_castps_si256(m1), one);
+        msq = _mm256_castps_si256(_mm256_blendv_ps(k->mq[0], k->mq[1], m1));
         unsigned b0 = (unsigned)_mm256_movemask_ps(m1) ^ ns;
         kvq__st16(out, (uint16_t)(sp[b0] | sp[pos] << 1));
     } else if (kb == 3) {
@@ -260,6 +304,8 @@ KVQ__AI __m256i kvq__tq_q8(const kvq__tq_qk *k, int kb, __m256 u, uint8_t *out, 
         __m256 m1 = _mm256_cmp_ps(a, _mm256_blendv_ps(k->t1, k->t3, m2), _CMP_GE_OQ);
         n = _mm256_or_si256(_mm256_and_si256(_mm256_castps_si256(m2), two),
                             _mm256_and_si256(_mm256_castps_si256(m1), one));
+        msq = _mm256_castps_si256(_mm256_blendv_ps(_mm256_blendv_ps(k->mq[0], k->mq[1], m1),
+                                                   _mm256_blendv_ps(k->mq[2], k->mq[3], m1), m2));
         unsigned b1 = (unsigned)_mm256_movemask_ps(m2) ^ ns;
         unsigned b0 = (unsigned)_mm256_movemask_ps(m1) ^ ns;
         uint32_t w = sp[b0] | sp[b1] << 1 | sp[pos] << 2;
@@ -272,6 +318,7 @@ KVQ__AI __m256i kvq__tq_q8(const kvq__tq_qk *k, int kb, __m256 u, uint8_t *out, 
                                      _mm256_and_si256(_mm256_castps_si256(m2), two));
         __m256 m1 = _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(k->todd, n2), _CMP_GE_OQ);
         n = _mm256_or_si256(n2, _mm256_and_si256(_mm256_castps_si256(m1), one));
+        msq = _mm256_permutevar8x32_epi32(k->msq, n);
         unsigned b2 = (unsigned)_mm256_movemask_ps(m4) ^ ns;
         unsigned b1 = (unsigned)_mm256_movemask_ps(m2) ^ ns;
         unsigned b0 = (unsigned)_mm256_movemask_ps(m1) ^ ns;
@@ -281,7 +328,7 @@ KVQ__AI __m256i kvq__tq_q8(const kvq__tq_qk *k, int kb, __m256 u, uint8_t *out, 
     if (cv)
         _mm256_store_ps(cv, _mm256_or_ps(_mm256_permutevar8x32_ps(k->mag, n),
                                          _mm256_and_ps(u, k->sign)));
-    return _mm256_permutevar8x32_epi32(k->msq, n);
+    return msq;
 }
 
 static inline uint64_t kvq__tq_hsum_epi32(__m256i v) {

@@ -1,0 +1,382 @@
+/*
+ * model.c - a llama2.c-format transformer whose attention runs through a kvq
+ * cache. Loads the legacy checkpoint header and the versioned "ak42" layouts
+ * (v1 fp32; v2 Q8_0, dequantized to f32 at load), and runs the forward pass
+ * in f32: RMSNorm, RoPE (interleaved pairs, theta 10000), grouped-query
+ * attention through kvq_cache_append/kvq_cache_attend, SwiGLU, and the
+ * classifier. Numerics follow llama2.c's run.c (float sums in index order)
+ * so that an f32 cache reproduces its reference figures.
+ */
+#include "../common/common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+struct kvq_model {
+    kvq_allocator alloc;
+    kvq_model_info info;
+    float *data; /* all weights, f32 */
+    const float *emb, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn, *w1, *w2, *w3, *rms_final, *wcls;
+};
+
+static kvq_status kvq__read_all(const char *path, uint8_t **buf, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return KVQ_ERR_IO;
+    kvq_status st = KVQ_OK;
+    long len = -1;
+    if (fseek(f, 0, SEEK_END) == 0)
+        len = ftell(f);
+    if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return KVQ_ERR_IO;
+    }
+    *buf = (uint8_t *)malloc((size_t)len + 1);
+    if (!*buf) {
+        fclose(f);
+        return KVQ_ERR_NOMEM;
+    }
+    if (fread(*buf, 1, (size_t)len, f) != (size_t)len)
+        st = KVQ_ERR_IO;
+    fclose(f);
+    if (st != KVQ_OK) {
+        free(*buf);
+        *buf = NULL;
+    }
+    *size = (size_t)len;
+    return st;
+}
+
+/* Q8_0 tensor of n values in groups of gs: int8[n] then float[n/gs]. */
+static size_t kvq__q80_bytes(size_t n, size_t gs) { return n + (n / gs) * 4; }
+
+static void kvq__q80_dequant(const uint8_t *src, size_t n, size_t gs, float *dst) {
+    const int8_t *q = (const int8_t *)src;
+    const uint8_t *sc = src + n;
+    for (size_t i = 0; i < n; i++) {
+        float s;
+        memcpy(&s, sc + (i / gs) * 4, 4);
+        dst[i] = (float)q[i] * s;
+    }
+}
+
+kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator *alloc) {
+    if (!out || !path)
+        return KVQ_ERR_INVALID_ARG;
+    *out = NULL;
+    uint8_t *buf = NULL;
+    size_t size = 0;
+    kvq_status st = kvq__read_all(path, &buf, &size);
+    if (st != KVQ_OK)
+        return st;
+    kvq_allocator al;
+    kvq__allocator_init(&al, alloc);
+    kvq_model_info in;
+    memset(&in, 0, sizeof in);
+    int32_t h[7];
+    size_t off;
+    size_t gs = 0;
+    if (size >= 8 && kvq__ld32(buf) == 0x616b3432u) {
+        in.version = (int)kvq__ld32(buf + 4);
+        if (in.version != 1 && in.version != 2) {
+            free(buf);
+            return KVQ_ERR_VERSION;
+        }
+        if (size < 256) {
+            free(buf);
+            return KVQ_ERR_CORRUPT;
+        }
+        for (int i = 0; i < 7; i++)
+            h[i] = (int32_t)kvq__ld32(buf + 8 + 4 * i);
+        in.shared_classifier = buf[36] != 0;
+        if (in.version == 2)
+            gs = kvq__ld32(buf + 37);
+        off = 256;
+    } else {
+        if (size < 28) {
+            free(buf);
+            return KVQ_ERR_CORRUPT;
+        }
+        for (int i = 0; i < 7; i++)
+            h[i] = (int32_t)kvq__ld32(buf + 4 * i);
+        in.shared_classifier = h[5] > 0;
+        if (h[5] < 0)
+            h[5] = -h[5];
+        off = 28;
+    }
+    for (int i = 0; i < 7; i++)
+        if (h[i] <= 0 || h[i] > (1 << 24)) {
+            free(buf);
+            return KVQ_ERR_CORRUPT;
+        }
+    in.dim = (size_t)h[0], in.hidden_dim = (size_t)h[1], in.n_layers = (size_t)h[2];
+    in.n_heads = (size_t)h[3], in.n_kv_heads = (size_t)h[4], in.vocab_size = (size_t)h[5];
+    in.seq_len = (size_t)h[6];
+    if (in.dim % in.n_heads || in.n_heads % in.n_kv_heads || (in.dim / in.n_heads) % 2 ||
+        in.dim / in.n_heads > KVQ__MAX_HEAD_DIM || (in.version == 2 && (gs == 0 || in.dim % gs))) {
+        free(buf);
+        return KVQ_ERR_CORRUPT;
+    }
+    in.head_dim = in.dim / in.n_heads;
+    size_t D = in.dim, HD = in.hidden_dim, L = in.n_layers, V = in.vocab_size;
+    size_t kvd = in.n_kv_heads * in.head_dim;
+    /* element counts in our order */
+    size_t n_emb = V * D, n_rms = L * D, n_wq = L * D * D, n_wk = L * D * kvd, n_wo = L * D * D;
+    size_t n_w1 = L * D * HD, n_cls = in.shared_classifier ? 0 : V * D;
+    size_t total = n_emb + 2 * n_rms + n_wq + 2 * n_wk + n_wo + 3 * n_w1 + D + n_cls;
+    kvq_model *m = (kvq_model *)kvq__calloc(&al, sizeof *m);
+    float *w = m ? (float *)kvq__alloc(&al, total * sizeof(float)) : NULL;
+    if (!m || !w) {
+        kvq__free(&al, m);
+        free(buf);
+        return KVQ_ERR_NOMEM;
+    }
+    m->alloc = al;
+    m->info = in;
+    m->data = w;
+    float *p = w;
+    m->emb = p, p += n_emb;
+    m->rms_att = p, p += n_rms;
+    m->wq = p, p += n_wq;
+    m->wk = p, p += n_wk;
+    m->wv = p, p += n_wk;
+    m->wo = p, p += n_wo;
+    m->rms_ffn = p, p += n_rms;
+    m->w1 = p, p += n_w1;
+    m->w2 = p, p += n_w1;
+    m->w3 = p, p += n_w1;
+    m->rms_final = p, p += D;
+    m->wcls = in.shared_classifier ? m->emb : p;
+    st = KVQ_OK;
+    const uint8_t *src = buf + off;
+    size_t avail = size - off;
+    if (in.version == 0) {
+        /* legacy: emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final,
+         * (freq_cis real/imag, skipped), wcls */
+        size_t before_freq = total - n_cls;
+        size_t freq = in.seq_len * in.head_dim; /* real + imag halves */
+        size_t need = (before_freq + freq + n_cls) * 4;
+        if (avail < need) {
+            st = KVQ_ERR_CORRUPT;
+        } else {
+            memcpy(w, src, before_freq * 4);
+            if (n_cls)
+                memcpy(w + before_freq, src + (before_freq + freq) * 4, n_cls * 4);
+        }
+    } else {
+        /* ak42: rms_att, rms_ffn, rms_final, then emb, wq, wk, wv, wo, w1, w2, w3, [wcls] */
+        const float *norms_dst[3] = {m->rms_att, m->rms_ffn, m->rms_final};
+        size_t norms_n[3] = {n_rms, n_rms, D};
+        float *mats_dst[9] = {(float *)m->emb, (float *)m->wq, (float *)m->wk, (float *)m->wv,
+                              (float *)m->wo, (float *)m->w1, (float *)m->w2, (float *)m->w3,
+                              n_cls ? (float *)m->wcls : NULL};
+        size_t mats_n[9] = {n_emb, n_wq, n_wk, n_wk, n_wo, n_w1, n_w1, n_w1, n_cls};
+        size_t pos = 0;
+        for (int i = 0; i < 3 && st == KVQ_OK; i++) {
+            if (avail - pos < norms_n[i] * 4 || pos > avail) {
+                st = KVQ_ERR_CORRUPT;
+                break;
+            }
+            memcpy((float *)norms_dst[i], src + pos, norms_n[i] * 4);
+            pos += norms_n[i] * 4;
+        }
+        for (int i = 0; i < 9 && st == KVQ_OK; i++) {
+            if (!mats_n[i])
+                continue;
+            if (in.version == 1) {
+                if (avail - pos < mats_n[i] * 4) {
+                    st = KVQ_ERR_CORRUPT;
+                    break;
+                }
+                memcpy(mats_dst[i], src + pos, mats_n[i] * 4);
+                pos += mats_n[i] * 4;
+            } else {
+                /* v2 stores each layer's matrix as its own Q8_0 tensor */
+                size_t per = i == 0 || i == 8 ? mats_n[i] : mats_n[i] / L;
+                size_t cnt = i == 0 || i == 8 ? 1 : L;
+                for (size_t k = 0; k < cnt; k++) {
+                    size_t b = kvq__q80_bytes(per, gs);
+                    if (per % gs || avail - pos < b) {
+                        st = KVQ_ERR_CORRUPT;
+                        break;
+                    }
+                    kvq__q80_dequant(src + pos, per, gs, mats_dst[i] + k * per);
+                    pos += b;
+                }
+            }
+        }
+    }
+    free(buf);
+    if (st == KVQ_OK && !kvq__all_finite(w, total))
+        st = KVQ_ERR_CORRUPT;
+    if (st != KVQ_OK) {
+        kvq_model_free(m);
+        return st;
+    }
+    *out = m;
+    return KVQ_OK;
+}
+
+void kvq_model_free(kvq_model *m) {
+    if (!m)
+        return;
+    kvq_allocator a = m->alloc;
+    kvq__free(&a, m->data);
+    kvq__free(&a, m);
+}
+
+kvq_status kvq_model_get_info(const kvq_model *m, kvq_model_info *info) {
+    if (!m || !info)
+        return KVQ_ERR_INVALID_ARG;
+    *info = m->info;
+    return KVQ_OK;
+}
+
+kvq_status kvq_model_cache_shape(const kvq_model *m, kvq_cache_config *cfg) {
+    if (!m || !cfg)
+        return KVQ_ERR_INVALID_ARG;
+    cfg->n_layers = m->info.n_layers;
+    cfg->n_kv_heads = m->info.n_kv_heads;
+    cfg->n_q_heads = m->info.n_heads;
+    cfg->head_dim = m->info.head_dim;
+    cfg->max_tokens = m->info.seq_len;
+    cfg->rope_theta = 10000.0;
+    cfg->rope_dims = m->info.head_dim;
+    return KVQ_OK;
+}
+
+static void kvq__rmsnorm(float *o, const float *x, const float *w, size_t n) {
+    float ss = 0.0f;
+    for (size_t j = 0; j < n; j++)
+        ss += x[j] * x[j];
+    ss /= (float)n;
+    ss += 1e-5f;
+    ss = 1.0f / sqrtf(ss);
+    for (size_t j = 0; j < n; j++)
+        o[j] = w[j] * (ss * x[j]);
+}
+
+/* out[t][i] = sum_j W[i][j] x[t][j] for nt vectors (strides n and d), W is
+ * d x n row-major. Each sum runs in index order like llama2.c's matmul; four
+ * vectors at a time give independent chains the CPU can overlap. */
+static void kvq__matmul_n(float *out, const float *x, const float *W, size_t n, size_t d,
+                          size_t nt) {
+    size_t t = 0;
+    for (; t + 4 <= nt; t += 4) {
+        const float *x0 = x + t * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
+        for (size_t i = 0; i < d; i++) {
+            const float *row = W + i * n;
+            float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
+            for (size_t j = 0; j < n; j++) {
+                float w = row[j];
+                v0 += w * x0[j];
+                v1 += w * x1[j];
+                v2 += w * x2[j];
+                v3 += w * x3[j];
+            }
+            out[t * d + i] = v0;
+            out[(t + 1) * d + i] = v1;
+            out[(t + 2) * d + i] = v2;
+            out[(t + 3) * d + i] = v3;
+        }
+    }
+    for (; t < nt; t++)
+        for (size_t i = 0; i < d; i++) {
+            const float *row = W + i * n, *xt = x + t * n;
+            float v = 0.0f;
+            for (size_t j = 0; j < n; j++)
+                v += row[j] * xt[j];
+            out[t * d + i] = v;
+        }
+}
+
+static void kvq__rope_vec(float *x, size_t len, size_t head_dim, int32_t pos) {
+    for (size_t i = 0; i < len; i += 2) {
+        size_t hd = i % head_dim;
+        float freq = 1.0f / powf(10000.0f, (float)hd / (float)head_dim);
+        float val = (float)pos * freq;
+        float fcr = cosf(val), fci = sinf(val);
+        float v0 = x[i], v1 = x[i + 1];
+        x[i] = v0 * fcr - v1 * fci;
+        x[i + 1] = v0 * fci + v1 * fcr;
+    }
+}
+
+kvq_status kvq_model_forward(const kvq_model *m, kvq_cache *cache, const int32_t *tokens, size_t n,
+                             int32_t pos0, float *logits, size_t cap, int last_only) {
+    if (!m || !cache || !tokens || n == 0 || pos0 < 0)
+        return KVQ_ERR_INVALID_ARG;
+    const kvq_model_info *in = &m->info;
+    size_t D = in->dim, HD = in->hidden_dim, V = in->vocab_size, hs = in->head_dim;
+    size_t kvd = in->n_kv_heads * hs;
+    if (logits && cap < (last_only ? 1 : n) * V)
+        return KVQ_ERR_DST_TOO_SMALL;
+    for (size_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || (size_t)tokens[t] >= V)
+            return KVQ_ERR_RANGE;
+    if ((size_t)pos0 + n > in->seq_len)
+        return KVQ_ERR_FULL;
+    kvq_cache_config cc;
+    kvq_status st = kvq_cache_get_config(cache, &cc);
+    if (st != KVQ_OK)
+        return st;
+    if (cc.n_layers != in->n_layers || cc.n_kv_heads != in->n_kv_heads ||
+        cc.n_q_heads != in->n_heads || cc.head_dim != hs)
+        return KVQ_ERR_MISMATCH;
+    size_t fl = n * (3 * D + 2 * kvd + 2 * HD) + D;
+    float *buf = (float *)kvq__alloc(&m->alloc, fl * sizeof(float));
+    int32_t *pos = (int32_t *)kvq__alloc(&m->alloc, n * sizeof(int32_t));
+    if (!buf || !pos) {
+        kvq__free(&m->alloc, buf);
+        kvq__free(&m->alloc, pos);
+        return KVQ_ERR_NOMEM;
+    }
+    float *x = buf, *xb = x + n * D, *q = xb + n * D, *k = q + n * D, *v = k + n * kvd;
+    float *hb = v + n * kvd, *hb2 = hb + n * HD, *tmp = hb2 + n * HD;
+    for (size_t t = 0; t < n; t++) {
+        pos[t] = pos0 + (int32_t)t;
+        memcpy(x + t * D, m->emb + (size_t)tokens[t] * D, D * sizeof(float));
+    }
+    for (size_t l = 0; l < in->n_layers && st == KVQ_OK; l++) {
+        for (size_t t = 0; t < n; t++)
+            kvq__rmsnorm(xb + t * D, x + t * D, m->rms_att + l * D, D);
+        kvq__matmul_n(q, xb, m->wq + l * D * D, D, D, n);
+        kvq__matmul_n(k, xb, m->wk + l * D * kvd, D, kvd, n);
+        kvq__matmul_n(v, xb, m->wv + l * D * kvd, D, kvd, n);
+        for (size_t t = 0; t < n; t++) {
+            kvq__rope_vec(q + t * D, D, hs, pos[t]);
+            if (!cc.k_prerope)
+                kvq__rope_vec(k + t * kvd, kvd, hs, pos[t]);
+        }
+        st = kvq_cache_append(cache, l, k, v, pos, n);
+        if (st == KVQ_OK)
+            st = kvq_cache_attend(cache, l, q, pos, n, xb, n * D, NULL, 0);
+        if (st != KVQ_OK)
+            break;
+        kvq__matmul_n(q, xb, m->wo + l * D * D, D, D, n); /* q is free: attention output proj */
+        for (size_t i = 0; i < n * D; i++)
+            x[i] += q[i];
+        for (size_t t = 0; t < n; t++)
+            kvq__rmsnorm(xb + t * D, x + t * D, m->rms_ffn + l * D, D);
+        kvq__matmul_n(hb, xb, m->w1 + l * D * HD, D, HD, n);
+        kvq__matmul_n(hb2, xb, m->w3 + l * D * HD, D, HD, n);
+        for (size_t i = 0; i < n * HD; i++) {
+            float a = hb[i];
+            a *= 1.0f / (1.0f + expf(-a));
+            hb[i] = a * hb2[i];
+        }
+        kvq__matmul_n(q, hb, m->w2 + l * D * HD, HD, D, n);
+        for (size_t i = 0; i < n * D; i++)
+            x[i] += q[i];
+    }
+    if (st == KVQ_OK && logits) {
+        size_t t0 = last_only ? n - 1 : 0;
+        for (size_t t = t0; t < n; t++) {
+            kvq__rmsnorm(tmp, x + t * D, m->rms_final, D);
+            kvq__matmul_n(logits + (t - t0) * V, tmp, m->wcls, D, V, 1);
+        }
+    }
+    kvq__free(&m->alloc, buf);
+    kvq__free(&m->alloc, pos);
+    return st;
+}

@@ -1,0 +1,413 @@
+/*
+ * model_cmds.c - `kvq generate` and `kvq eval`: the llama2.c-format model
+ * with its attention running through a kvq cache. eval teacher-forces every
+ * non-empty line of a text file through the compressed cache and, in the
+ * same run, through an f32 cache, and reports NLL, perplexity, KL(f32 ||
+ * compressed) of the next-token distributions, top-1 agreement and the
+ * cache's bits per value.
+ */
+#include "kvq.h"
+#include "benchlib.h"
+#include "cacheopts.h"
+#include "tool.h"
+#include "model_eval.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int kvqt_model_open(const char *model_path, const char *tok_path, kvq_model **m, kvq_tokenizer **t,
+                    const char *cmd) {
+    kvq_status st = kvq_model_load(m, model_path, NULL);
+    if (st != KVQ_OK) {
+        fprintf(stderr, "kvq %s: cannot load model %s: %s\n", cmd, model_path, kvq_strerror(st));
+        return -1;
+    }
+    kvq_model_info in;
+    kvq_model_get_info(*m, &in);
+    st = kvq_tokenizer_load(t, tok_path, in.vocab_size, NULL);
+    if (st != KVQ_OK) {
+        fprintf(stderr, "kvq %s: cannot load tokenizer %s: %s\n", cmd, tok_path, kvq_strerror(st));
+        kvq_model_free(*m);
+        *m = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd) {
+    kvq_cache_config cfg;
+    kvq_cache_config_init(&cfg);
+    kvq_model_cache_shape(m, &cfg);
+    kvqt_cacheopts_apply(o, &cfg);
+    char msg[256] = "";
+    cfg.err_msg = msg;
+    cfg.err_msg_size = sizeof msg;
+    kvq_cache *c = NULL;
+    kvq_status st = kvq_cache_create(&c, &cfg);
+    if (st != KVQ_OK) {
+        fprintf(stderr, "kvq %s: cache: %s (%s)\n", cmd, msg[0] ? msg : kvq_strerror(st),
+                kvq_strerror(st));
+        return NULL;
+    }
+    return c;
+}
+
+/* Reads the non-empty lines of a file (newline stripped). */
+char **kvqt_read_lines(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 16, cnt = 0, len = 0, lcap = 0;
+    char **lines = malloc(cap * sizeof *lines), *line = NULL;
+    int ch;
+    for (;;) {
+        ch = fgetc(f);
+        if (ch == EOF || ch == '\n') {
+            if (len > 0 && line[len - 1] == '\r')
+                len--;
+            if (len > 0) {
+                line[len] = 0;
+                if (cnt == cap) {
+                    cap *= 2;
+                    lines = realloc(lines, cap * sizeof *lines);
+                }
+                lines[cnt++] = line;
+                line = NULL;
+                lcap = 0;
+            }
+            len = 0;
+            if (ch == EOF)
+                break;
+            continue;
+        }
+        if (len + 2 > lcap) {
+            lcap = lcap ? 2 * lcap : 256;
+            line = realloc(line, lcap);
+        }
+        line[len++] = (char)ch;
+    }
+    free(line);
+    fclose(f);
+    *n = cnt;
+    return lines;
+}
+
+static void kvqt_softmax(const float *x, size_t n, double *p) {
+    double mx = -1e300;
+    for (size_t i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    double s = 0;
+    for (size_t i = 0; i < n; i++) {
+        p[i] = exp((double)x[i] - mx);
+        s += p[i];
+    }
+    for (size_t i = 0; i < n; i++)
+        p[i] /= s;
+}
+
+int kvqt_eval_run(const kvq_model *m, const kvq_tokenizer *tok, char **lines, size_t nlines,
+                  const kvqt_cacheopts *o, int progress, kvqt_eval_result *res) {
+    kvq_model_info in;
+    kvq_model_get_info(m, &in);
+    memset(res, 0, sizeof *res);
+    kvqt_cacheopts f32o;
+    kvqt_cacheopts_init(&f32o);
+    size_t V = in.vocab_size, S = in.seq_len;
+    float *lg = malloc(S * V * sizeof(float)), *lr = malloc(S * V * sizeof(float));
+    double *p = malloc(V * sizeof(double)), *pr = malloc(V * sizeof(double));
+    int32_t *tk = NULL;
+    size_t tcap = 0;
+    double bits_num = 0, vals = 0;
+    int rc = 0;
+    for (size_t li = 0; li < nlines && rc == 0; li++) {
+        size_t len = strlen(lines[li]);
+        if (len + 3 > tcap) {
+            tcap = len + 3;
+            tk = realloc(tk, tcap * sizeof(int32_t));
+        }
+        size_t n;
+        if (kvq_tokenizer_encode(tok, lines[li], 1, 0, tk, tcap, &n) != KVQ_OK) {
+            rc = -1;
+            break;
+        }
+        if (n > S)
+            n = S;
+        if (n < 2)
+            continue;
+        kvq_cache *c = kvqt_make_cache(m, o, "eval"), *r = kvqt_make_cache(m, &f32o, "eval");
+        if (!c || !r) {
+            kvq_cache_free(c);
+            kvq_cache_free(r);
+            rc = -1;
+            break;
+        }
+        kvq_status st = kvq_model_forward(m, c, tk, n, 0, lg, S * V, 0);
+        if (st == KVQ_OK)
+            st = kvq_model_forward(m, r, tk, n, 0, lr, S * V, 0);
+        if (st != KVQ_OK) {
+            fprintf(stderr, "kvq eval: forward: %s\n", kvq_strerror(st));
+            kvq_cache_free(c);
+            kvq_cache_free(r);
+            rc = -1;
+            break;
+        }
+        for (size_t t = 0; t + 1 < n; t++) {
+            kvqt_softmax(lg + t * V, V, p);
+            kvqt_softmax(lr + t * V, V, pr);
+            int32_t next = tk[t + 1];
+            res->nll += -log(fmax(p[next], 1e-300));
+            res->nll_f32 += -log(fmax(pr[next], 1e-300));
+            double kl = 0;
+            size_t am = 0, amr = 0;
+            for (size_t i = 0; i < V; i++) {
+                if (pr[i] > 0)
+                    kl += pr[i] * log(pr[i] / fmax(p[i], 1e-300));
+                if (p[i] > p[am])
+                    am = i;
+                if (pr[i] > pr[amr])
+                    amr = i;
+            }
+            res->kl += kl;
+            res->top1 += am == amr;
+            res->tokens++;
+        }
+        kvq_stats s;
+        kvq_cache_stats(c, -1, &s);
+        bits_num += (double)s.payload_bytes * 8.0;
+        vals += (double)s.tokens * in.n_kv_heads * in.head_dim * 2.0;
+        res->total_bits += (double)s.stored_bytes * 8.0;
+        res->sequences++;
+        kvq_cache_free(c);
+        kvq_cache_free(r);
+        if (progress) {
+            int w = 30, done = (int)((li + 1) * (size_t)w / nlines);
+            fprintf(stderr, "\r[%.*s%*s] %zu/%zu", done, "##############################", w - done,
+                    "", li + 1, nlines);
+        }
+    }
+    if (progress)
+        fprintf(stderr, "\r%60s\r", "");
+    if (res->tokens) {
+        res->nll /= (double)res->tokens;
+        res->nll_f32 /= (double)res->tokens;
+        res->kl /= (double)res->tokens;
+        res->top1 /= (double)res->tokens;
+    }
+    res->bits_per_value = vals > 0 ? bits_num / vals : 0;
+    res->total_bits_per_value = vals > 0 ? res->total_bits / vals : 0;
+    free(lg), free(lr), free(p), free(pr), free(tk);
+    return rc;
+}
+
+static void kvqt_model_usage(FILE *f, const char *cmd) {
+    if (!strcmp(cmd, "generate"))
+        fprintf(f, "usage: kvq generate --model M --tokenizer T [--prompt TEXT] [--steps N]\n"
+                   "                    [--temperature F] [--seed N] [cache options]\n");
+    else
+        fprintf(f, "usage: kvq eval --model M --tokenizer T --text FILE [--json] [cache options]\n");
+    kvqt_cacheopts_usage(f);
+}
+
+int kvq_tool_generate(int argc, char **argv) {
+    const char *model = NULL, *tokp = NULL, *prompt = "";
+    size_t steps = 256;
+    double temp = 1.0;
+    unsigned long long seed = 0;
+    kvqt_cacheopts o;
+    kvqt_cacheopts_init(&o);
+    for (int i = 1; i < argc; i++) {
+        int r = kvqt_cacheopts_parse(&o, argc, argv, &i, "generate");
+        if (r < 0)
+            return 2;
+        if (r)
+            continue;
+        const char *a = argv[i];
+        if (i + 1 < argc && !strcmp(a, "--model"))
+            model = argv[++i];
+        else if (i + 1 < argc && !strcmp(a, "--tokenizer"))
+            tokp = argv[++i];
+        else if (i + 1 < argc && !strcmp(a, "--prompt"))
+            prompt = argv[++i];
+        else if (i + 1 < argc && !strcmp(a, "--steps"))
+            steps = strtoul(argv[++i], NULL, 10);
+        else if (i + 1 < argc && !strcmp(a, "--temperature"))
+            temp = strtod(argv[++i], NULL);
+        else if (i + 1 < argc && !strcmp(a, "--seed"))
+            seed = strtoull(argv[++i], NULL, 10);
+        else {
+            fprintf(stderr, "kvq generate: unknown or incomplete option '%s'\n", a);
+            kvqt_model_usage(stderr, "generate");
+            return 2;
+        }
+    }
+    if (!model || !tokp) {
+        kvqt_model_usage(stderr, "generate");
+        return 2;
+    }
+    kvq_model *m;
+    kvq_tokenizer *t;
+    if (kvqt_model_open(model, tokp, &m, &t, "generate"))
+        return 1;
+    kvq_model_info in;
+    kvq_model_get_info(m, &in);
+    kvq_cache *c = kvqt_make_cache(m, &o, "generate");
+    if (!c) {
+        kvq_model_free(m);
+        kvq_tokenizer_free(t);
+        return 2;
+    }
+    size_t plen = strlen(prompt), n;
+    int32_t *tk = malloc((plen + 3 + in.seq_len) * sizeof(int32_t));
+    kvq_tokenizer_encode(t, prompt, 1, 0, tk, plen + 3, &n);
+    if (steps > in.seq_len)
+        steps = in.seq_len;
+    float *lg = malloc(in.vocab_size * sizeof(float));
+    double *p = malloc(in.vocab_size * sizeof(double));
+    uint64_t rs = seed ? seed : 0x2545f4914f6cdd1dull;
+    double t0 = kvqb_now();
+    size_t produced = 0;
+    int32_t prev = tk[0];
+    /* feed the prompt (all but its last token) in one prefill */
+    kvq_status st = KVQ_OK;
+    if (n > 1)
+        st = kvq_model_forward(m, c, tk, n - 1, 0, NULL, 0, 0);
+    size_t pos = n - 1;
+    int32_t cur = tk[n - 1];
+    char buf[8];
+    for (size_t i = 1; i < n; i++) {
+        fputs(kvq_tokenizer_piece(t, tk[i - 1], tk[i], buf), stdout);
+        prev = tk[i];
+    }
+    while (st == KVQ_OK && pos < steps) {
+        st = kvq_model_forward(m, c, &cur, 1, (int32_t)pos, lg, in.vocab_size, 1);
+        if (st != KVQ_OK)
+            break;
+        int32_t next;
+        if (temp <= 0) {
+            next = 0;
+            for (size_t i = 1; i < in.vocab_size; i++)
+                if (lg[i] > lg[next])
+                    next = (int32_t)i;
+        } else {
+            double mx = -1e300, s = 0;
+            for (size_t i = 0; i < in.vocab_size; i++)
+                mx = lg[i] > mx ? lg[i] : mx;
+            for (size_t i = 0; i < in.vocab_size; i++) {
+                p[i] = exp((lg[i] - mx) / temp);
+                s += p[i];
+            }
+            rs ^= rs >> 12, rs ^= rs << 25, rs ^= rs >> 27;
+            double u = (double)((rs * 0x2545f4914f6cdd1dull) >> 11) * 0x1.0p-53 * s, acc = 0;
+            next = (int32_t)in.vocab_size - 1;
+            for (size_t i = 0; i < in.vocab_size; i++) {
+                acc += p[i];
+                if (u < acc) {
+                    next = (int32_t)i;
+                    break;
+                }
+            }
+        }
+        pos++;
+        produced++;
+        if (next == 1)
+            break;
+        fputs(kvq_tokenizer_piece(t, cur, next, buf), stdout);
+        fflush(stdout);
+        prev = cur;
+        cur = next;
+    }
+    (void)prev;
+    printf("\n");
+    double el = kvqb_now() - t0;
+    if (st != KVQ_OK)
+        fprintf(stderr, "kvq generate: %s\n", kvq_strerror(st));
+    kvq_stats s;
+    kvq_cache_stats(c, -1, &s);
+    fprintf(stderr, "achieved tok/s: %.1f (%zu tokens)\n", el > 0 ? produced / el : 0.0, produced);
+    size_t jl;
+    kvq_cache_stats_json(c, NULL, 0, &jl);
+    char *js = malloc(jl + 1);
+    kvq_cache_stats_json(c, js, jl + 1, &jl);
+    fprintf(stderr, "cache stats: %s\n", js);
+    free(js), free(tk), free(lg), free(p);
+    kvq_cache_free(c);
+    kvq_model_free(m);
+    kvq_tokenizer_free(t);
+    kvqt_cacheopts_free(&o);
+    return st == KVQ_OK ? 0 : 1;
+}
+
+int kvq_tool_eval(int argc, char **argv) {
+    const char *model = NULL, *tokp = NULL, *text = NULL;
+    int json = 0;
+    kvqt_cacheopts o;
+    kvqt_cacheopts_init(&o);
+    for (int i = 1; i < argc; i++) {
+        int r = kvqt_cacheopts_parse(&o, argc, argv, &i, "eval");
+        if (r < 0)
+            return 2;
+        if (r)
+            continue;
+        const char *a = argv[i];
+        if (i + 1 < argc && !strcmp(a, "--model"))
+            model = argv[++i];
+        else if (i + 1 < argc && !strcmp(a, "--tokenizer"))
+            tokp = argv[++i];
+        else if (i + 1 < argc && !strcmp(a, "--text"))
+            text = argv[++i];
+        else if (!strcmp(a, "--json"))
+            json = 1;
+        else {
+            fprintf(stderr, "kvq eval: unknown or incomplete option '%s'\n", a);
+            kvqt_model_usage(stderr, "eval");
+            return 2;
+        }
+    }
+    if (!model || !tokp || !text) {
+        kvqt_model_usage(stderr, "eval");
+        return 2;
+    }
+    kvq_model *m;
+    kvq_tokenizer *t;
+    if (kvqt_model_open(model, tokp, &m, &t, "eval"))
+        return 1;
+    size_t nl;
+    char **lines = kvqt_read_lines(text, &nl);
+    if (!lines) {
+        fprintf(stderr, "kvq eval: cannot read %s\n", text);
+        return 1;
+    }
+    kvqt_eval_result r;
+    int rc = kvqt_eval_run(m, t, lines, nl, &o, isatty(2), &r);
+    if (rc == 0) {
+        if (json) {
+            printf("{\"nll_f32\": %.6f, \"nll\": %.6f, \"ppl_f32\": %.6f, \"ppl\": %.6f, \"kl\": %.6g, "
+                   "\"top1_agree\": %.6f, \"bits_per_value\": %.4f, \"tokens\": %zu}\n",
+                   r.nll_f32, r.nll, exp(r.nll_f32), exp(r.nll), r.kl, r.top1, r.bits_per_value,
+                   r.tokens);
+        } else {
+            char desc[256];
+            kvqt_cacheopts_describe(&o, desc, sizeof desc);
+            printf("kvq eval: %zu sequences, %zu predicted tokens; cache %s\n", r.sequences,
+                   r.tokens, desc);
+            printf("  %-28s %12s %12s\n", "", "f32 cache", "kvq cache");
+            printf("  %-28s %12.5f %12.5f\n", "mean NLL (nats)", r.nll_f32, r.nll);
+            printf("  %-28s %12.4f %12.4f\n", "perplexity", exp(r.nll_f32), exp(r.nll));
+            printf("  %-28s %12s %+11.3f%%\n", "delta NLL", "", 100.0 * (r.nll - r.nll_f32) / r.nll_f32);
+            printf("  %-28s %12s %12.5f\n", "KL(f32 || kvq)", "", r.kl);
+            printf("  %-28s %12s %12.4f\n", "top-1 agreement", "", r.top1);
+            printf("  %-28s %12.2f %12.3f\n", "bits per value (payload)", 32.0, r.bits_per_value);
+            printf("  %-28s %12s %12.3f\n", "bits per value (all bytes)", "", r.total_bits_per_value);
+        }
+    }
+    for (size_t i = 0; i < nl; i++)
+        free(lines[i]);
+    free(lines);
+    kvq_model_free(m);
+    kvq_tokenizer_free(t);
+    kvqt_cacheopts_free(&o);
+    return rc ? 1 : 0;
+}
