@@ -219,12 +219,18 @@ typedef enum {
     KVQ_LAYOUT_CHANNEL = 1 /* KIVI: per-channel scale/min over the tokens of a page */
 } kvq_layout;
 
-/* Per-layer / per-KV-head codec override. layer or head < 0 means "all". */
+/* Per-layer / per-KV-head codec override. layer or head < 0 means "all".
+ * Key codecs may be given as "chan:int<b>" (b = 1..8) to use the channel
+ * layout for that head only. state/state_size optionally carry a codec state
+ * blob (kvq_codec_save_state: fitted nuq tables, a norm=8 range); such a
+ * codec is private to the heads of this override. */
 typedef struct kvq_codec_override {
     int layer;
     int kv_head;
     int is_value; /* 0: keys, 1: values */
     const char *codec;
+    const void *state;
+    size_t state_size;
 } kvq_codec_override;
 
 typedef struct kvq_cache_config {

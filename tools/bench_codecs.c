@@ -85,7 +85,7 @@ typedef struct {
     const char *codecs;
     int codecs_set;
     uint64_t seed;
-    int reps; /* 0 = default (up to 5 within a time budget) */
+    int reps; /* 0 = default (3..15 within a time budget) */
     int json, csv;
     kvq_isa isa;
 } bc_opts;
@@ -114,7 +114,7 @@ static void bc_usage(FILE *f) {
             "                FILE.npy: float32/float16, C order, last axis = head_dim\n"
             "  --codec LIST  comma-separated codec specs (default: %s)\n"
             "  --seed N      data and query seed (default 1)\n"
-            "  --reps N      timed repetitions (default: up to 5, fewer for slow codecs)\n"
+            "  --reps N      timed repetitions (default: 3..15, as many as fit in 0.2 s)\n"
             "  --isa P       kernel path: scalar, avx2 or auto (default)\n"
             "  --json        one JSON object on stdout; --csv: one line per codec\n"
             "Codecs that need fitting are fitted on the first half of the vectors; every metric is\n"
@@ -459,9 +459,9 @@ static void bc_print_header(const bc_opts *o, const bc_env *e, const char *cpu, 
     printf("  codecs that need fitting are fitted on the first %zu vectors; every metric is measured "
            "on the other %zu\n",
            e->nfit, e->nmeas);
-    printf("  cpu %s | path %s | threads 1 | median of up to %d timed reps | memcpy %.2f GB/s | "
+    printf("  cpu %s | path %s | threads 1 | median of %d..%d timed reps | memcpy %.2f GB/s | "
            "f32 score %.2f Mkeys/s\n",
-           cpu, kvq_isa_name(e->isa), e->cfg.reps, memcpy_gbps, f32_kps * 1e-6);
+           cpu, kvq_isa_name(e->isa), e->cfg.min_reps, e->cfg.reps, memcpy_gbps, f32_kps * 1e-6);
     printf("  nmse = sum|x-x'|^2/sum|x|^2; ip_rmse, ip_bias = RMS and mean of <q,x'>-<q,x> over "
            "RMS <q,x> (%d Gaussian queries, via score); ip_slope = regression of <q,x'> on <q,x>\n",
            BC_NQ_ERR);
@@ -499,9 +499,9 @@ static void bc_print_json(const bc_opts *o, const bc_env *e, const char *cpu, do
     kvqb_json_str(stdout, kvq_isa_name(e->isa));
     printf(", \"cpu\": ");
     kvqb_json_str(stdout, cpu);
-    printf(", \"seed\": %llu, \"fit_count\": %zu, \"measure_count\": %zu, \"reps\": %d, "
-           "\"f32_score_kps\": ",
-           (unsigned long long)o->seed, e->nfit, e->nmeas, e->cfg.reps);
+    printf(", \"seed\": %llu, \"fit_count\": %zu, \"measure_count\": %zu, \"min_reps\": %d, "
+           "\"max_reps\": %d, \"f32_score_kps\": ",
+           (unsigned long long)o->seed, e->nfit, e->nmeas, e->cfg.min_reps, e->cfg.reps);
     kvqb_json_num(stdout, f32_kps);
     printf(", \"note\": \"codecs that need fitting are fitted on the first fit_count vectors; all "
            "metrics are measured on the other measure_count vectors\", \"results\": [");
@@ -713,7 +713,7 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
     e.isa = o.isa == KVQ_ISA_AUTO ? kvq_cpu_best_isa() : o.isa;
     e.cfg = kvqb_default_config();
     if (o.reps) {
-        e.cfg.reps = e.cfg.min_reps = o.reps;
+        e.cfg.min_reps = e.cfg.reps = o.reps;
         e.cfg.budget_s = 0;
     }
     const size_t n = e.nmeas;

@@ -19,9 +19,9 @@ double kvqb_now(void) {
 kvqb_config kvqb_default_config(void) {
     kvqb_config c;
     c.warmup = 1;
-    c.reps = 5;
     c.min_reps = 3;
-    c.budget_s = 1.0;
+    c.reps = 15;
+    c.budget_s = 0.2;
     c.min_sample_s = 2e-3;
     return c;
 }
@@ -59,10 +59,9 @@ int kvqb_measure(int (*fn)(void *ctx), void *ctx, const kvqb_config *cfg, kvqb_s
     if (calls > 1000000)
         calls = 1000000;
     int reps = c.reps;
-    if (c.budget_s > 0 && one * (double)calls * reps > c.budget_s) {
-        reps = (int)(c.budget_s / (one * (double)calls));
-        if (reps < c.min_reps)
-            reps = c.min_reps;
+    if (c.budget_s > 0) {
+        double fit = c.budget_s / (one * (double)calls > 1e-12 ? one * (double)calls : 1e-12);
+        reps = fit < (double)c.min_reps ? c.min_reps : fit > (double)c.reps ? c.reps : (int)fit;
     }
 
     double samples[KVQB_MAX_REPS];

@@ -16,16 +16,15 @@
 double kvqb_now(void);
 
 typedef struct kvqb_config {
-    int warmup;          /* untimed runs first (>= 1 recommended) */
-    int reps;            /* timed samples wanted */
-    int min_reps;        /* fewer than reps are taken when one sample would
-                            exceed budget_s / reps, but never fewer than this */
-    double budget_s;     /* rough time budget of the timed samples; 0 = none */
+    int warmup;          /* untimed runs first (at least one is always made) */
+    int reps;            /* timed samples: at most this many, as many as fit */
+    int min_reps;        /* in budget_s, but at least min_reps */
+    double budget_s;     /* time for the timed samples; 0 = always reps */
     double min_sample_s; /* a sample repeats the function until it lasts this
                             long (tiny inputs); 0 = one call per sample */
 } kvqb_config;
 
-/* warmup 1, reps 5, min_reps 3, budget 1 s, min_sample 2 ms. */
+/* warmup 1, 3..15 samples within 0.2 s, samples of at least 2 ms. */
 kvqb_config kvqb_default_config(void);
 
 typedef struct kvqb_stats {

@@ -71,8 +71,11 @@ static void kvq__track_total_peak(kvq_cache *c) {
         c->total_peak = t;
 }
 
-/* Parses "int<b>" (b = 1..8) for channel-layout keys; 0 if not of that form. */
+/* Parses "int<b>" (b = 1..8) for channel-layout keys, with an optional
+ * "chan:" prefix; 0 if not of that form. */
 static int kvq__chan_bits(const char *spec) {
+    if (strncmp(spec, "chan:", 5) == 0)
+        spec += 5;
     if (strncmp(spec, "int", 3) != 0)
         return 0;
     const char *p = spec + 3;
@@ -81,8 +84,10 @@ static int kvq__chan_bits(const char *spec) {
     return *p - '0';
 }
 
-/* The codec registry: one handle per distinct spec, shared by heads. */
-static kvq_status kvq__get_codec(kvq_cache *c, const char *spec, kvq_codec **out) {
+/* The codec registry: one handle per distinct spec, shared by heads; a codec
+ * with its own state (fitted tables) is never shared. */
+static kvq_status kvq__get_codec_state(kvq_cache *c, const char *spec, const void *state,
+                                       size_t state_size, kvq_codec **out) {
     kvq_codec *tmp = NULL;
     kvq_codec_params p = {0};
     p.allocator = &c->alloc;
@@ -92,8 +97,18 @@ static kvq_status kvq__get_codec(kvq_cache *c, const char *spec, kvq_codec **out
     kvq_status st = kvq_codec_create(&tmp, spec, c->d, &p);
     if (st != KVQ_OK)
         return st;
-    for (size_t i = 0; i < c->n_codecs; i++)
-        if (strcmp(kvq_codec_spec(c->codecs[i]), kvq_codec_spec(tmp)) == 0) {
+    if (state) {
+        st = kvq_codec_load_state(tmp, state, state_size);
+        if (st != KVQ_OK) {
+            kvq__cerr(&c->cfg, "codec %s: its state blob does not load (%s)", spec,
+                      kvq_strerror(st));
+            kvq_codec_free(tmp);
+            return st;
+        }
+    }
+    for (size_t i = 0; i < c->n_codecs && !state; i++)
+        if (strcmp(kvq_codec_spec(c->codecs[i]), kvq_codec_spec(tmp)) == 0 &&
+            !c->codec_private[i]) {
             kvq_codec_free(tmp);
             *out = c->codecs[i];
             return KVQ_OK;
@@ -104,17 +119,29 @@ static kvq_status kvq__get_codec(kvq_cache *c, const char *spec, kvq_codec **out
         return KVQ_ERR_NOT_FITTED;
     }
     kvq_codec **arr = (kvq_codec **)kvq__alloc(&c->alloc, (c->n_codecs + 1) * sizeof *arr);
-    if (!arr) {
+    uint8_t *priv = (uint8_t *)kvq__alloc(&c->alloc, c->n_codecs + 1);
+    if (!arr || !priv) {
+        kvq__free(&c->alloc, arr);
+        kvq__free(&c->alloc, priv);
         kvq_codec_free(tmp);
         return KVQ_ERR_NOMEM;
     }
-    if (c->n_codecs)
+    if (c->n_codecs) {
         memcpy(arr, c->codecs, c->n_codecs * sizeof *arr);
+        memcpy(priv, c->codec_private, c->n_codecs);
+    }
     kvq__free(&c->alloc, c->codecs);
+    kvq__free(&c->alloc, c->codec_private);
     c->codecs = arr;
+    c->codec_private = priv;
+    c->codec_private[c->n_codecs] = state != NULL;
     c->codecs[c->n_codecs++] = tmp;
     *out = tmp;
     return KVQ_OK;
+}
+
+static kvq_status kvq__get_codec(kvq_cache *c, const char *spec, kvq_codec **out) {
+    return kvq__get_codec_state(c, spec, NULL, 0, out);
 }
 
 /* Lays out the page block of a layer from its heads' codecs. */
@@ -237,6 +264,7 @@ void kvq_cache_free(kvq_cache *c) {
     for (size_t i = 0; i < c->n_codecs; i++)
         kvq_codec_free(c->codecs[i]);
     kvq__free(&c->alloc, c->codecs);
+    kvq__free(&c->alloc, c->codec_private);
     kvq_codec_free(c->f16);
     kvq__free(&c->alloc, c->rope_freq);
     kvq_allocator a = c->alloc;
@@ -312,18 +340,22 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         }
         for (size_t h = 0; h < c->H && st == KVQ_OK; h++) {
             const char *ks = kdef, *vs = vdef;
+            const kvq_codec_override *ko = NULL, *vo = NULL;
             for (size_t i = 0; i < cfg->n_overrides; i++) {
                 const kvq_codec_override *o = &cfg->overrides[i];
                 if ((o->layer < 0 || (size_t)o->layer == l) &&
                     (o->kv_head < 0 || (size_t)o->kv_head == h) && o->codec) {
-                    if (o->is_value)
+                    if (o->is_value) {
                         vs = o->codec;
-                    else
+                        vo = o;
+                    } else {
                         ks = o->codec;
+                        ko = o;
+                    }
                 }
             }
             kvq__head *hd = &ly->heads[h];
-            if (cfg->k_layout == KVQ_LAYOUT_CHANNEL) {
+            if (cfg->k_layout == KVQ_LAYOUT_CHANNEL || strncmp(ks, "chan:", 5) == 0) {
                 hd->kchan_bits = kvq__chan_bits(ks);
                 if (!hd->kchan_bits) {
                     kvq__cerr(cfg, "channel key layout needs an int<b> key codec (b = 1..8), "
@@ -332,11 +364,13 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
                     break;
                 }
             } else {
-                st = kvq__get_codec(c, ks, &hd->kc);
+                st = kvq__get_codec_state(c, ks, ko ? ko->state : NULL, ko ? ko->state_size : 0,
+                                          &hd->kc);
                 if (st != KVQ_OK)
                     break;
             }
-            st = kvq__get_codec(c, vs, &hd->vc);
+            st = kvq__get_codec_state(c, vs, vo ? vo->state : NULL, vo ? vo->state_size : 0,
+                                      &hd->vc);
         }
         if (st == KVQ_OK)
             kvq__layout_layer(c, ly);

@@ -85,6 +85,7 @@ struct kvq_cache {
     kvq_cache_config cfg; /* copy; pointer fields other than allocator cleared */
     size_t L, H, QH, G, d, P;
     kvq_codec **codecs;
+    uint8_t *codec_private; /* codecs[i] carries its own state: never shared */
     size_t n_codecs;
     kvq_codec *f16; /* staging codec */
     kvq__layer *layers;

@@ -196,7 +196,8 @@ static void kvq__tq_decode(const kvq_codec *c, float *dst, const uint8_t *src, s
     }
 }
 
-/* qp: [R q: d floats][tqp: S R q at byte offset round64(4d)] */
+/* qp: [R q: d floats][tqp: S R q at byte offset round64(4d)]; the AVX2
+ * path adds its lookup tables after these. */
 static void kvq__tq_prep(const kvq_codec *c, void *qp, const float *q) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     float *qr = (float *)qp;
@@ -333,6 +334,8 @@ static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
     }
     size_t q1 = kvq__round64(d * sizeof(float));
     c->qp_bytes = t->sketch ? 2 * q1 : q1;
+    if (d % 8 == 0) /* room for the lookup tables of the AVX2 score */
+        c->qp_bytes += kvq__round64(kvq__tq_lut_floats(t->kb, d) * sizeof(float));
     c->acc_len = t->sketch ? 2 * d : d;
     c->state_bytes = c->norm_bits == 8 ? (t->sketch ? 16 : 8) : 0;
     c->ref.encode = kvq__tq_encode;

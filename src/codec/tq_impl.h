@@ -94,6 +94,17 @@ void kvq__tq_rotate(const kvq__tq *t, size_t d, float *y, const float *x);
 /* out += R^T z. z is clobbered. */
 void kvq__tq_unrotate_add(const kvq__tq *t, size_t d, float *out, float *z);
 
+/* ---- score lookup tables of the AVX2 path ----
+ * A field is C consecutive coordinates whose indices form F = C * kb bits of
+ * the packed area; the table of a field has 2^F floats, entry v = sum over
+ * its coordinates i of q'_i * c[(v >> (i * kb)) & (levels-1)]. The tables
+ * follow the rotated (and sketched) query in the prepared query. */
+static inline int kvq__tq_lut_coords(int kb) { return kb == 1 ? 8 : kb == 4 ? 1 : 2; }
+static inline size_t kvq__tq_lut_floats(int kb, size_t d) {
+    int cpf = kvq__tq_lut_coords(kb);
+    return (d / (size_t)cpf) << (cpf * kb);
+}
+
 /* ---- tq.c ---- */
 /* Scalar encoder of one vector; the AVX2 encoder falls back to it for
  * vectors whose norm is outside its fast range. */

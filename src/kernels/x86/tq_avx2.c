@@ -525,6 +525,184 @@ static void kvq__tq_decode_avx2(const kvq_codec *c, float *dst, const uint8_t *s
     }
 }
 
+/* ---- score ---- */
+/* sum_j sq_j * sigma_j for one vector's sign bits. */
+KVQ__AI float kvq__tq_sign_dot(const float *sq, const uint8_t *sg, size_t d) {
+    const __m256 sm = kvq__tq_signmask();
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    size_t g = 0;
+    for (; g + 2 <= d / 8; g += 2) {
+        a0 = _mm256_add_ps(a0, _mm256_xor_ps(_mm256_load_ps(sq + 8 * g),
+                                             _mm256_andnot_ps(kvq__tq_bitmask8(sg[g]), sm)));
+        a1 = _mm256_add_ps(a1, _mm256_xor_ps(_mm256_load_ps(sq + 8 * g + 8),
+                                             _mm256_andnot_ps(kvq__tq_bitmask8(sg[g + 1]), sm)));
+    }
+    if (g < d / 8)
+        a0 = _mm256_add_ps(a0, _mm256_xor_ps(_mm256_load_ps(sq + 8 * g),
+                                             _mm256_andnot_ps(kvq__tq_bitmask8(sg[g]), sm)));
+    return kvq__hsum256(_mm256_add_ps(a0, a1));
+}
+
+static inline uint64_t kvq__tq_ldu64(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+/* Builds the score tables of one prepared query whose rotated part q is in
+ * place (layout: tq_impl.h, kvq__tq_lut_floats). */
+static void kvq__tq_lut_build(const kvq__tq *t, size_t d, const float *q, float *lut) {
+    const int kb = t->kb, nl = t->levels, cpf = kvq__tq_lut_coords(kb);
+    const float *c = t->cent;
+    if (cpf == 1) { /* kb = 4: 16 entries per coordinate */
+        __m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
+        for (size_t j = 0; j < d; j++) {
+            __m256 qj = _mm256_set1_ps(q[j]);
+            _mm256_store_ps(lut + 16 * j, _mm256_mul_ps(qj, c0));
+            _mm256_store_ps(lut + 16 * j + 8, _mm256_mul_ps(qj, c1));
+        }
+    } else if (cpf == 2) { /* kb = 2, 3: entry (h << kb) | l = q_a c[l] + q_b c[h] */
+        const size_t e = (size_t)nl * nl;
+        for (size_t f = 0; f < d / 2; f++) {
+            float pa[8], pb[8];
+            for (int k = 0; k < nl; k++) {
+                pa[k] = q[2 * f] * c[k];
+                pb[k] = q[2 * f + 1] * c[k];
+            }
+            float *tf = lut + f * e;
+            for (int h = 0; h < nl; h++)
+                for (int l = 0; l < nl; l++)
+                    tf[h * nl + l] = pa[l] + pb[h];
+        }
+    } else { /* kb = 1: one byte = 8 coordinates, from two 16-entry halves */
+        for (size_t f = 0; f < d / 8; f++) {
+            _Alignas(32) float lo[16], hi[16];
+            const float *qf = q + 8 * f;
+            for (int v = 0; v < 16; v++) {
+                float a = 0.0f, b = 0.0f;
+                for (int i = 0; i < 4; i++) {
+                    a += qf[i] * c[(v >> i) & 1];
+                    b += qf[4 + i] * c[(v >> i) & 1];
+                }
+                lo[v] = a;
+                hi[v] = b;
+            }
+            __m256 l0 = _mm256_load_ps(lo), l1 = _mm256_load_ps(lo + 8);
+            float *tf = lut + 256 * f;
+            for (int h = 0; h < 16; h++) {
+                __m256 hv = _mm256_set1_ps(hi[h]);
+                _mm256_store_ps(tf + 16 * h, _mm256_add_ps(l0, hv));
+                _mm256_store_ps(tf + 16 * h + 8, _mm256_add_ps(l1, hv));
+            }
+        }
+    }
+}
+
+/* sum_j q'_j c[idx_j] for one vector's index area ix, by table lookups.
+ * kb = 3 reads 8 bytes at a time (up to 2 bytes past the area; callers
+ * guarantee they are readable). */
+KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size_t d, int kb) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    const float *tb = lut;
+    if (kb == 1) { /* one byte per field */
+        size_t f = 0, nf = d / 8;
+        for (; f + 4 <= nf; f += 4, tb += 1024) {
+            s0 += tb[ix[f]];
+            s1 += tb[256 + ix[f + 1]];
+            s2 += tb[512 + ix[f + 2]];
+            s3 += tb[768 + ix[f + 3]];
+        }
+        for (; f < nf; f++, tb += 256)
+            s0 += tb[ix[f]];
+    } else if (kb == 2 || kb == 4) { /* nibble fields, 16 per 8 bytes */
+        size_t f = 0, nf = d * (size_t)kb / 4;
+        for (; f + 16 <= nf; f += 16, tb += 256) {
+            uint64_t w = kvq__tq_ldu64(ix + f / 2);
+            s0 += tb[0 + (w & 15)];
+            s1 += tb[16 + ((w >> 4) & 15)];
+            s2 += tb[32 + ((w >> 8) & 15)];
+            s3 += tb[48 + ((w >> 12) & 15)];
+            s0 += tb[64 + ((w >> 16) & 15)];
+            s1 += tb[80 + ((w >> 20) & 15)];
+            s2 += tb[96 + ((w >> 24) & 15)];
+            s3 += tb[112 + ((w >> 28) & 15)];
+            s0 += tb[128 + ((w >> 32) & 15)];
+            s1 += tb[144 + ((w >> 36) & 15)];
+            s2 += tb[160 + ((w >> 40) & 15)];
+            s3 += tb[176 + ((w >> 44) & 15)];
+            s0 += tb[192 + ((w >> 48) & 15)];
+            s1 += tb[208 + ((w >> 52) & 15)];
+            s2 += tb[224 + ((w >> 56) & 15)];
+            s3 += tb[240 + (w >> 60)];
+        }
+        for (; f < nf; f += 2, tb += 32) {
+            unsigned b = ix[f / 2];
+            s0 += tb[b & 15];
+            s1 += tb[16 + (b >> 4)];
+        }
+    } else { /* kb = 3: 6-bit fields, 8 per 6 bytes */
+        size_t f = 0, nf = d / 2;
+        const uint8_t *p = ix;
+        for (; f + 8 <= nf; f += 8, tb += 512, p += 6) {
+            uint64_t w = kvq__tq_ldu64(p);
+            s0 += tb[0 + (w & 63)];
+            s1 += tb[64 + ((w >> 6) & 63)];
+            s2 += tb[128 + ((w >> 12) & 63)];
+            s3 += tb[192 + ((w >> 18) & 63)];
+            s0 += tb[256 + ((w >> 24) & 63)];
+            s1 += tb[320 + ((w >> 30) & 63)];
+            s2 += tb[384 + ((w >> 36) & 63)];
+            s3 += tb[448 + ((w >> 42) & 63)];
+        }
+        if (f < nf) { /* 4 fields in the last 3 bytes */
+            uint32_t w = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
+            s0 += tb[0 + (w & 63)];
+            s1 += tb[64 + ((w >> 6) & 63)];
+            s2 += tb[128 + ((w >> 12) & 63)];
+            s3 += tb[192 + ((w >> 18) & 63)];
+        }
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                              size_t nq, const uint8_t *keys, size_t n, int kb) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d, qs = c->qp_bytes / 4, so = kvq__round64(d * 4) / 4;
+    const size_t lo = (t->sketch ? 2 : 1) * so, oi = t->off_idx;
+    uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
+    for (size_t i = 0; i < nq; i++) {
+        const float *qb = (const float *)qp + i * qs;
+        float *o = out + i * ostride;
+        for (size_t k = 0; k < n; k++) {
+            const uint8_t *p = kvq__tq_vec(c, keys, k, n, pad);
+            float s = kvq__tq_lut_dot(qb + lo, p + oi, d, kb) * kvq__tq_get_norm(t, &t->ns, p);
+            if (t->sketch)
+                s += kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) * t->sk_scale *
+                     kvq__tq_sign_dot(qb + so, p + t->off_sign, d);
+            o[k] = s;
+        }
+    }
+}
+
+static void kvq__tq_score_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                               size_t nq, const uint8_t *keys, size_t n) {
+    switch (((const kvq__tq *)c->state)->kb) {
+    case 1:
+        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 1);
+        break;
+    case 2:
+        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 2);
+        break;
+    case 3:
+        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 3);
+        break;
+    default:
+        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 4);
+        break;
+    }
+}
+
 /* ---- prep / finish ---- */
 static void kvq__tq_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
     const kvq__tq *t = (const kvq__tq *)c->state;
@@ -543,6 +721,7 @@ static void kvq__tq_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
     }
     if (t->sketch)
         kvq__tq_matvec_avx2(t->skm, d, qr + kvq__round64(d * 4) / 4, qr);
+    kvq__tq_lut_build(t, d, qr, qr + (t->sketch ? 2 : 1) * (kvq__round64(d * 4) / 4));
 }
 
 static void kvq__tq_finish_avx2(const kvq_codec *c, float *out, const float *acc) {
@@ -570,128 +749,6 @@ static void kvq__tq_finish_avx2(const kvq_codec *c, float *out, const float *acc
         kvq__tq_matvec_t_avx2(t->rot, d, tmp, z);
         for (size_t j = 0; j < d; j += 8)
             _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_loadu_ps(out + j), _mm256_loadu_ps(tmp + j)));
-    }
-}
-
-/* ---- score ---- */
-/* sum_j sq_j * sigma_j for one vector's sign bits. */
-KVQ__AI float kvq__tq_sign_dot(const float *sq, const uint8_t *sg, size_t d) {
-    const __m256 sm = kvq__tq_signmask();
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    size_t g = 0;
-    for (; g + 2 <= d / 8; g += 2) {
-        a0 = _mm256_add_ps(a0, _mm256_xor_ps(_mm256_load_ps(sq + 8 * g),
-                                             _mm256_andnot_ps(kvq__tq_bitmask8(sg[g]), sm)));
-        a1 = _mm256_add_ps(a1, _mm256_xor_ps(_mm256_load_ps(sq + 8 * g + 8),
-                                             _mm256_andnot_ps(kvq__tq_bitmask8(sg[g + 1]), sm)));
-    }
-    if (g < d / 8)
-        a0 = _mm256_add_ps(a0, _mm256_xor_ps(_mm256_load_ps(sq + 8 * g),
-                                             _mm256_andnot_ps(kvq__tq_bitmask8(sg[g]), sm)));
-    return kvq__hsum256(_mm256_add_ps(a0, a1));
-}
-
-KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t ostride, const void *qp,
-                              size_t nq, const uint8_t *keys, size_t n, int kb) {
-    const kvq__tq *t = (const kvq__tq *)c->state;
-    const size_t d = c->d, ng = d / 8, qs = c->qp_bytes / 4, so = kvq__round64(d * 4) / 4;
-    const size_t vb = c->bytes, oi = t->off_idx;
-    const int sk = t->sketch;
-    uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
-    kvq__tq_lut l;
-    kvq__tq_lut_init(&l, t);
-    const float *qb = (const float *)qp;
-    if (nq == 1) {
-        /* four keys at a time: four independent FMA chains share each q load */
-        size_t safe = (kb == 3 && !sk && n) ? n - 1 : n, k = 0;
-        for (; k + 4 <= safe; k += 4) {
-            const uint8_t *p0 = keys + k * vb, *p1 = p0 + vb, *p2 = p1 + vb, *p3 = p2 + vb;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (size_t g = 0; g < ng; g++) {
-                __m256 qv = _mm256_load_ps(qb + 8 * g);
-                size_t o = oi + g * (size_t)kb;
-                a0 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p0 + o, kb), qv, a0);
-                a1 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p1 + o, kb), qv, a1);
-                a2 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p2 + o, kb), qv, a2);
-                a3 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p3 + o, kb), qv, a3);
-            }
-            float r[4];
-            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, a2, a3));
-            const uint8_t *ps[4] = {p0, p1, p2, p3};
-            for (int i = 0; i < 4; i++) {
-                float s = r[i] * kvq__tq_get_norm(t, &t->ns, ps[i]);
-                if (sk)
-                    s += kvq__tq_get_norm(t, &t->nr, ps[i] + t->off_rnorm) * t->sk_scale *
-                         kvq__tq_sign_dot(qb + so, ps[i] + t->off_sign, d);
-                out[k + i] = s;
-            }
-        }
-        for (; k < n; k++) {
-            const uint8_t *p = kvq__tq_vec(c, keys, k, n, pad);
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-            size_t g = 0;
-            for (; g + 2 <= ng; g += 2) {
-                a0 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p + oi + g * kb, kb),
-                                     _mm256_load_ps(qb + 8 * g), a0);
-                a1 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p + oi + (g + 1) * kb, kb),
-                                     _mm256_load_ps(qb + 8 * g + 8), a1);
-            }
-            if (g < ng)
-                a0 = _mm256_fmadd_ps(kvq__tq_cent8(&l, p + oi + g * kb, kb),
-                                     _mm256_load_ps(qb + 8 * g), a0);
-            float s = kvq__hsum256(_mm256_add_ps(a0, a1)) * kvq__tq_get_norm(t, &t->ns, p);
-            if (sk)
-                s += kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) * t->sk_scale *
-                     kvq__tq_sign_dot(qb + so, p + t->off_sign, d);
-            out[k] = s;
-        }
-        return;
-    }
-    /* several queries: each key's groups are decoded once per 4 queries */
-    for (size_t i0 = 0; i0 < nq; i0 += 4) {
-        size_t gq = KVQ__MIN(4, nq - i0);
-        const float *q0 = qb + i0 * qs;
-        const float *q1 = q0 + (gq > 1 ? qs : 0), *q2 = q0 + (gq > 2 ? 2 * qs : 0),
-                    *q3 = q0 + (gq > 3 ? 3 * qs : 0);
-        for (size_t k = 0; k < n; k++) {
-            const uint8_t *p = kvq__tq_vec(c, keys, k, n, pad);
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (size_t g = 0; g < ng; g++) {
-                __m256 cv = kvq__tq_cent8(&l, p + oi + g * kb, kb);
-                a0 = _mm256_fmadd_ps(cv, _mm256_load_ps(q0 + 8 * g), a0);
-                a1 = _mm256_fmadd_ps(cv, _mm256_load_ps(q1 + 8 * g), a1);
-                a2 = _mm256_fmadd_ps(cv, _mm256_load_ps(q2 + 8 * g), a2);
-                a3 = _mm256_fmadd_ps(cv, _mm256_load_ps(q3 + 8 * g), a3);
-            }
-            float r[4];
-            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, a2, a3));
-            float scale = kvq__tq_get_norm(t, &t->ns, p);
-            float kap = sk ? kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) * t->sk_scale : 0.0f;
-            for (size_t i = 0; i < gq; i++) {
-                float s = r[i] * scale;
-                if (sk)
-                    s += kap * kvq__tq_sign_dot(q0 + i * qs + so, p + t->off_sign, d);
-                out[(i0 + i) * ostride + k] = s;
-            }
-        }
-    }
-}
-
-static void kvq__tq_score_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
-                               size_t nq, const uint8_t *keys, size_t n) {
-    switch (((const kvq__tq *)c->state)->kb) {
-    case 1:
-        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 1);
-        break;
-    case 2:
-        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 2);
-        break;
-    case 3:
-        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 3);
-        break;
-    default:
-        kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 4);
-        break;
     }
 }
 
