@@ -74,6 +74,10 @@ check: all
 	$(MAKE) check-run
 	$(MAKE) check-san
 
+# The Python binding's tests (python/tests/run.py) against this build's libkvq.so.
+python-test: $(BUILD)/libkvq.so
+	KVQ_LIB=$(abspath $(BUILD))/libkvq.so $(PYTHON) python/tests/run.py
+
 bench: all
 	$(BUILD)/kvq bench codecs --head-dim 128 --data gauss
 	$(BUILD)/kvq bench codecs --head-dim 128 --data outlier

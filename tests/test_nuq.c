@@ -268,11 +268,11 @@ static void test_few_distinct(void) {
     const size_t d = 5, n = 500;
     float *x = (float *)malloc(n * d * sizeof(float));
     for (size_t i = 0; i < n; i++) {
-        x[i * d + 0] = 3.5f;                                   /* constant */
-        x[i * d + 1] = (tu_next(&r) & 1) ? -1.0f : 2.0f;       /* two values */
-        x[i * d + 2] = (float)(tu_next(&r) % 8) - 3.0f;        /* eight values */
-        x[i * d + 3] = (tu_next(&r) & 1) ? -0.0f : 0.0f;       /* signed zeros */
-        x[i * d + 4] = (float)tu_gauss(&r);                    /* many */
+        x[i * d + 0] = 3.5f;                             /* constant */
+        x[i * d + 1] = (tu_next(&r) & 1) ? -1.0f : 2.0f; /* two values */
+        x[i * d + 2] = (float)(tu_next(&r) % 8) - 3.0f;  /* eight values */
+        x[i * d + 3] = (tu_next(&r) & 1) ? -0.0f : 0.0f; /* signed zeros */
+        x[i * d + 4] = (float)tu_gauss(&r);              /* many */
     }
     for (int b = 1; b <= 8; b++) {
         char spec[16];
@@ -423,10 +423,10 @@ static void test_state(void) {
         const char *what;
         kvq_status want;
     } cases[] = {
-        {"truncated", KVQ_ERR_CORRUPT},     {"bit flip", KVQ_ERR_CORRUPT},
-        {"NaN level", KVQ_ERR_CORRUPT},     {"Inf level", KVQ_ERR_CORRUPT},
-        {"unsorted", KVQ_ERR_CORRUPT},      {"short payload", KVQ_ERR_CORRUPT},
-        {"bad magic", KVQ_ERR_CORRUPT},     {"other spec", KVQ_ERR_MISMATCH},
+        {"truncated", KVQ_ERR_CORRUPT}, {"bit flip", KVQ_ERR_CORRUPT},
+        {"NaN level", KVQ_ERR_CORRUPT}, {"Inf level", KVQ_ERR_CORRUPT},
+        {"unsorted", KVQ_ERR_CORRUPT},  {"short payload", KVQ_ERR_CORRUPT},
+        {"bad magic", KVQ_ERR_CORRUPT}, {"other spec", KVQ_ERR_MISMATCH},
         {"huge level ok", KVQ_OK},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {

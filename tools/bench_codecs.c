@@ -30,13 +30,13 @@
 #include <string.h>
 
 #define BC_DEFAULT_CODECS                                                                          \
-    "f32,f16,bf16,int8,int4,int4:g=32,int2,int2:g=32,tq1,tq2,tq3,tq4,tq1:nc=0,tq2:nc=0,tq3:nc=0,"   \
+    "f32,f16,bf16,int8,int4,int4:g=32,int2,int2:g=32,tq1,tq2,tq3,tq4,tq1:nc=0,tq2:nc=0,tq3:nc=0,"  \
     "tq4:nc=0,tqp2,tqp3,tqp4,nuq2,nuq3,nuq4"
 #define BC_DEFAULT_COUNT 65536
 #define BC_DEFAULT_HEAD_DIM 128
 #define BC_MAX_COUNT ((size_t)1 << 28)
-#define BC_CHUNK 1024   /* vectors per encode call */
-#define BC_NQ_ERR 16    /* queries for the inner-product error */
+#define BC_CHUNK 1024 /* vectors per encode call */
+#define BC_NQ_ERR 16  /* queries for the inner-product error */
 #define BC_MAX_CODECS 256
 
 /* ---- seeded data (splitmix64 + xoshiro256**, Box-Muller) ---- */
@@ -103,23 +103,24 @@ static int bc_parse_size(const char *s, size_t lo, size_t hi, size_t *out) {
 }
 
 static void bc_usage(FILE *f) {
-    fprintf(f,
-            "usage: kvq bench codecs [--head-dim N] [--count N] [--data gauss|outlier|FILE.npy]\n"
-            "                        [--codec LIST] [--seed N] [--reps N] [--isa scalar|avx2|auto]\n"
-            "                        [--json | --csv]\n"
-            "  --head-dim N  values per vector, 1..1024 (default %d; a .npy file sets it)\n"
-            "  --count N     vectors (default %d; a .npy file: all of its rows)\n"
-            "  --data D      gauss: N(0,1) values; outlier: N(0,1) with 4 fixed channels\n"
-            "                (d/8, 3d/8, 5d/8, 7d/8) of standard deviation 20, like real keys;\n"
-            "                FILE.npy: float32/float16, C order, last axis = head_dim\n"
-            "  --codec LIST  comma-separated codec specs (default: %s)\n"
-            "  --seed N      data and query seed (default 1)\n"
-            "  --reps N      timed repetitions (default: 3..15, as many as fit in 0.2 s)\n"
-            "  --isa P       kernel path: scalar, avx2 or auto (default)\n"
-            "  --json        one JSON object on stdout; --csv: one line per codec\n"
-            "Codecs that need fitting are fitted on the first half of the vectors; every metric is\n"
-            "measured on the second half. Exit status: 0 ok, 1 a codec failed at run time, 2 usage.\n",
-            BC_DEFAULT_HEAD_DIM, BC_DEFAULT_COUNT, BC_DEFAULT_CODECS);
+    fprintf(
+        f,
+        "usage: kvq bench codecs [--head-dim N] [--count N] [--data gauss|outlier|FILE.npy]\n"
+        "                        [--codec LIST] [--seed N] [--reps N] [--isa scalar|avx2|auto]\n"
+        "                        [--json | --csv]\n"
+        "  --head-dim N  values per vector, 1..1024 (default %d; a .npy file sets it)\n"
+        "  --count N     vectors (default %d; a .npy file: all of its rows)\n"
+        "  --data D      gauss: N(0,1) values; outlier: N(0,1) with 4 fixed channels\n"
+        "                (d/8, 3d/8, 5d/8, 7d/8) of standard deviation 20, like real keys;\n"
+        "                FILE.npy: float32/float16, C order, last axis = head_dim\n"
+        "  --codec LIST  comma-separated codec specs (default: %s)\n"
+        "  --seed N      data and query seed (default 1)\n"
+        "  --reps N      timed repetitions (default: 3..15, as many as fit in 0.2 s)\n"
+        "  --isa P       kernel path: scalar, avx2 or auto (default)\n"
+        "  --json        one JSON object on stdout; --csv: one line per codec\n"
+        "Codecs that need fitting are fitted on the first half of the vectors; every metric is\n"
+        "measured on the second half. Exit status: 0 ok, 1 a codec failed at run time, 2 usage.\n",
+        BC_DEFAULT_HEAD_DIM, BC_DEFAULT_COUNT, BC_DEFAULT_CODECS);
 }
 
 /* Returns 0 to go on, or the exit status. */
@@ -149,13 +150,16 @@ static int bc_parse(int argc, char **argv, bc_opts *o) {
             return 2;
         } else if (strcmp(a, "--head-dim") == 0) {
             if (!bc_parse_size(v, 1, 1024, &o->head_dim)) {
-                fprintf(stderr, "kvq bench codecs: --head-dim must be an integer in 1..1024, got '%s'\n", v);
+                fprintf(stderr,
+                        "kvq bench codecs: --head-dim must be an integer in 1..1024, got '%s'\n",
+                        v);
                 return 2;
             }
             o->head_dim_set = 1;
         } else if (strcmp(a, "--count") == 0) {
             if (!bc_parse_size(v, 2, BC_MAX_COUNT, &o->count)) {
-                fprintf(stderr, "kvq bench codecs: --count must be an integer in 2..%zu, got '%s'\n",
+                fprintf(stderr,
+                        "kvq bench codecs: --count must be an integer in 2..%zu, got '%s'\n",
                         BC_MAX_COUNT, v);
                 return 2;
             }
@@ -168,14 +172,16 @@ static int bc_parse(int argc, char **argv, bc_opts *o) {
         } else if (strcmp(a, "--seed") == 0) {
             size_t s;
             if (!bc_parse_size(v, 0, SIZE_MAX, &s)) {
-                fprintf(stderr, "kvq bench codecs: --seed must be a non-negative integer, got '%s'\n", v);
+                fprintf(stderr,
+                        "kvq bench codecs: --seed must be a non-negative integer, got '%s'\n", v);
                 return 2;
             }
             o->seed = s;
         } else if (strcmp(a, "--reps") == 0) {
             size_t r;
             if (!bc_parse_size(v, 1, 1000, &r)) {
-                fprintf(stderr, "kvq bench codecs: --reps must be an integer in 1..1000, got '%s'\n", v);
+                fprintf(stderr,
+                        "kvq bench codecs: --reps must be an integer in 1..1000, got '%s'\n", v);
                 return 2;
             }
             o->reps = (int)r;
@@ -187,7 +193,8 @@ static int bc_parse(int argc, char **argv, bc_opts *o) {
             else if (strcmp(v, "auto") == 0)
                 o->isa = KVQ_ISA_AUTO;
             else {
-                fprintf(stderr, "kvq bench codecs: --isa must be scalar, avx2 or auto, got '%s'\n", v);
+                fprintf(stderr, "kvq bench codecs: --isa must be scalar, avx2 or auto, got '%s'\n",
+                        v);
                 return 2;
             }
         } else {
@@ -210,10 +217,10 @@ static int bc_parse(int argc, char **argv, bc_opts *o) {
 typedef struct {
     size_t d, nfit, nmeas;
     const float *fit, *meas;
-    const float *q;       /* BC_NQ_ERR queries */
-    const double *exact;  /* BC_NQ_ERR x nmeas: <q_i, x_j> in double */
-    double exact_rms;     /* RMS of exact */
-    const float *w;       /* nmeas attention-like weights (positive, sum 1) */
+    const float *q;      /* BC_NQ_ERR queries */
+    const double *exact; /* BC_NQ_ERR x nmeas: <q_i, x_j> in double */
+    double exact_rms;    /* RMS of exact */
+    const float *w;      /* nmeas attention-like weights (positive, sum 1) */
     kvq_isa isa;
     kvqb_config cfg;
 } bc_env;
@@ -229,7 +236,14 @@ typedef struct {
     size_t vector_bytes, state_bytes;
 } bc_row;
 
-typedef enum { BC_OP_ENCODE, BC_OP_DECODE, BC_OP_SCORE1, BC_OP_SCORE4, BC_OP_ACC, BC_OP_MEMCPY } bc_op;
+typedef enum {
+    BC_OP_ENCODE,
+    BC_OP_DECODE,
+    BC_OP_SCORE1,
+    BC_OP_SCORE4,
+    BC_OP_ACC,
+    BC_OP_MEMCPY
+} bc_op;
 
 typedef struct {
     bc_op op;
@@ -454,11 +468,12 @@ out:
 
 static void bc_print_header(const bc_opts *o, const bc_env *e, const char *cpu, double memcpy_gbps,
                             double f32_kps) {
-    printf("kvq bench codecs: %zu vectors of head_dim %zu, data %s, seed %llu\n", e->nfit + e->nmeas,
-           e->d, o->data, (unsigned long long)o->seed);
-    printf("  codecs that need fitting are fitted on the first %zu vectors; every metric is measured "
-           "on the other %zu\n",
-           e->nfit, e->nmeas);
+    printf("kvq bench codecs: %zu vectors of head_dim %zu, data %s, seed %llu\n",
+           e->nfit + e->nmeas, e->d, o->data, (unsigned long long)o->seed);
+    printf(
+        "  codecs that need fitting are fitted on the first %zu vectors; every metric is measured "
+        "on the other %zu\n",
+        e->nfit, e->nmeas);
     printf("  cpu %s | path %s | threads 1 | median of %d..%d timed reps | memcpy %.2f GB/s | "
            "f32 score %.2f Mkeys/s\n",
            cpu, kvq_isa_name(e->isa), e->cfg.min_reps, e->cfg.reps, memcpy_gbps, f32_kps * 1e-6);
@@ -520,13 +535,20 @@ static void bc_print_json(const bc_opts *o, const bc_env *e, const char *cpu, do
             const char *k;
             double v;
         } f[] = {
-            {"bits_per_value", r->bpv},       {"nmse", r->nmse},
-            {"ip_rel_rmse", r->ip_rel_rmse},  {"ip_bias", r->ip_bias},
-            {"encode_vps", r->enc_vps},       {"decode_vps", r->dec_vps},
-            {"score_kps", r->score_kps},      {"ip_slope", r->ip_slope},
-            {"score4_kps", r->score4_kps},    {"acc_kps", r->acc_kps},
-            {"encode_gbps", r->enc_gbps},     {"score_vs_f32", f32_kps > 0 ? r->score_kps / f32_kps : NAN},
-            {"vector_bytes", (double)r->vector_bytes}, {"state_bytes", (double)r->state_bytes},
+            {"bits_per_value", r->bpv},
+            {"nmse", r->nmse},
+            {"ip_rel_rmse", r->ip_rel_rmse},
+            {"ip_bias", r->ip_bias},
+            {"encode_vps", r->enc_vps},
+            {"decode_vps", r->dec_vps},
+            {"score_kps", r->score_kps},
+            {"ip_slope", r->ip_slope},
+            {"score4_kps", r->score4_kps},
+            {"acc_kps", r->acc_kps},
+            {"encode_gbps", r->enc_gbps},
+            {"score_vs_f32", f32_kps > 0 ? r->score_kps / f32_kps : NAN},
+            {"vector_bytes", (double)r->vector_bytes},
+            {"state_bytes", (double)r->state_bytes},
             {"fit_s", r->fit_s},
         };
         for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
@@ -555,11 +577,12 @@ static void bc_print_csv_row(const bc_row *r, size_t d, double f32_kps, double m
         printf("\"\n");
         return;
     }
-    printf("%s,%zu,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%zu,%zu,%.6g,%.6g,ok\n",
-           r->spec, d, r->bpv, r->nmse, r->ip_rel_rmse, r->ip_bias, r->ip_slope, r->enc_vps,
-           r->dec_vps, r->score_kps, r->score4_kps, r->acc_kps, r->enc_gbps,
-           f32_kps > 0 ? r->score_kps / f32_kps : 0.0, r->vector_bytes, r->state_bytes, r->fit_s,
-           memcpy_gbps);
+    printf(
+        "%s,%zu,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%zu,%zu,%.6g,%.6g,ok\n",
+        r->spec, d, r->bpv, r->nmse, r->ip_rel_rmse, r->ip_bias, r->ip_slope, r->enc_vps,
+        r->dec_vps, r->score_kps, r->score4_kps, r->acc_kps, r->enc_gbps,
+        f32_kps > 0 ? r->score_kps / f32_kps : 0.0, r->vector_bytes, r->state_bytes, r->fit_s,
+        memcpy_gbps);
     fflush(stdout);
 }
 
@@ -593,8 +616,8 @@ static int bc_data(bc_opts *o, float **out) {
             return 2;
         }
         if (o->count_set && o->count > rows) {
-            fprintf(stderr, "kvq bench codecs: --count %zu but %s holds only %zu vectors\n", o->count,
-                    o->data, rows);
+            fprintf(stderr, "kvq bench codecs: --count %zu but %s holds only %zu vectors\n",
+                    o->count, o->data, rows);
             free(x);
             return 2;
         }
@@ -872,13 +895,16 @@ int kvq_tool_list_codecs(int argc, char **argv) {
         } else if (strcmp(argv[i], "--markdown") == 0) {
             markdown = 1;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: kvq codecs [--head-dim N] [--markdown]\n"
-                   "  lists every codec with its bits per value (all stored bytes per vector x 8 /\n"
-                   "  head_dim) at head_dim 64 and 128, or at N; --markdown prints a table for docs\n");
+            printf(
+                "usage: kvq codecs [--head-dim N] [--markdown]\n"
+                "  lists every codec with its bits per value (all stored bytes per vector x 8 /\n"
+                "  head_dim) at head_dim 64 and 128, or at N; --markdown prints a table for "
+                "docs\n");
             return 0;
         } else {
-            fprintf(stderr, "kvq codecs: unknown option '%s' (usage: kvq codecs [--head-dim N] "
-                            "[--markdown])\n",
+            fprintf(stderr,
+                    "kvq codecs: unknown option '%s' (usage: kvq codecs [--head-dim N] "
+                    "[--markdown])\n",
                     argv[i]);
             return 2;
         }

@@ -19,6 +19,11 @@ void kvqt_cacheopts_init(kvqt_cacheopts *o) {
 void kvqt_cacheopts_free(kvqt_cacheopts *o) {
     free(o->center_values);
     o->center_values = NULL;
+    for (size_t i = 0; i < o->n_ovr; i++) {
+        free(o->ovr_state[i]);
+        o->ovr_state[i] = NULL;
+    }
+    o->n_ovr = 0;
 }
 
 static int kvqt_count(const char *cmd, const char *opt, const char *v, size_t *out) {

@@ -23,6 +23,7 @@ typedef struct kvqt_cacheopts {
     /* per-(layer, head) overrides, from --alloc */
     kvq_codec_override ovr[KVQT_MAX_OVR];
     char ovr_codec[KVQT_MAX_OVR][96];
+    unsigned char *ovr_state[KVQT_MAX_OVR]; /* owned state blobs (nuq tables) */
     size_t n_ovr;
     float *center_values; /* from --alloc, or NULL */
     size_t center_count;

@@ -17,6 +17,8 @@ static void usage(FILE *f) {
             "  kvq simulate     prefill + decode through a kvq cache vs exact f32 (--help)\n"
             "  kvq generate     text from a llama2.c model through a kvq cache (--help)\n"
             "  kvq eval         NLL/KL/top-1 of a compressed cache against f32 (--help)\n"
+            "  kvq calibrate    per-head bit allocation for a target bits/value (--help)\n"
+            "  kvq sweep        eval over many cache configurations, CSV + SVG plot\n"
             "  kvq codecs       list the codecs with their bits per value\n"
             "  kvq version\n",
             kvq_version_string());
@@ -41,6 +43,10 @@ int main(int argc, char **argv) {
         return kvq_tool_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0)
         return kvq_tool_eval(argc - 1, argv + 1);
+    if (strcmp(cmd, "calibrate") == 0)
+        return kvq_tool_calibrate(argc - 1, argv + 1);
+    if (strcmp(cmd, "sweep") == 0)
+        return kvq_tool_sweep(argc - 1, argv + 1);
     if (strcmp(cmd, "simulate") == 0)
         return kvq_tool_simulate(argc - 1, argv + 1);
     if (strcmp(cmd, "codecs") == 0)

@@ -41,6 +41,11 @@ kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const ch
     kvq_cache_config cfg;
     kvq_cache_config_init(&cfg);
     kvq_model_cache_shape(m, &cfg);
+    if (o->center_values && o->center_count != cfg.n_layers * cfg.n_kv_heads * cfg.head_dim) {
+        fprintf(stderr, "kvq %s: the allocation's centre has %zu values, the model needs %zu\n",
+                cmd, o->center_count, cfg.n_layers * cfg.n_kv_heads * cfg.head_dim);
+        return NULL;
+    }
     kvqt_cacheopts_apply(o, &cfg);
     char msg[256] = "";
     cfg.err_msg = msg;

@@ -109,7 +109,8 @@ int kvqt_npy_load(const char *path, float **data, size_t *rows, size_t *cols, ch
     } else if (strcmp(descr, "<f2") == 0 || strcmp(descr, "=f2") == 0) {
         item = 2;
     } else {
-        snprintf(msg, sizeof msg, "dtype '%s' is not supported (need little-endian float32 '<f4' or float16 '<f2')",
+        snprintf(msg, sizeof msg,
+                 "dtype '%s' is not supported (need little-endian float32 '<f4' or float16 '<f2')",
                  descr);
         npy_err(err, err_size, path, msg);
         goto done;
@@ -159,7 +160,8 @@ int kvqt_npy_load(const char *path, float **data, size_t *rows, size_t *cols, ch
         }
     }
     if (ndim == 0) {
-        npy_err(err, err_size, path, "0-dimensional array (need at least one axis, the last being head_dim)");
+        npy_err(err, err_size, path,
+                "0-dimensional array (need at least one axis, the last being head_dim)");
         goto done;
     }
     size_t c = shape[ndim - 1], r = 1;

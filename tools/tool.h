@@ -10,5 +10,7 @@ int kvq_tool_simulate(int argc, char **argv);
 int kvq_tool_bench_attend(int argc, char **argv);
 int kvq_tool_generate(int argc, char **argv);
 int kvq_tool_eval(int argc, char **argv);
+int kvq_tool_calibrate(int argc, char **argv);
+int kvq_tool_sweep(int argc, char **argv);
 
 #endif

@@ -169,7 +169,10 @@ static void kvq__layout_layer(kvq_cache *c, kvq__layer *ly) {
         off = (off + 7) & ~(size_t)7;
     }
     ly->block_bytes = off;
-    ly->stage_bytes = 2 * c->H * c->P * c->d * sizeof(uint16_t);
+    /* staging holds K and V of pending tokens; with channel keys (chan_mode)
+     * only the keys of channel heads wait there, everything else is encoded
+     * at once */
+    ly->stage_bytes = (c->chan_mode ? 1 : 2) * c->H * c->P * c->d * sizeof(uint16_t);
 }
 
 /* Codec metadata bytes (scales, norms) in one encoded vector, for stats. */
@@ -374,7 +377,11 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         }
         if (st == KVQ_OK)
             kvq__layout_layer(c, ly);
+        for (size_t h = 0; h < c->H && st == KVQ_OK; h++)
+            c->chan_mode |= ly->heads[h].kchan_bits != 0;
     }
+    for (size_t l = 0; l < c->L && st == KVQ_OK && c->chan_mode; l++)
+        kvq__layout_layer(c, &c->layers[l]); /* staging size depends on chan_mode */
     /* workspace sizes */
     c->max_qp = c->f16->qp_bytes;
     c->max_acc = c->d;
@@ -595,7 +602,8 @@ static void kvq__purge_free(kvq_cache *c, kvq__layer *ly, size_t p) {
 }
 
 /* Encodes one token's K (minus the centre) and V for every head into its
- * slot. k and v are [H][d] floats. */
+ * slot, except the keys of channel heads (encoded a page at a time). k and
+ * v are [H][d] floats. */
 static void kvq__encode_token(kvq_cache *c, kvq__layer *ly, size_t slot, const float *k,
                               const float *v) {
     size_t p = slot / c->P, i = slot % c->P;
@@ -603,6 +611,10 @@ static void kvq__encode_token(kvq_cache *c, kvq__layer *ly, size_t slot, const f
     float kb[KVQ__MAX_HEAD_DIM];
     for (size_t h = 0; h < c->H; h++) {
         kvq__head *hd = &ly->heads[h];
+        hd->vc->k.encode(hd->vc, blk + hd->v_off + i * hd->vbytes, v + h * c->d, 1);
+        ly->bytes_written += hd->vbytes;
+        if (hd->kchan_bits)
+            continue;
         const float *kh = k + h * c->d;
         if (ly->center) {
             for (size_t t = 0; t < c->d; t++)
@@ -610,16 +622,20 @@ static void kvq__encode_token(kvq_cache *c, kvq__layer *ly, size_t slot, const f
             kh = kb;
         }
         hd->kc->k.encode(hd->kc, blk + hd->k_off + i * hd->kbytes, kh, 1);
-        hd->vc->k.encode(hd->vc, blk + hd->v_off + i * hd->vbytes, v + h * c->d, 1);
-        ly->bytes_written += hd->kbytes + hd->vbytes;
+        ly->bytes_written += hd->kbytes;
     }
 }
 
-static void kvq__stage_write(kvq_cache *c, kvq__page *pg, size_t i, const float *k,
-                             const float *v) {
+/* Stages a pending token: K and V of every head, or in chan_mode only the
+ * keys of the channel heads. */
+static void kvq__stage_write(kvq_cache *c, const kvq__layer *ly, kvq__page *pg, size_t i,
+                             const float *k, const float *v) {
     for (size_t h = 0; h < c->H; h++) {
+        if (c->chan_mode && !ly->heads[h].kchan_bits)
+            continue;
         c->f16->k.encode(c->f16, (uint8_t *)(kvq__stage_k(c, pg, h) + i * c->d), k + h * c->d, 1);
-        c->f16->k.encode(c->f16, (uint8_t *)(kvq__stage_v(c, pg, h) + i * c->d), v + h * c->d, 1);
+        if (!c->chan_mode)
+            c->f16->k.encode(c->f16, (uint8_t *)(kvq__stage_v(c, pg, h) + i * c->d), v + h * c->d, 1);
     }
 }
 
@@ -632,7 +648,8 @@ static void kvq__stage_read(const kvq_cache *c, const kvq__page *pg, size_t i, f
     }
 }
 
-/* Encodes the keys and values of a full channel-layout page from staging. */
+/* Encodes the channel-head keys of a full page from staging (everything
+ * else of its tokens was encoded when they arrived). */
 static kvq_status kvq__chan_flush_page(kvq_cache *c, kvq__layer *ly, size_t p) {
     kvq__page *pg = &ly->pages[p];
     size_t P = c->P, d = c->d;
@@ -647,6 +664,8 @@ static kvq_status kvq__chan_flush_page(kvq_cache *c, kvq__layer *ly, size_t p) {
         valid[i] = KVQ__STATE(ly->state[p * P + i]) == KVQ__PEND;
     for (size_t h = 0; h < c->H; h++) {
         kvq__head *hd = &ly->heads[h];
+        if (!hd->kchan_bits)
+            continue;
         c->f16->k.decode(c->f16, rows, (const uint8_t *)kvq__stage_k(c, pg, h), P);
         if (ly->center)
             for (size_t i = 0; i < P; i++)
@@ -654,12 +673,6 @@ static kvq_status kvq__chan_flush_page(kvq_cache *c, kvq__layer *ly, size_t p) {
                     rows[i * d + t] -= ly->center[h * d + t];
         kvq__chan_encode(pg->block + hd->k_off, d, P, hd->kchan_bits, rows, valid);
         ly->bytes_written += hd->k_hdr + hd->kbytes * P;
-        c->f16->k.decode(c->f16, rows, (const uint8_t *)kvq__stage_v(c, pg, h), P);
-        for (size_t i = 0; i < P; i++)
-            if (valid[i]) {
-                hd->vc->k.encode(hd->vc, pg->block + hd->v_off + i * hd->vbytes, rows + i * d, 1);
-                ly->bytes_written += hd->vbytes;
-            }
     }
     for (size_t i = 0; i < P; i++)
         if (valid[i])
@@ -737,7 +750,7 @@ static void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot) {
     pg->n_valid--;
     ly->n_tokens--;
     ly->evicted++;
-    if (c->cfg.k_layout == KVQ_LAYOUT_TOKEN && pg->n_valid > 0)
+    if (!c->chan_mode && pg->n_valid > 0)
         kvq__push_free(ly, slot);
     if (pg->n_valid == 0 && p != ly->open_page) {
         kvq__purge_free(c, ly, p);
@@ -838,7 +851,7 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
         return KVQ_ERR_FULL;
 
     /* plan: which tokens stay pending (recent window / channel staging) */
-    int chan = c->cfg.k_layout == KVQ_LAYOUT_CHANNEL;
+    int chan = c->chan_mode;
     size_t R = c->cfg.recent_window;
     size_t first_pending = chan ? 0 : (T > R ? T - R : 0);
 
@@ -1008,7 +1021,9 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
         }
         const float *kt = k + t * H * d, *vt = v + t * H * d;
         if (chan || t >= first_pending) {
-            kvq__stage_write(c, pg, slot % P, kt, vt);
+            if (chan)
+                kvq__encode_token(c, ly, slot, kt, vt); /* all but the channel keys */
+            kvq__stage_write(c, ly, pg, slot % P, kt, vt);
             ly->state[slot] = KVQ__PEND;
             pg->n_pending++;
             if (!chan) {
@@ -1144,6 +1159,9 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
     uint8_t *cls = w->cls;
     size_t *bp = w->bpages;
     int *bne = w->bne, *bnp = w->bnp;
+    /* where pending tokens keep their keys / values: staged in f16, or
+     * (chan_mode, except channel keys) already encoded */
+    const int kstaged = !c->chan_mode || hd->kchan_bits, vstaged = !c->chan_mode;
     for (size_t t = 0; t < jb->T; t++) {
         int32_t qp = jb->qpos[t];
         for (size_t g = 0; g < G; g++) {
@@ -1182,6 +1200,8 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                     uint8_t st = KVQ__STATE(stt[i]);
                     if (pos[i] < 0 || pos[i] > qp)
                         st = KVQ__FREE;
+                    else if (st == KVQ__PEND && !kstaged)
+                        st = KVQ__ENC;
                     cl[i] = st;
                     ne += st == KVQ__ENC;
                     npd += st == KVQ__PEND;
@@ -1224,7 +1244,7 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
             for (size_t b = 0; b < nb; b++) {
                 const kvq__page *pg = &ly->pages[bp[b]];
                 const float *wb = w->sc + b * P;
-                if (bnp[b]) {
+                if (bnp[b] && vstaged) {
                     /* split the weights: encoded slots vs staged slots */
                     const uint8_t *cl = cls + b * P;
                     for (size_t g = 0; g < G; g++)
@@ -1240,7 +1260,7 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                 } else {
                     hd->vc->k.accum(hd->vc, w->acc, alen, wb, BW, G, pg->block + hd->v_off, P);
                 }
-                if (bne[b])
+                if (bne[b] || !vstaged)
                     w->bytes_read += P * hd->vbytes;
             }
         }
@@ -1399,12 +1419,14 @@ static void kvq__read_token(const kvq_cache *c, const kvq__layer *ly, size_t slo
     size_t p = slot / c->P, i = slot % c->P, d = c->d;
     const kvq__page *pg = &ly->pages[p];
     const kvq__head *hd = &ly->heads[h];
-    if (KVQ__STATE(ly->state[slot]) == KVQ__PEND) {
-        if (k)
-            c->f16->k.decode(c->f16, k, (const uint8_t *)(kvq__stage_k(c, pg, h) + i * d), 1);
-        if (v)
-            c->f16->k.decode(c->f16, v, (const uint8_t *)(kvq__stage_v(c, pg, h) + i * d), 1);
-        return;
+    int pend = KVQ__STATE(ly->state[slot]) == KVQ__PEND;
+    if (pend && k && (!c->chan_mode || hd->kchan_bits)) {
+        c->f16->k.decode(c->f16, k, (const uint8_t *)(kvq__stage_k(c, pg, h) + i * d), 1);
+        k = NULL;
+    }
+    if (pend && v && !c->chan_mode) {
+        c->f16->k.decode(c->f16, v, (const uint8_t *)(kvq__stage_v(c, pg, h) + i * d), 1);
+        v = NULL;
     }
     if (k) {
         if (hd->kchan_bits)
@@ -1454,8 +1476,8 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
         return KVQ_ERR_INVALID_ARG;
     if (layer >= (int)c->L || layer < -1 || kv_head >= (int)c->H || kv_head < -1)
         return KVQ_ERR_RANGE;
-    if (!is_value && c->cfg.k_layout == KVQ_LAYOUT_CHANNEL)
-        return KVQ_ERR_UNSUPPORTED;
+    if (!is_value && (c->chan_mode || strncmp(spec, "chan:", 5) == 0))
+        return KVQ_ERR_UNSUPPORTED; /* channel key pages are re-encoded only as whole pages */
     kvq_codec *nc = NULL;
     kvq_status st = kvq__get_codec(c, spec, &nc);
     if (st != KVQ_OK)
@@ -1543,7 +1565,8 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
                 } else {
                     for (size_t i = 0; i < P; i++) {
                         size_t s = p * P + i;
-                        if (KVQ__STATE(ly->state[s]) != KVQ__ENC)
+                        if (KVQ__STATE(ly->state[s]) != KVQ__ENC &&
+                            !(c->chan_mode && KVQ__STATE(ly->state[s]) == KVQ__PEND))
                             continue;
                         o->vc->k.decode(o->vc, a, pg->block + o->v_off + i * o->vbytes, 1);
                         n->vc->k.encode(n->vc, nb[p] + n->v_off + i * n->vbytes, a, 1);

@@ -84,6 +84,7 @@ struct kvq_cache {
     kvq_allocator alloc;
     kvq_cache_config cfg; /* copy; pointer fields other than allocator cleared */
     size_t L, H, QH, G, d, P;
+    int chan_mode; /* some head has channel-layout keys: pages are staged in f16 until full */
     kvq_codec **codecs;
     uint8_t *codec_private; /* codecs[i] carries its own state: never shared */
     size_t n_codecs;

@@ -111,12 +111,12 @@ static inline size_t kvq__tq_lut_floats(int kb, size_t d) {
 void kvq__tq_encode_one(const kvq_codec *c, uint8_t *dst, const float *x);
 
 /* ---- stored norms ---- */
-/* Sum of 8 float lanes in double, lane order. */
+/* Sum of 8 float lanes in double as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))
+ * (the order of the AVX2 reduction; the first level is exact). */
 static inline double kvq__tq_lanes_sum(const float *s) {
-    double a = 0.0;
-    for (int l = 0; l < 8; l++)
-        a += (double)s[l];
-    return a;
+    double a0 = (double)s[0] + s[4], a1 = (double)s[1] + s[5];
+    double a2 = (double)s[2] + s[6], a3 = (double)s[3] + s[7];
+    return (a0 + a2) + (a1 + a3);
 }
 
 /* Writes norm s >= 0 (double, may exceed the float range) in t's norm

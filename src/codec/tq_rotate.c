@@ -17,8 +17,35 @@
  */
 #include "tq_impl.h"
 
+/* sum a[i] * b[i], i < m, in four interleaved partial sums (a fixed order:
+ * the result is deterministic; one chain would be add-latency bound). */
+static double kvq__tq_ddot(const double *a, const double *b, size_t m) {
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    size_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < m; i++)
+        s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* col[0..m) -= 2 (v . col) v: one Householder reflection (v unit). */
+static void kvq__tq_reflect(const double *v, double *col, size_t m) {
+    double s = 2.0 * kvq__tq_ddot(v, col, m);
+    for (size_t i = 0; i < m; i++)
+        col[i] -= s * v[i];
+}
+
+#define KVQ__TQ_QR_BLOCK 16 /* columns per block: a block stays in L2 */
+
 /* Householder QR of the column-major n x n matrix w (destroyed); writes
- * M = Q^T (row i of M = column i of Q, with R_ii > 0) to rot. */
+ * M = Q^T (row i of M = column i of Q, with R_ii > 0) to rot. Each column
+ * receives the reflections in the textbook order; the loops run over blocks
+ * of columns so that the reflectors stream through cache once per block. */
 static kvq_status kvq__tq_haar(const kvq_allocator *al, double *w, size_t n, float *rot) {
     double *q = (double *)kvq__alloc(al, n * n * sizeof(double));
     double *rsign = (double *)kvq__alloc(al, n * sizeof(double));
@@ -27,49 +54,39 @@ static kvq_status kvq__tq_haar(const kvq_allocator *al, double *w, size_t n, flo
         kvq__free(al, rsign);
         return KVQ_ERR_NOMEM;
     }
-    /* factor: column k of w below the diagonal becomes the unit reflector v_k */
-    for (size_t k = 0; k < n; k++) {
-        double *x = w + k * n + k;
-        size_t m = n - k;
-        double nrm = 0.0;
-        for (size_t i = 0; i < m; i++)
-            nrm += x[i] * x[i];
-        nrm = sqrt(nrm);
-        double alpha = x[0] >= 0.0 ? -nrm : nrm; /* R_kk */
-        x[0] -= alpha;
-        double vn = 0.0;
-        for (size_t i = 0; i < m; i++)
-            vn += x[i] * x[i];
-        if (vn > 0.0) {
-            vn = 1.0 / sqrt(vn);
-            for (size_t i = 0; i < m; i++)
-                x[i] *= vn;
-        }
-        rsign[k] = alpha < 0.0 ? -1.0 : 1.0; /* alpha == 0 only for a zero column */
-        for (size_t j = k + 1; j < n; j++) {
-            double *col = w + j * n + k, s = 0.0;
-            for (size_t i = 0; i < m; i++)
-                s += x[i] * col[i];
-            s *= 2.0;
-            for (size_t i = 0; i < m; i++)
-                col[i] -= s * x[i];
+    /* factor (left-looking): column k of w below the diagonal becomes the
+     * unit reflector v_k */
+    for (size_t j0 = 0; j0 < n; j0 += KVQ__TQ_QR_BLOCK) {
+        size_t j1 = KVQ__MIN(j0 + KVQ__TQ_QR_BLOCK, n);
+        for (size_t k = 0; k < j0; k++)
+            for (size_t j = j0; j < j1; j++)
+                kvq__tq_reflect(w + k * n + k, w + j * n + k, n - k);
+        for (size_t k = j0; k < j1; k++) {
+            double *x = w + k * n + k;
+            size_t m = n - k;
+            double nrm = sqrt(kvq__tq_ddot(x, x, m));
+            double alpha = x[0] >= 0.0 ? -nrm : nrm; /* R_kk */
+            x[0] -= alpha;
+            double vn = kvq__tq_ddot(x, x, m);
+            if (vn > 0.0) {
+                vn = 1.0 / sqrt(vn);
+                for (size_t i = 0; i < m; i++)
+                    x[i] *= vn;
+            }
+            rsign[k] = alpha < 0.0 ? -1.0 : 1.0; /* alpha == 0 only for a zero column */
+            for (size_t j = k + 1; j < j1; j++)
+                kvq__tq_reflect(x, w + j * n + k, m);
         }
     }
-    /* Q = H_0 H_1 ... H_{n-1} I, applied right to left */
+    /* Q = H_0 H_1 ... H_{n-1} I: column j gets H_k for k = j, j-1, ..., 0 */
     memset(q, 0, n * n * sizeof(double));
     for (size_t i = 0; i < n; i++)
         q[i * n + i] = 1.0;
-    for (size_t k = n; k-- > 0;) {
-        const double *v = w + k * n + k;
-        size_t m = n - k;
-        for (size_t j = k; j < n; j++) {
-            double *col = q + j * n + k, s = 0.0;
-            for (size_t i = 0; i < m; i++)
-                s += v[i] * col[i];
-            s *= 2.0;
-            for (size_t i = 0; i < m; i++)
-                col[i] -= s * v[i];
-        }
+    for (size_t j0 = 0; j0 < n; j0 += KVQ__TQ_QR_BLOCK) {
+        size_t j1 = KVQ__MIN(j0 + KVQ__TQ_QR_BLOCK, n);
+        for (size_t k = j1; k-- > 0;)
+            for (size_t j = KVQ__MAX(j0, k); j < j1; j++)
+                kvq__tq_reflect(w + k * n + k, q + j * n + k, n - k);
     }
     for (size_t i = 0; i < n; i++) /* column i of Q (contiguous) times sign(R_ii) */
         for (size_t j = 0; j < n; j++)

@@ -400,21 +400,28 @@ enum { KVQ__MODE_U = 1, KVQ__MODE_S = 2 };
 
 /* How a codec's chunks meet its groups, and where the prepared query keeps
  * its parts. Chunk ci covers values [ci*V, ci*V + V); int32 lane l of its
- * dot product covers W consecutive values from ci*V + W*l.
+ * dot product covers W = V/8 consecutive values from ci*V + W*l.
  * mode U: every chunk lies inside one group (g % V == 0, or one group).
- * mode S: V % g == 0 and g % W == 0: each lane lies inside one group and the
- *         lane -> group pattern (idx) is the same for every chunk. */
+ * mode S: V % g == 0 and g % W == 0: every lane lies inside one group and a
+ *         chunk spans gpc = V/g groups. Scales are read 8 groups at a time
+ *         (a window, cpw = 8/gpc chunks) and spread to the lanes with one
+ *         permute per chunk. With int4/int2 and ng <= 4 ("joint"), one
+ *         16-byte load holds every scale and minimum of a vector. */
 typedef struct {
-    int mode;
+    int mode, joint;
     size_t V, W, nch, last_nb; /* last_nb: code bytes in the last chunk */
-    size_t gpc, cpg;           /* S: groups per chunk; U: chunks per group */
+    size_t cpg;                /* U: chunks per group */
+    size_t gpc, cpw, nwin;     /* S */
     size_t off_qs, off_ql, size;
-    int32_t idx[8], idx_last[8]; /* S: lane -> group offset; last chunk clamped */
+    int32_t idx[4][8];    /* S: lane -> window lane, by chunk position in window */
+    int32_t idx_last[8];  /* S: the same for the last chunk, clamped to its groups */
+    uint16_t mmask[8];    /* S, int4/int2: fp16 lanes of the last window (joint: of
+                             the scales and minimums) that hold data */
 } kvq__int_plan;
 
 static int kvq__int_plan_make(const kvq_codec *c, kvq__int_plan *p) {
     const size_t d = c->d, g = c->group, ng = c->ngroups;
-    const int bits = c->bits;
+    const int bits = c->bits, asym = bits != 8;
     memset(p, 0, sizeof *p);
     if (d % 32 != 0)
         return 0;
@@ -422,27 +429,39 @@ static int kvq__int_plan_make(const kvq_codec *c, kvq__int_plan *p) {
     p->W = p->V / 8;
     p->nch = (d + p->V - 1) / p->V;
     p->last_nb = (d - (p->nch - 1) * p->V) * (size_t)bits / 8;
+    size_t nql = 0; /* 8-float minimum-term vectors */
     if (ng == 1 || g % p->V == 0) {
         p->mode = KVQ__MODE_U;
         p->cpg = ng == 1 ? p->nch : g / p->V;
+        nql = ng;
     } else if (p->V % g == 0 && g % p->W == 0) {
         p->mode = KVQ__MODE_S;
         p->gpc = p->V / g;
-        size_t last_groups = (d - (p->nch - 1) * p->V) / g;
-        for (int l = 0; l < 8; l++) {
-            p->idx[l] = (int32_t)(p->W * (size_t)l / g);
-            p->idx_last[l] = (int32_t)KVQ__MIN((size_t)p->idx[l], last_groups - 1);
-        }
-        /* the 16-byte scale / minimum windows must stay inside a vector */
-        size_t end = 2 * (p->nch - 1) * p->gpc + 16 + (bits == 8 ? 0 : 2 * ng);
+        p->cpw = 8 / p->gpc;
+        p->nwin = (ng + 7) / 8;
+        p->joint = asym && ng <= 4;
+        const size_t last_groups = (d - (p->nch - 1) * p->V) / g;
+        const size_t e_last = (p->nch - 1) % p->cpw;
+        for (size_t e = 0; e < p->cpw; e++)
+            for (size_t l = 0; l < 8; l++)
+                p->idx[e][l] = (int32_t)(e * p->gpc + p->W * l / g);
+        for (size_t l = 0; l < 8; l++)
+            p->idx_last[l] =
+                (int32_t)(e_last * p->gpc + KVQ__MIN(p->W * l / g, last_groups - 1));
+        const size_t valid = p->joint ? 2 * ng : ng - 8 * (p->nwin - 1);
+        for (size_t l = 0; l < 8; l++)
+            p->mmask[l] = l < valid ? 0xffff : 0;
+        /* the 16-byte windows must stay inside a vector */
+        size_t end = 16 * p->nwin + (asym && !p->joint ? 2 * ng : 0);
         if (end > c->bytes)
             return 0;
+        nql = asym ? p->nwin : 0;
     } else {
         return 0;
     }
     p->off_qs = p->nch * p->V;
     p->off_ql = p->off_qs + 32 * p->nch;
-    p->size = p->off_ql + (bits == 8 ? 0 : 32 * (p->mode == KVQ__MODE_U ? ng : p->nch));
+    p->size = p->off_ql + (asym ? 32 * nql : 0);
     return p->size <= c->qp_bytes;
 }
 
@@ -462,10 +481,12 @@ static void kvq__int_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
         const float *x = q + 32 * b;
         __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
         __m256 x2 = _mm256_loadu_ps(x + 16), x3 = _mm256_loadu_ps(x + 24);
-        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(x0, absmask), _mm256_and_ps(x1, absmask)),
-                                 _mm256_max_ps(_mm256_and_ps(x2, absmask), _mm256_and_ps(x3, absmask)));
+        __m256 a = _mm256_max_ps(
+            _mm256_max_ps(_mm256_and_ps(x0, absmask), _mm256_and_ps(x1, absmask)),
+            _mm256_max_ps(_mm256_and_ps(x2, absmask), _mm256_and_ps(x3, absmask)));
         float amax = kvq__hmax256(a);
-        /* tiny blocks (where 127/amax could overflow) quantize to zero */
+        /* tiny blocks (where 127/amax could overflow) quantize to zero;
+         * otherwise |q*inv| <= 127 (plus rounding) and no clamp is needed */
         float inv = amax > 1e-30f ? 127.0f / amax : 0.0f;
         bs[b] = amax > 1e-30f ? amax / 127.0f : 0.0f;
         const __m256 iv = _mm256_set1_ps(inv);
@@ -492,23 +513,23 @@ static void kvq__int_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
     for (size_t ci = 0; ci < p.nch; ci++)
         for (size_t l = 0; l < 8; l++) {
             size_t t0 = ci * V + W * l;
-            if (t0 >= d)
-                continue;
-            qs[8 * ci + l] = bs[t0 / 32];
-            if (bits != 8 && p.mode == KVQ__MODE_S) {
-                float s = 0.0f;
-                for (size_t t = t0; t < t0 + W; t++)
-                    s += q[t];
-                ql[8 * ci + l] = s;
-            }
+            if (t0 < d)
+                qs[8 * ci + l] = bs[t0 / 32];
         }
-    if (bits != 8 && p.mode == KVQ__MODE_U)
-        for (size_t gi = 0; gi < ng; gi++) {
-            float s = 0.0f;
-            for (size_t t = gi * g; t < (gi + 1) * g; t++)
-                s += q[t];
-            ql[8 * gi] = s;
-        }
+    if (bits == 8)
+        return;
+    /* minimum term: sum_g m_g * (sum of q over g), exact float sums */
+    for (size_t gi = 0; gi < ng; gi++) {
+        float s = 0.0f;
+        for (size_t t = gi * g; t < (gi + 1) * g; t++)
+            s += q[t];
+        if (p.mode == KVQ__MODE_U)
+            ql[8 * gi] = s; /* {sum, 0, ..., 0} per group */
+        else if (p.joint)
+            ql[ng + gi] = s; /* lined up with the minimums after the scales */
+        else
+            ql[gi] = s; /* one lane per group, 8 groups per window */
+    }
 }
 
 /* 32 code bytes of a chunk (nb of them valid, 8..32; the rest read as 0). */
@@ -528,7 +549,8 @@ typedef struct {
     __m256i p0, p1, p2, p3;
 } kvq__planes;
 
-static inline __attribute__((always_inline)) kvq__planes kvq__key_planes(__m256i v, const int BITS) {
+static inline __attribute__((always_inline)) kvq__planes kvq__key_planes(__m256i v,
+                                                                         const int BITS) {
     kvq__planes k;
     if (BITS == 8) {
         k.p0 = v;
@@ -549,33 +571,32 @@ static inline __attribute__((always_inline)) kvq__planes kvq__key_planes(__m256i
     return k;
 }
 
-/* int32 lanes of sum(code * qcode) over a chunk; qc is 32-byte aligned. */
-static inline __attribute__((always_inline)) __m256i kvq__chunk_dot(const kvq__planes *k,
-                                                                    const int8_t *qc,
-                                                                    const int BITS) {
+/* int32 lanes of sum(code * qcode) over a chunk; qc is 32-byte aligned.
+ * No saturation: pair sums stay below 2*127*127 (int8), 4*15*127 (int4),
+ * 8*3*127 (int2) before madd. */
+static inline __attribute__((always_inline)) __m256i
+kvq__chunk_dot(const kvq__planes *k, const int8_t *qc, const int BITS) {
     const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i *q = (const __m256i *)(const void *)qc;
     __m256i s;
     if (BITS == 8) {
-        __m256i q = _mm256_load_si256((const __m256i *)(const void *)qc);
-        s = _mm256_maddubs_epi16(k->p1, _mm256_sign_epi8(q, k->p0));
+        s = _mm256_maddubs_epi16(k->p1, _mm256_sign_epi8(_mm256_load_si256(q), k->p0));
     } else if (BITS == 4) {
-        s = _mm256_add_epi16(
-            _mm256_maddubs_epi16(k->p0, _mm256_load_si256((const __m256i *)(const void *)qc)),
-            _mm256_maddubs_epi16(k->p1, _mm256_load_si256((const __m256i *)(const void *)(qc + 32))));
+        s = _mm256_add_epi16(_mm256_maddubs_epi16(k->p0, _mm256_load_si256(q)),
+                             _mm256_maddubs_epi16(k->p1, _mm256_load_si256(q + 1)));
     } else {
-        __m256i a = _mm256_add_epi16(
-            _mm256_maddubs_epi16(k->p0, _mm256_load_si256((const __m256i *)(const void *)qc)),
-            _mm256_maddubs_epi16(k->p1, _mm256_load_si256((const __m256i *)(const void *)(qc + 32))));
-        __m256i b = _mm256_add_epi16(
-            _mm256_maddubs_epi16(k->p2, _mm256_load_si256((const __m256i *)(const void *)(qc + 64))),
-            _mm256_maddubs_epi16(k->p3, _mm256_load_si256((const __m256i *)(const void *)(qc + 96))));
+        __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(k->p0, _mm256_load_si256(q)),
+                                     _mm256_maddubs_epi16(k->p1, _mm256_load_si256(q + 1)));
+        __m256i b = _mm256_add_epi16(_mm256_maddubs_epi16(k->p2, _mm256_load_si256(q + 2)),
+                                     _mm256_maddubs_epi16(k->p3, _mm256_load_si256(q + 3)));
         s = _mm256_add_epi16(a, b);
     }
     return _mm256_madd_epi16(s, ones);
 }
 
-/* Scores of NQ prepared queries against n keys. Per key, a vector of 8
- * partial sums per query; four keys' vectors are reduced together. */
+/* Scores of NQ prepared queries against n keys. Per key and query, 8
+ * partial sums (two chains when NQ == 1, for latency); four keys' vectors
+ * are reduced together. */
 static inline __attribute__((always_inline)) void
 kvq__int_score_body(const kvq_codec *c, const kvq__int_plan *p, float *out, size_t ostride,
                     const uint8_t *qp, const uint8_t *keys, size_t n, const int BITS,
@@ -583,8 +604,8 @@ kvq__int_score_body(const kvq_codec *c, const kvq__int_plan *p, float *out, size
     const size_t bytes = c->bytes, ng = c->ngroups, nch = p->nch, V = p->V;
     const size_t qpb = c->qp_bytes, pbytes = (BITS == 8 ? 2 : 4) * ng;
     const int ASYM = BITS != 8;
-    const __m256i idx = _mm256_loadu_si256((const __m256i *)(const void *)p->idx);
-    const __m256i idxl = _mm256_loadu_si256((const __m256i *)(const void *)p->idx_last);
+    const __m128i mmask = _mm_loadu_si128((const __m128i *)(const void *)p->mmask);
+    const __m128i ones16 = _mm_set1_epi32(-1);
     const int8_t *qc[4];
     const float *qs[4], *ql[4];
     for (int b = 0; b < NQ; b++) {
@@ -596,51 +617,73 @@ kvq__int_score_body(const kvq_codec *c, const kvq__int_plan *p, float *out, size
     for (size_t j0 = 0; j0 < n; j0 += 4) {
         const size_t nk = KVQ__MIN(4, n - j0);
         for (size_t kk = 0; kk < 4; kk++) {
-            __m256 acc[4];
+            __m256 acc[4], acc2[4]; /* acc2: second chain (NQ == 1) and minimum term */
             for (int b = 0; b < NQ; b++)
-                acc[b] = _mm256_setzero_ps();
+                acc[b] = acc2[b] = _mm256_setzero_ps();
             if (kk < nk) {
                 const uint8_t *key = keys + (j0 + kk) * bytes, *codes = key + pbytes;
                 if (MODE == KVQ__MODE_S) {
-                    for (size_t ci = 0; ci < nch; ci++) {
-                        const int last = ci + 1 == nch;
-                        kvq__planes kp =
-                            kvq__key_planes(kvq__load_chunk(codes + 32 * ci, last ? p->last_nb : 32), BITS);
-                        const __m256i ix = last ? idxl : idx;
-                        const __m256 K = _mm256_permutevar8x32_ps(
-                            _mm256_cvtph_ps(_mm_loadu_si128(
-                                (const __m128i *)(const void *)(key + 2 * ci * p->gpc))),
-                            ix);
-                        __m256 M = _mm256_setzero_ps();
-                        if (ASYM)
-                            M = _mm256_permutevar8x32_ps(
-                                _mm256_cvtph_ps(_mm_loadu_si128(
-                                    (const __m128i *)(const void *)(key + 2 * ng + 2 * ci * p->gpc))),
-                                ix);
-                        for (int b = 0; b < NQ; b++) {
-                            __m256i I = kvq__chunk_dot(&kp, qc[b] + ci * V, BITS);
-                            __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(I),
-                                                     _mm256_load_ps(qs[b] + 8 * ci));
-                            acc[b] = _mm256_fmadd_ps(F, K, acc[b]);
-                            if (ASYM)
-                                acc[b] = _mm256_fmadd_ps(M, _mm256_load_ps(ql[b] + 8 * ci), acc[b]);
+                    size_t ci = 0;
+                    for (size_t w = 0; w < p->nwin; w++) {
+                        const int lastw = w + 1 == p->nwin;
+                        __m128i sh = _mm_loadu_si128((const __m128i *)(const void *)(key + 16 * w));
+                        if (ASYM && p->joint)
+                            sh = _mm_and_si128(sh, mmask);
+                        const __m256 Xs = _mm256_cvtph_ps(sh);
+                        if (ASYM) {
+                            __m256 Xm = Xs;
+                            if (!p->joint)
+                                Xm = _mm256_cvtph_ps(_mm_and_si128(
+                                    _mm_loadu_si128(
+                                        (const __m128i *)(const void *)(key + pbytes / 2 + 16 * w)),
+                                    lastw ? mmask : ones16));
+                            for (int b = 0; b < NQ; b++)
+                                acc2[b] =
+                                    _mm256_fmadd_ps(Xm, _mm256_load_ps(ql[b] + 8 * w), acc2[b]);
+                        }
+                        for (size_t e = 0; e < p->cpw && ci < nch; e++, ci++) {
+                            const int last = ci + 1 == nch;
+                            kvq__planes kp = kvq__key_planes(
+                                kvq__load_chunk(codes + 32 * ci, last ? p->last_nb : 32), BITS);
+                            const __m256i ix = _mm256_loadu_si256(
+                                (const __m256i *)(const void *)(last ? p->idx_last : p->idx[e]));
+                            const __m256 K = _mm256_permutevar8x32_ps(Xs, ix);
+                            for (int b = 0; b < NQ; b++) {
+                                __m256i I = kvq__chunk_dot(&kp, qc[b] + ci * V, BITS);
+                                __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(I),
+                                                         _mm256_load_ps(qs[b] + 8 * ci));
+                                acc[b] = _mm256_fmadd_ps(F, K, acc[b]);
+                            }
+                            if (NQ == 1) {
+                                __m256 t = acc[0];
+                                acc[0] = acc2[0];
+                                acc2[0] = t;
+                            }
                         }
                     }
                 } else {
                     size_t ci = 0;
                     for (size_t gi = 0; gi < ng; gi++) {
-                        __m256 G[4];
+                        __m256 G[4], G2 = _mm256_setzero_ps();
                         for (int b = 0; b < NQ; b++)
                             G[b] = _mm256_setzero_ps();
                         for (size_t e = 0; e < p->cpg; e++, ci++) {
                             const size_t nb = ci + 1 == nch ? p->last_nb : 32;
-                            kvq__planes kp = kvq__key_planes(kvq__load_chunk(codes + 32 * ci, nb), BITS);
+                            kvq__planes kp =
+                                kvq__key_planes(kvq__load_chunk(codes + 32 * ci, nb), BITS);
                             for (int b = 0; b < NQ; b++) {
                                 __m256i I = kvq__chunk_dot(&kp, qc[b] + ci * V, BITS);
                                 G[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I),
                                                        _mm256_load_ps(qs[b] + 8 * ci), G[b]);
                             }
+                            if (NQ == 1) {
+                                __m256 t = G[0];
+                                G[0] = G2;
+                                G2 = t;
+                            }
                         }
+                        if (NQ == 1)
+                            G[0] = _mm256_add_ps(G[0], G2);
                         const __m256 s =
                             _mm256_cvtph_ps(_mm_set1_epi16((short)kvq__ld16(key + 2 * gi)));
                         for (int b = 0; b < NQ; b++)
@@ -649,13 +692,14 @@ kvq__int_score_body(const kvq_codec *c, const kvq__int_plan *p, float *out, size
                             const __m256 m = _mm256_cvtph_ps(
                                 _mm_set1_epi16((short)kvq__ld16(key + 2 * ng + 2 * gi)));
                             for (int b = 0; b < NQ; b++)
-                                acc[b] = _mm256_fmadd_ps(m, _mm256_load_ps(ql[b] + 8 * gi), acc[b]);
+                                acc2[b] =
+                                    _mm256_fmadd_ps(m, _mm256_load_ps(ql[b] + 8 * gi), acc2[b]);
                         }
                     }
                 }
             }
             for (int b = 0; b < NQ; b++)
-                _mm256_store_ps(part[b][kk], acc[b]);
+                _mm256_store_ps(part[b][kk], _mm256_add_ps(acc[b], acc2[b]));
         }
         for (int b = 0; b < NQ; b++) {
             __m128 r = kvq__hsum4x256(_mm256_load_ps(part[b][0]), _mm256_load_ps(part[b][1]),

@@ -80,7 +80,8 @@ static void kvq__nuq_stage(uint32_t *tile, const uint8_t *const rows[8], size_t 
  * at gt, for the eight vectors of the tile. */
 KVQ__NUQ_INLINE __m256i kvq__nuq_idx(const uint32_t *gt, int i, const int b) {
     const int bit = i * b, w = bit >> 5, s = bit & 31;
-    __m256i v = _mm256_srli_epi32(_mm256_load_si256((const __m256i *)(const void *)(gt + w * 8)), s);
+    __m256i v =
+        _mm256_srli_epi32(_mm256_load_si256((const __m256i *)(const void *)(gt + w * 8)), s);
     if (s + b > 32)
         v = _mm256_or_si256(
             v, _mm256_slli_epi32(_mm256_load_si256((const __m256i *)(const void *)(gt + w * 8 + 8)),
@@ -113,8 +114,8 @@ static size_t kvq__nuq_rows(const uint8_t *rows[8], const uint8_t *src, size_t b
 
 /* ---- encode ---- */
 
-KVQ__NUQ_INLINE void kvq__nuq_encode_b(const kvq_codec *c, uint8_t *dst, const float *src,
-                                       size_t n, const int b) {
+KVQ__NUQ_INLINE void kvq__nuq_encode_b(const kvq_codec *c, uint8_t *dst, const float *src, size_t n,
+                                       const int b) {
     const size_t d = c->d, L = (size_t)1 << b, bytes = c->bytes;
     const float *thr8 = kvq__nuq_thr8(c), *thr = kvq__nuq_thr(c);
     const __m256i sh_lo = _mm256_setr_epi64x(0, b, 2 * b, 3 * b);
@@ -136,13 +137,17 @@ KVQ__NUQ_INLINE void kvq__nuq_encode_b(const kvq_codec *c, uint8_t *dst, const f
             } else {
                 const float *tg = thr + g * 8 * L;
                 for (int s = (int)L >> 1; s; s >>= 1) {
-                    __m256i at = _mm256_add_epi32(lane_off, _mm256_add_epi32(idx, _mm256_set1_epi32(s - 1)));
+                    __m256i at =
+                        _mm256_add_epi32(lane_off, _mm256_add_epi32(idx, _mm256_set1_epi32(s - 1)));
                     __m256 m = _mm256_cmp_ps(v, _mm256_i32gather_ps(tg, at, 4), _CMP_GT_OQ);
-                    idx = _mm256_add_epi32(idx, _mm256_and_si256(_mm256_castps_si256(m), _mm256_set1_epi32(s)));
+                    idx = _mm256_add_epi32(
+                        idx, _mm256_and_si256(_mm256_castps_si256(m), _mm256_set1_epi32(s)));
                 }
             }
-            __m256i lo = _mm256_sllv_epi64(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(idx)), sh_lo);
-            __m256i hi = _mm256_sllv_epi64(_mm256_cvtepu32_epi64(_mm256_extracti128_si256(idx, 1)), sh_hi);
+            __m256i lo =
+                _mm256_sllv_epi64(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(idx)), sh_lo);
+            __m256i hi =
+                _mm256_sllv_epi64(_mm256_cvtepu32_epi64(_mm256_extracti128_si256(idx, 1)), sh_hi);
             __m256i o = _mm256_or_si256(lo, hi);
             __m128i o2 = _mm_or_si128(_mm256_castsi256_si128(o), _mm256_extracti128_si256(o, 1));
             uint64_t bits = (uint64_t)_mm_cvtsi128_si64(o2) | (uint64_t)_mm_extract_epi64(o2, 1);
@@ -163,8 +168,8 @@ KVQ__NUQ_INLINE void kvq__nuq_block8(__m256 r[8], const uint32_t *gt, const floa
     kvq__nuq_tr8(r);
 }
 
-KVQ__NUQ_INLINE void kvq__nuq_decode_b(const kvq_codec *c, float *dst, const uint8_t *src,
-                                       size_t n, const int b) {
+KVQ__NUQ_INLINE void kvq__nuq_decode_b(const kvq_codec *c, float *dst, const uint8_t *src, size_t n,
+                                       const int b) {
     const size_t d = c->d, bytes = c->bytes, ngr = (d + 31) / 32;
     const float *lev = kvq__nuq_lev(c);
     _Alignas(32) uint32_t tile[KVQ__NUQ_MAXW * 8];
@@ -244,12 +249,13 @@ KVQ__NUQ_INLINE void kvq__nuq_score_tile(__m256 out[2], const uint32_t *tile,
                 break;
             __m256i idx = kvq__nuq_idx(gt, ci, b);
             for (int q = 0; q < QN; q++)
-                acc[q][ci & 3] = _mm256_add_ps(acc[q][ci & 3], kvq__nuq_look(lut[q] + t * L, idx, b));
+                acc[q][ci & 3] =
+                    _mm256_add_ps(acc[q][ci & 3], kvq__nuq_look(lut[q] + t * L, idx, b));
         }
     }
     for (int q = 0; q < QN; q++)
-        out[q] = _mm256_add_ps(_mm256_add_ps(acc[q][0], acc[q][1]),
-                               _mm256_add_ps(acc[q][2], acc[q][3]));
+        out[q] =
+            _mm256_add_ps(_mm256_add_ps(acc[q][0], acc[q][1]), _mm256_add_ps(acc[q][2], acc[q][3]));
 }
 
 KVQ__NUQ_INLINE void kvq__nuq_score_b(const kvq_codec *c, float *out, size_t ostride,
@@ -290,21 +296,21 @@ KVQ__NUQ_INLINE void kvq__nuq_score_b(const kvq_codec *c, float *out, size_t ost
 /* ---- one instance per b ---- */
 
 #define KVQ__NUQ_INSTANCES(B)                                                                      \
-    static void kvq__nuq_encode_avx2_##B(const kvq_codec *c, uint8_t *dst, const float *src,      \
+    static void kvq__nuq_encode_avx2_##B(const kvq_codec *c, uint8_t *dst, const float *src,       \
                                          size_t n) {                                               \
         kvq__nuq_encode_b(c, dst, src, n, B);                                                      \
     }                                                                                              \
-    static void kvq__nuq_decode_avx2_##B(const kvq_codec *c, float *dst, const uint8_t *src,      \
+    static void kvq__nuq_decode_avx2_##B(const kvq_codec *c, float *dst, const uint8_t *src,       \
                                          size_t n) {                                               \
         kvq__nuq_decode_b(c, dst, src, n, B);                                                      \
     }                                                                                              \
-    static void kvq__nuq_score_avx2_##B(const kvq_codec *c, float *out, size_t ostride,           \
-                                        const void *qp, size_t nq, const uint8_t *keys,           \
+    static void kvq__nuq_score_avx2_##B(const kvq_codec *c, float *out, size_t ostride,            \
+                                        const void *qp, size_t nq, const uint8_t *keys,            \
                                         size_t n) {                                                \
         kvq__nuq_score_b(c, out, ostride, qp, nq, keys, n, B);                                     \
     }                                                                                              \
-    static void kvq__nuq_accum_avx2_##B(const kvq_codec *c, float *acc, size_t astride,           \
-                                        const float *w, size_t wstride, size_t nq,                \
+    static void kvq__nuq_accum_avx2_##B(const kvq_codec *c, float *acc, size_t astride,            \
+                                        const float *w, size_t wstride, size_t nq,                 \
                                         const uint8_t *vals, size_t n) {                           \
         kvq__nuq_accum_b(c, acc, astride, w, wstride, nq, vals, n, B);                             \
     }

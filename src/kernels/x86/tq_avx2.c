@@ -25,19 +25,27 @@
 
 #define KVQ__AI static inline __attribute__((always_inline))
 
-/* ---- bit spreading: bit i of a byte -> bit k*i ---- */
-#define KVQ__SPB(b, k)                                                                             \
-    ((((b) >> 0 & 1u) << (0 * (k))) | (((b) >> 1 & 1u) << (1 * (k))) |                            \
-     (((b) >> 2 & 1u) << (2 * (k))) | (((b) >> 3 & 1u) << (3 * (k))) |                            \
-     (((b) >> 4 & 1u) << (4 * (k))) | (((b) >> 5 & 1u) << (5 * (k))) |                            \
-     (((b) >> 6 & 1u) << (6 * (k))) | (((b) >> 7 & 1u) << (7 * (k))))
-#define KVQ__SP4(b, k) KVQ__SPB(b, k), KVQ__SPB(b + 1, k), KVQ__SPB(b + 2, k), KVQ__SPB(b + 3, k)
-#define KVQ__SP16(b, k) KVQ__SP4(b, k), KVQ__SP4(b + 4, k), KVQ__SP4(b + 8, k), KVQ__SP4(b + 12, k)
-#define KVQ__SP64(b, k)                                                                            \
-    KVQ__SP16(b, k), KVQ__SP16(b + 16, k), KVQ__SP16(b + 32, k), KVQ__SP16(b + 48, k)
-#define KVQ__SP256(k) KVQ__SP64(0, k), KVQ__SP64(64, k), KVQ__SP64(128, k), KVQ__SP64(192, k)
+/* ---- bit spreading: bit i of a byte -> bit k*i + s ---- */
+#define KVQ__SPB(b, k, s)                                                                          \
+    (((((b) >> 0 & 1u) << (0 * (k))) | (((b) >> 1 & 1u) << (1 * (k))) |                           \
+      (((b) >> 2 & 1u) << (2 * (k))) | (((b) >> 3 & 1u) << (3 * (k))) |                           \
+      (((b) >> 4 & 1u) << (4 * (k))) | (((b) >> 5 & 1u) << (5 * (k))) |                           \
+      (((b) >> 6 & 1u) << (6 * (k))) | (((b) >> 7 & 1u) << (7 * (k))))                            \
+     << (s))
+#define KVQ__SP4(b, k, s)                                                                          \
+    KVQ__SPB(b, k, s), KVQ__SPB(b + 1, k, s), KVQ__SPB(b + 2, k, s), KVQ__SPB(b + 3, k, s)
+#define KVQ__SP16(b, k, s)                                                                         \
+    KVQ__SP4(b, k, s), KVQ__SP4(b + 4, k, s), KVQ__SP4(b + 8, k, s), KVQ__SP4(b + 12, k, s)
+#define KVQ__SP64(b, k, s)                                                                         \
+    KVQ__SP16(b, k, s), KVQ__SP16(b + 16, k, s), KVQ__SP16(b + 32, k, s), KVQ__SP16(b + 48, k, s)
+#define KVQ__SP256(k, s)                                                                           \
+    {KVQ__SP64(0, k, s), KVQ__SP64(64, k, s), KVQ__SP64(128, k, s), KVQ__SP64(192, k, s)}
 
-static const uint32_t kvq__tq_spread[3][256] = {{KVQ__SP256(2)}, {KVQ__SP256(3)}, {KVQ__SP256(4)}};
+/* kvq__tq_spread[kb-2][s][b]: bit plane s of 8 packed kb-bit indices. */
+static const uint32_t kvq__tq_spread[3][4][256] = {
+    {KVQ__SP256(2, 0), KVQ__SP256(2, 1)},
+    {KVQ__SP256(3, 0), KVQ__SP256(3, 1), KVQ__SP256(3, 2)},
+    {KVQ__SP256(4, 0), KVQ__SP256(4, 1), KVQ__SP256(4, 2), KVQ__SP256(4, 3)}};
 
 static inline uint32_t kvq__tq_ldu32(const uint8_t *p) {
     uint32_t w;
@@ -48,26 +56,27 @@ static inline uint32_t kvq__tq_ldu32(const uint8_t *p) {
 KVQ__AI __m256 kvq__tq_signmask(void) { return _mm256_set1_ps(-0.0f); }
 
 /* ---- FWHT ---- */
-/* Stages h = 1, 2, 4 inside one register, as the scalar butterflies:
- * lower lane a + b (computed b + a), upper lane a - b (computed a + (-b)).
- * The h = 4 stage works on 128-bit halves (cheaper than a lane-crossing
- * permute on CPUs that split 256-bit operations). */
+/* Stages h = 1, 2, 4 inside one register, as the scalar butterflies
+ * (a, b) -> (a + b, a - b). fma(x, +-1, y) rounds exactly like y +- x (the
+ * product is exact), so stages 1 and 2 are a permute and one FMA each,
+ * which keeps the FP add pipes free; the h = 4 stage works on 128-bit
+ * halves (cheaper than a lane-crossing permute on CPUs that split 256-bit
+ * operations). */
 KVQ__AI __m256 kvq__tq_fwht8(__m256 x) {
-    const __m256 n1 = _mm256_castsi256_ps(
-        _mm256_setr_epi32(0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN));
-    const __m256 n2 = _mm256_castsi256_ps(
-        _mm256_setr_epi32(0, 0, INT32_MIN, INT32_MIN, 0, 0, INT32_MIN, INT32_MIN));
-    x = _mm256_add_ps(_mm256_permute_ps(x, 0xB1), _mm256_xor_ps(x, n1));
-    x = _mm256_add_ps(_mm256_permute_ps(x, 0x4E), _mm256_xor_ps(x, n2));
+    const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+    const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+    x = _mm256_fmadd_ps(x, s1, _mm256_permute_ps(x, 0xB1));
+    x = _mm256_fmadd_ps(x, s2, _mm256_permute_ps(x, 0x4E));
     __m128 lo = _mm256_castps256_ps128(x), hi = _mm256_extractf128_ps(x, 1);
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_add_ps(lo, hi)), _mm_sub_ps(lo, hi), 1);
 }
 
+/* (a, b) -> (a + b, a - b); the difference on the FMA pipes. */
 #define KVQ__TQ_BF(a, b)                                                                           \
     do {                                                                                           \
         __m256 t_ = (a);                                                                           \
         (a) = _mm256_add_ps(t_, (b));                                                              \
-        (b) = _mm256_sub_ps(t_, (b));                                                              \
+        (b) = _mm256_fnmadd_ps((b), _mm256_set1_ps(1.0f), t_);                                     \
     } while (0)
 
 /* Loads chunk i of src: squares into *ss (in chunk order), sign flip, and
@@ -158,7 +167,7 @@ static void kvq__tq_fwht_passes(float *buf, size_t d, size_t from, size_t to) {
             for (size_t j = i; j < i + h; j += 8) {
                 __m256 a = _mm256_load_ps(buf + j), b = _mm256_load_ps(buf + j + h);
                 _mm256_store_ps(buf + j, _mm256_add_ps(a, b));
-                _mm256_store_ps(buf + j + h, _mm256_sub_ps(a, b));
+                _mm256_store_ps(buf + j + h, _mm256_fnmadd_ps(b, _mm256_set1_ps(1.0f), a));
             }
 }
 
@@ -253,7 +262,6 @@ KVQ__AI __m256 kvq__tq_bitmask8(unsigned b) {
 typedef struct {
     __m256 sign, t1, t2, t3, t4, t6, todd, mag;
     __m256i msq;
-    __m256 mq[4]; /* msq_fx[n] broadcast (as float bit patterns), n < 4 */
 } kvq__tq_qk;
 
 static inline void kvq__tq_qk_init(kvq__tq_qk *k, const kvq__tq *t) {
@@ -275,73 +283,109 @@ static inline void kvq__tq_qk_init(kvq__tq_qk *k, const kvq__tq *t) {
     }
     k->mag = _mm256_loadu_ps(mg);
     k->msq = _mm256_loadu_si256((const __m256i *)(const void *)mq);
-    for (int n = 0; n < 4; n++)
-        k->mq[n] = _mm256_castsi256_ps(_mm256_set1_epi32(mq[n]));
 }
 
-/* Quantizes one group of 8 u values: writes its kb index bytes at out,
- * the signed centroids to *cv (tqp), returns the fixed-point mag^2. */
-KVQ__AI __m256i kvq__tq_q8(const kvq__tq_qk *k, int kb, __m256 u, uint8_t *out, float *cv) {
-    const uint32_t *sp = kvq__tq_spread[kb >= 2 ? kb - 2 : 0];
+/* Counts from which sum_j msq_fx[n_j] is rebuilt exactly: kb = 2 counts
+ * n = 1 in n0; kb = 3 counts n >= 1, 2, 3 in n0, n1, n10; kb = 4 adds
+ * msq_fx[n] in vector lanes. */
+typedef struct {
+    uint32_t n1, n0, n10;
+    __m256i v;
+} kvq__tq_cnt;
+
+static inline uint64_t kvq__tq_cnt_total(const kvq__tq *t, const kvq__tq_cnt *k, size_t d, int kb) {
+    const int32_t *m = t->msq_fx;
+    if (kb == 4) {
+        int32_t l[8];
+        _mm256_storeu_si256((__m256i *)(void *)l, k->v);
+        uint64_t s = 0;
+        for (int i = 0; i < 8; i++)
+            s += (uint32_t)l[i];
+        return s;
+    }
+    if (kb == 1)
+        return (uint64_t)d * (uint32_t)m[0];
+    if (kb == 2)
+        return (uint64_t)(d - k->n0) * (uint32_t)m[0] + (uint64_t)k->n0 * (uint32_t)m[1];
+    uint64_t n3 = k->n10, n2 = k->n1 - k->n10, n1 = k->n0 - k->n1, n0 = d - k->n0;
+    return n0 * (uint32_t)m[0] + n1 * (uint32_t)m[1] + n2 * (uint32_t)m[2] + n3 * (uint32_t)m[3];
+}
+
+/* Keeps the compiler from rewriting a compare mask (it would re-derive the
+ * sign bits for blendv with an extra compare). */
+KVQ__AI __m256 kvq__tq_opaque(__m256 m) {
+    __asm__("" : "+x"(m));
+    return m;
+}
+
+/* Quantizes one group of 8 u values: writes its kb index bytes at out and,
+ * for tqp (cv not NULL), the signed centroids to cv. */
+KVQ__AI void kvq__tq_q8(const kvq__tq_qk *k, int kb, __m256 u, uint8_t *out, float *cv,
+                        kvq__tq_cnt *cnt) {
+    const uint32_t(*sp)[256] = kvq__tq_spread[kb >= 2 ? kb - 2 : 0];
     const __m256i one = _mm256_set1_epi32(1), two = _mm256_set1_epi32(2),
                   four = _mm256_set1_epi32(4);
     __m256 a = _mm256_andnot_ps(k->sign, u);
     unsigned ns = (unsigned)_mm256_movemask_ps(u); /* 1 = sign bit set */
     unsigned pos = ns ^ 0xffu;
-    __m256i n, msq;
+    __m256i n = _mm256_setzero_si256();
     if (kb == 1) {
-        n = _mm256_setzero_si256();
-        msq = _mm256_castps_si256(k->mq[0]);
         out[0] = (uint8_t)pos;
     } else if (kb == 2) {
         __m256 m1 = _mm256_cmp_ps(a, k->t1, _CMP_GE_OQ);
-        n = _mm256_and_si256(_mm256_castps_si256(m1), one);
-        msq = _mm256_castps_si256(_mm256_blendv_ps(k->mq[0], k->mq[1], m1));
-        unsigned b0 = (unsigned)_mm256_movemask_ps(m1) ^ ns;
-        kvq__st16(out, (uint16_t)(sp[b0] | sp[pos] << 1));
+        unsigned b0 = (unsigned)_mm256_movemask_ps(m1);
+        cnt->n0 += (uint32_t)__builtin_popcount(b0);
+        kvq__st16(out, (uint16_t)(sp[0][b0 ^ ns] | sp[1][pos]));
+        if (cv)
+            n = _mm256_and_si256(_mm256_castps_si256(m1), one);
     } else if (kb == 3) {
+        /* thermometer code m_i = [|u| >= tau_i]: n = m1 + m2 + m3 */
+        __m256 m1 = _mm256_cmp_ps(a, k->t1, _CMP_GE_OQ);
         __m256 m2 = _mm256_cmp_ps(a, k->t2, _CMP_GE_OQ);
-        __m256 m1 = _mm256_cmp_ps(a, _mm256_blendv_ps(k->t1, k->t3, m2), _CMP_GE_OQ);
-        n = _mm256_or_si256(_mm256_and_si256(_mm256_castps_si256(m2), two),
-                            _mm256_and_si256(_mm256_castps_si256(m1), one));
-        msq = _mm256_castps_si256(_mm256_blendv_ps(_mm256_blendv_ps(k->mq[0], k->mq[1], m1),
-                                                   _mm256_blendv_ps(k->mq[2], k->mq[3], m1), m2));
-        unsigned b1 = (unsigned)_mm256_movemask_ps(m2) ^ ns;
-        unsigned b0 = (unsigned)_mm256_movemask_ps(m1) ^ ns;
-        uint32_t w = sp[b0] | sp[b1] << 1 | sp[pos] << 2;
+        __m256 m3 = _mm256_cmp_ps(a, k->t3, _CMP_GE_OQ);
+        unsigned c1 = (unsigned)_mm256_movemask_ps(m1), c2 = (unsigned)_mm256_movemask_ps(m2),
+                 c3 = (unsigned)_mm256_movemask_ps(m3);
+        unsigned b0 = c1 ^ c2 ^ c3; /* n bit 0; n bit 1 is c2 */
+        cnt->n0 += (uint32_t)__builtin_popcount(c1);
+        cnt->n1 += (uint32_t)__builtin_popcount(c2);
+        cnt->n10 += (uint32_t)__builtin_popcount(c3);
+        uint32_t w = sp[0][b0 ^ ns] | sp[1][c2 ^ ns] | sp[2][pos];
         kvq__st16(out, (uint16_t)w);
         out[2] = (uint8_t)(w >> 16);
+        if (cv)
+            n = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                 _mm256_add_epi32(_mm256_add_epi32(_mm256_castps_si256(m1),
+                                                                   _mm256_castps_si256(m2)),
+                                                  _mm256_castps_si256(m3)));
     } else {
-        __m256 m4 = _mm256_cmp_ps(a, k->t4, _CMP_GE_OQ);
+        __m256 m4 = kvq__tq_opaque(_mm256_cmp_ps(a, k->t4, _CMP_GE_OQ));
         __m256 m2 = _mm256_cmp_ps(a, _mm256_blendv_ps(k->t2, k->t6, m4), _CMP_GE_OQ);
         __m256i n2 = _mm256_or_si256(_mm256_and_si256(_mm256_castps_si256(m4), four),
                                      _mm256_and_si256(_mm256_castps_si256(m2), two));
         __m256 m1 = _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(k->todd, n2), _CMP_GE_OQ);
         n = _mm256_or_si256(n2, _mm256_and_si256(_mm256_castps_si256(m1), one));
-        msq = _mm256_permutevar8x32_epi32(k->msq, n);
+        cnt->v = _mm256_add_epi32(cnt->v, _mm256_permutevar8x32_epi32(k->msq, n));
         unsigned b2 = (unsigned)_mm256_movemask_ps(m4) ^ ns;
         unsigned b1 = (unsigned)_mm256_movemask_ps(m2) ^ ns;
         unsigned b0 = (unsigned)_mm256_movemask_ps(m1) ^ ns;
-        uint32_t w = sp[b0] | sp[b1] << 1 | sp[b2] << 2 | sp[pos] << 3;
+        uint32_t w = sp[0][b0] | sp[1][b1] | sp[2][b2] | sp[3][pos];
         memcpy(out, &w, 4);
     }
     if (cv)
         _mm256_store_ps(cv, _mm256_or_ps(_mm256_permutevar8x32_ps(k->mag, n),
                                          _mm256_and_ps(u, k->sign)));
-    return msq;
 }
 
-static inline uint64_t kvq__tq_hsum_epi32(__m256i v) {
-    int32_t l[8];
-    _mm256_storeu_si256((__m256i *)(void *)l, v);
-    uint64_t s = 0;
-    for (int i = 0; i < 8; i++)
-        s += (uint32_t)l[i];
-    return s;
+/* kvq__tq_lanes_sum of the lanes of v, in the same order. */
+KVQ__AI double kvq__tq_lanes_sum_avx2(__m256 v) {
+    __m256d a = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+                              _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    __m128d b = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
 }
 
-/* tqp tail of the encoder: the rotated residual (u - rho * cv) / 1, its
- * norm and the sign bits of S r'. u, cv: aligned d floats. */
+/* tqp tail of the encoder: the rotated residual u - rho * cv (in place in
+ * u), its norm and the sign bits of S r'. u, cv: aligned d floats. */
 static void kvq__tq_sketch_avx2(const kvq_codec *c, uint8_t *p, float *u, const float *cv,
                                 double gamma, float sq) {
     const kvq__tq *t = (const kvq__tq *)c->state;
@@ -352,9 +396,7 @@ static void kvq__tq_sketch_avx2(const kvq_codec *c, uint8_t *p, float *u, const 
         rr = _mm256_add_ps(rr, _mm256_mul_ps(r, r));
         _mm256_store_ps(u + j, r);
     }
-    float rl[8];
-    _mm256_storeu_ps(rl, rr);
-    kvq__tq_put_norm(t, &t->nr, p + t->off_rnorm, gamma * sqrt(kvq__tq_lanes_sum(rl)));
+    kvq__tq_put_norm(t, &t->nr, p + t->off_rnorm, gamma * sqrt(kvq__tq_lanes_sum_avx2(rr)));
     uint8_t *sg = p + t->off_sign;
     const float *s = t->skm;
     for (size_t i = 0; i < d; i += 8) {
@@ -376,94 +418,121 @@ static void kvq__tq_sketch_avx2(const kvq_codec *c, uint8_t *p, float *u, const 
     }
 }
 
-/* Encoder for d % 8 == 0 and a fixed kb (inlined per kb). */
-KVQ__AI void kvq__tq_encode_kb(const kvq_codec *c, uint8_t *dst, const float *src, size_t nv,
-                               int kb) {
+/* Per-vector state between the two halves of the pipelined encoder. */
+typedef struct {
+    double gamma;
+    float inv;
+    int fast; /* 0: the norm is outside the fast range (scalar encoder) */
+} kvq__tq_pre;
+
+/* First half for vector x: the norm and, for the FWHT, every stage below
+ * h = 64 into buf. Independent of the previous vector's second half, so
+ * its sqrt and division overlap that work. */
+KVQ__AI kvq__tq_pre kvq__tq_enc_pre(const kvq__tq *t, size_t d, const float *x, float *buf) {
+    kvq__tq_pre r;
+    __m256 ss = _mm256_setzero_ps();
+    if (t->pow2) {
+        kvq__tq_fwht_blocks(buf, x, t->sflip, &ss, d);
+    } else {
+        for (size_t j = 0; j < d; j += 8) {
+            __m256 xv = _mm256_loadu_ps(x + j);
+            ss = _mm256_add_ps(ss, _mm256_mul_ps(xv, xv));
+        }
+    }
+    double g2 = kvq__tq_lanes_sum_avx2(ss);
+    r.fast = g2 >= 0x1p-100 && g2 <= 0x1p100;
+    r.gamma = sqrt(g2);
+    r.inv = t->pow2 ? (float)(1.0 / (sqrt((double)d) * r.gamma)) : (float)(1.0 / r.gamma);
+    return r;
+}
+
+/* Second half: the remaining rotation, quantization and the stored norms. */
+KVQ__AI void kvq__tq_enc_post(const kvq_codec *c, const kvq__tq_qk *k, kvq__tq_pre pr,
+                              const float *x, float *buf, uint8_t *p, int kb, int sk) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t d = c->d, ng = d / 8;
-    _Alignas(32) float buf[KVQ__MAX_HEAD_DIM];
     _Alignas(32) float ub[KVQ__MAX_HEAD_DIM];
     _Alignas(32) float cvb[KVQ__MAX_HEAD_DIM];
+    if (!pr.fast) {
+        kvq__tq_encode_one(c, p, x);
+        return;
+    }
+    uint8_t *ix = p + t->off_idx;
+    kvq__tq_cnt cnt = {0, 0, 0, _mm256_setzero_si256()};
+    __m256 vi = _mm256_set1_ps(pr.inv);
+    if (t->pow2 && d > 64) {
+        kvq__tq_fwht_passes(buf, d, 64, d / 2);
+        const size_t hg = ng / 2; /* the last stage, fused with quantization */
+        for (size_t g = 0; g < hg; g++) {
+            __m256 a = _mm256_load_ps(buf + 8 * g), b = _mm256_load_ps(buf + 8 * (g + hg));
+            __m256 u0 = _mm256_mul_ps(_mm256_add_ps(a, b), vi);
+            __m256 u1 = _mm256_mul_ps(_mm256_fnmadd_ps(b, _mm256_set1_ps(1.0f), a), vi);
+            if (sk) {
+                _mm256_store_ps(ub + 8 * g, u0);
+                _mm256_store_ps(ub + 8 * (g + hg), u1);
+            }
+            kvq__tq_q8(k, kb, u0, ix + g * kb, sk ? cvb + 8 * g : NULL, &cnt);
+            kvq__tq_q8(k, kb, u1, ix + (g + hg) * kb, sk ? cvb + 8 * (g + hg) : NULL, &cnt);
+        }
+    } else {
+        if (!t->pow2)
+            kvq__tq_matvec_avx2(t->rot, d, buf, x);
+        for (size_t g = 0; g < ng; g++) {
+            __m256 u = _mm256_mul_ps(_mm256_load_ps(buf + 8 * g), vi);
+            if (sk)
+                _mm256_store_ps(ub + 8 * g, u);
+            kvq__tq_q8(k, kb, u, ix + g * kb, sk ? cvb + 8 * g : NULL, &cnt);
+        }
+    }
+    double cn2 = (double)kvq__tq_cnt_total(t, &cnt, d, kb) * t->msq_unit;
+    double scale = c->nc ? pr.gamma / sqrt(cn2) : pr.gamma;
+    float sq = kvq__tq_put_norm(t, &t->ns, p, scale);
+    if (sk)
+        kvq__tq_sketch_avx2(c, p, ub, cvb, pr.gamma, sq);
+}
+
+/* Encoder for d % 8 == 0 and fixed kb / sketch (inlined per pair). */
+KVQ__AI void kvq__tq_encode_kb(const kvq_codec *c, uint8_t *dst, const float *src, size_t nv,
+                               int kb, int sk) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    _Alignas(32) float buf[2][KVQ__MAX_HEAD_DIM];
     kvq__tq_qk k;
     kvq__tq_qk_init(&k, t);
-    const int sk = t->sketch;
+    if (nv == 0)
+        return;
+    kvq__tq_pre pr = kvq__tq_enc_pre(t, d, src, buf[0]);
     for (size_t v = 0; v < nv; v++) {
-        const float *x = src + v * d;
-        uint8_t *p = dst + v * c->bytes, *ix = p + t->off_idx;
-        __m256 ss = _mm256_setzero_ps();
-        if (t->pow2) {
-            kvq__tq_fwht_blocks(buf, x, t->sflip, &ss, d);
-        } else {
-            for (size_t j = 0; j < d; j += 8) {
-                __m256 xv = _mm256_loadu_ps(x + j);
-                ss = _mm256_add_ps(ss, _mm256_mul_ps(xv, xv));
-            }
-        }
-        float sl[8];
-        _mm256_storeu_ps(sl, ss);
-        double g2 = kvq__tq_lanes_sum(sl);
-        if (!(g2 >= 0x1p-100 && g2 <= 0x1p100)) {
-            kvq__tq_encode_one(c, p, x);
-            continue;
-        }
-        double gamma = sqrt(g2);
-        __m256i cs = _mm256_setzero_si256();
-        if (t->pow2) {
-            __m256 vi = _mm256_set1_ps((float)(1.0 / (sqrt((double)d) * gamma)));
-            if (d <= 64) {
-                for (size_t g = 0; g < ng; g++) {
-                    __m256 u = _mm256_mul_ps(_mm256_load_ps(buf + 8 * g), vi);
-                    if (sk)
-                        _mm256_store_ps(ub + 8 * g, u);
-                    cs = _mm256_add_epi32(cs, kvq__tq_q8(&k, kb, u, ix + g * kb, sk ? cvb + 8 * g : NULL));
-                }
-            } else {
-                kvq__tq_fwht_passes(buf, d, 64, d / 2);
-                const size_t hg = ng / 2; /* the last stage, fused with quantization */
-                for (size_t g = 0; g < hg; g++) {
-                    __m256 a = _mm256_load_ps(buf + 8 * g), b = _mm256_load_ps(buf + 8 * (g + hg));
-                    __m256 u0 = _mm256_mul_ps(_mm256_add_ps(a, b), vi);
-                    __m256 u1 = _mm256_mul_ps(_mm256_sub_ps(a, b), vi);
-                    if (sk) {
-                        _mm256_store_ps(ub + 8 * g, u0);
-                        _mm256_store_ps(ub + 8 * (g + hg), u1);
-                    }
-                    cs = _mm256_add_epi32(cs, kvq__tq_q8(&k, kb, u0, ix + g * kb, sk ? cvb + 8 * g : NULL));
-                    cs = _mm256_add_epi32(cs, kvq__tq_q8(&k, kb, u1, ix + (g + hg) * kb,
-                                                         sk ? cvb + 8 * (g + hg) : NULL));
-                }
-            }
-        } else {
-            kvq__tq_matvec_avx2(t->rot, d, buf, x);
-            __m256 vi = _mm256_set1_ps((float)(1.0 / gamma));
-            for (size_t g = 0; g < ng; g++) {
-                __m256 u = _mm256_mul_ps(_mm256_load_ps(buf + 8 * g), vi);
-                if (sk)
-                    _mm256_store_ps(ub + 8 * g, u);
-                cs = _mm256_add_epi32(cs, kvq__tq_q8(&k, kb, u, ix + g * kb, sk ? cvb + 8 * g : NULL));
-            }
-        }
-        double cn2 = (double)kvq__tq_hsum_epi32(cs) * t->msq_unit;
-        double scale = c->nc ? gamma / sqrt(cn2) : gamma;
-        float sq = kvq__tq_put_norm(t, &t->ns, p, scale);
-        if (sk)
-            kvq__tq_sketch_avx2(c, p, ub, cvb, gamma, sq);
+        kvq__tq_pre cur = pr;
+        if (v + 1 < nv)
+            pr = kvq__tq_enc_pre(t, d, src + (v + 1) * d, buf[(v + 1) & 1]);
+        kvq__tq_enc_post(c, &k, cur, src + v * d, buf[v & 1], dst + v * c->bytes, kb, sk);
     }
 }
 
 static void kvq__tq_encode_avx2(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
-    switch (((const kvq__tq *)c->state)->kb) {
-    case 1:
-        kvq__tq_encode_kb(c, dst, src, n, 1);
-        break;
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    switch (t->kb * 2 + t->sketch) {
     case 2:
-        kvq__tq_encode_kb(c, dst, src, n, 2);
+        kvq__tq_encode_kb(c, dst, src, n, 1, 0);
         break;
     case 3:
-        kvq__tq_encode_kb(c, dst, src, n, 3);
+        kvq__tq_encode_kb(c, dst, src, n, 1, 1);
+        break;
+    case 4:
+        kvq__tq_encode_kb(c, dst, src, n, 2, 0);
+        break;
+    case 5:
+        kvq__tq_encode_kb(c, dst, src, n, 2, 1);
+        break;
+    case 6:
+        kvq__tq_encode_kb(c, dst, src, n, 3, 0);
+        break;
+    case 7:
+        kvq__tq_encode_kb(c, dst, src, n, 3, 1);
         break;
     default:
-        kvq__tq_encode_kb(c, dst, src, n, 4);
+        kvq__tq_encode_kb(c, dst, src, n, 4, 0);
         break;
     }
 }
@@ -543,6 +612,10 @@ KVQ__AI float kvq__tq_sign_dot(const float *sq, const uint8_t *sg, size_t d) {
     return kvq__hsum256(_mm256_add_ps(a0, a1));
 }
 
+/* Rotate right; with BMI2 this is the non-destructive rorx, which saves a
+ * register copy per extracted field. */
+static inline uint64_t kvq__tq_rotr(uint64_t w, int s) { return (w >> s) | (w << (64 - s)); }
+
 static inline uint64_t kvq__tq_ldu64(const uint8_t *p) {
     uint64_t w;
     memcpy(&w, p, 8);
@@ -602,15 +675,21 @@ static void kvq__tq_lut_build(const kvq__tq *t, size_t d, const float *q, float 
  * kb = 3 reads 8 bytes at a time (up to 2 bytes past the area; callers
  * guarantee they are readable). */
 KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size_t d, int kb) {
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    /* eight independent sums (named, so they stay in registers): the add
+     * latency, not the loads, would otherwise bound the loop */
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
     const float *tb = lut;
     if (kb == 1) { /* one byte per field */
         size_t f = 0, nf = d / 8;
-        for (; f + 4 <= nf; f += 4, tb += 1024) {
-            s0 += tb[ix[f]];
+        for (; f + 8 <= nf; f += 8, tb += 2048) {
+            s0 += tb[0 + ix[f + 0]];
             s1 += tb[256 + ix[f + 1]];
             s2 += tb[512 + ix[f + 2]];
             s3 += tb[768 + ix[f + 3]];
+            s4 += tb[1024 + ix[f + 4]];
+            s5 += tb[1280 + ix[f + 5]];
+            s6 += tb[1536 + ix[f + 6]];
+            s7 += tb[1792 + ix[f + 7]];
         }
         for (; f < nf; f++, tb += 256)
             s0 += tb[ix[f]];
@@ -619,21 +698,21 @@ KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size_t d, int
         for (; f + 16 <= nf; f += 16, tb += 256) {
             uint64_t w = kvq__tq_ldu64(ix + f / 2);
             s0 += tb[0 + (w & 15)];
-            s1 += tb[16 + ((w >> 4) & 15)];
-            s2 += tb[32 + ((w >> 8) & 15)];
-            s3 += tb[48 + ((w >> 12) & 15)];
-            s0 += tb[64 + ((w >> 16) & 15)];
-            s1 += tb[80 + ((w >> 20) & 15)];
-            s2 += tb[96 + ((w >> 24) & 15)];
-            s3 += tb[112 + ((w >> 28) & 15)];
-            s0 += tb[128 + ((w >> 32) & 15)];
-            s1 += tb[144 + ((w >> 36) & 15)];
-            s2 += tb[160 + ((w >> 40) & 15)];
-            s3 += tb[176 + ((w >> 44) & 15)];
-            s0 += tb[192 + ((w >> 48) & 15)];
-            s1 += tb[208 + ((w >> 52) & 15)];
-            s2 += tb[224 + ((w >> 56) & 15)];
-            s3 += tb[240 + (w >> 60)];
+            s1 += tb[16 + (kvq__tq_rotr(w, 4) & 15)];
+            s2 += tb[32 + (kvq__tq_rotr(w, 8) & 15)];
+            s3 += tb[48 + (kvq__tq_rotr(w, 12) & 15)];
+            s4 += tb[64 + (kvq__tq_rotr(w, 16) & 15)];
+            s5 += tb[80 + (kvq__tq_rotr(w, 20) & 15)];
+            s6 += tb[96 + (kvq__tq_rotr(w, 24) & 15)];
+            s7 += tb[112 + (kvq__tq_rotr(w, 28) & 15)];
+            s0 += tb[128 + (kvq__tq_rotr(w, 32) & 15)];
+            s1 += tb[144 + (kvq__tq_rotr(w, 36) & 15)];
+            s2 += tb[160 + (kvq__tq_rotr(w, 40) & 15)];
+            s3 += tb[176 + (kvq__tq_rotr(w, 44) & 15)];
+            s4 += tb[192 + (kvq__tq_rotr(w, 48) & 15)];
+            s5 += tb[208 + (kvq__tq_rotr(w, 52) & 15)];
+            s6 += tb[224 + (kvq__tq_rotr(w, 56) & 15)];
+            s7 += tb[240 + (w >> 60)];
         }
         for (; f < nf; f += 2, tb += 32) {
             unsigned b = ix[f / 2];
@@ -646,23 +725,23 @@ KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size_t d, int
         for (; f + 8 <= nf; f += 8, tb += 512, p += 6) {
             uint64_t w = kvq__tq_ldu64(p);
             s0 += tb[0 + (w & 63)];
-            s1 += tb[64 + ((w >> 6) & 63)];
-            s2 += tb[128 + ((w >> 12) & 63)];
-            s3 += tb[192 + ((w >> 18) & 63)];
-            s0 += tb[256 + ((w >> 24) & 63)];
-            s1 += tb[320 + ((w >> 30) & 63)];
-            s2 += tb[384 + ((w >> 36) & 63)];
-            s3 += tb[448 + ((w >> 42) & 63)];
+            s1 += tb[64 + (kvq__tq_rotr(w, 6) & 63)];
+            s2 += tb[128 + (kvq__tq_rotr(w, 12) & 63)];
+            s3 += tb[192 + (kvq__tq_rotr(w, 18) & 63)];
+            s4 += tb[256 + (kvq__tq_rotr(w, 24) & 63)];
+            s5 += tb[320 + (kvq__tq_rotr(w, 30) & 63)];
+            s6 += tb[384 + (kvq__tq_rotr(w, 36) & 63)];
+            s7 += tb[448 + (kvq__tq_rotr(w, 42) & 63)];
         }
         if (f < nf) { /* 4 fields in the last 3 bytes */
             uint32_t w = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
-            s0 += tb[0 + (w & 63)];
+            s0 += tb[w & 63];
             s1 += tb[64 + ((w >> 6) & 63)];
             s2 += tb[128 + ((w >> 12) & 63)];
-            s3 += tb[192 + ((w >> 18) & 63)];
+            s3 += tb[192 + (w >> 18)];
         }
     }
-    return (s0 + s1) + (s2 + s3);
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
 KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t ostride, const void *qp,

@@ -1,0 +1,45 @@
+"""kvq: Python binding of libkvq, the compressed KV cache library.
+
+    import kvq
+    c = kvq.Codec("tq3", 128)                  # codecs on numpy arrays [..., head_dim]
+    codes = c.encode(x); y = c.decode(codes)
+    cache = kvq.KVCache(layers=2, kv_heads=4, q_heads=8, head_dim=64, max_tokens=4096,
+                        k_codec="int8", v_codec="tq3", policy="utility", budget=1024)
+    cache.append(0, k, v)                      # [n_tokens, kv_heads, head_dim]
+    out = cache.attend(0, q, positions)        # [n_queries, q_heads, head_dim]
+
+The library is libkvq.so, found (first match wins) at an explicit path
+(kvq.load(path), or lib= on the classes), at $KVQ_LIB, or at build/libkvq.so
+of this repository. Failures raise kvq.KvqError with the status code, the
+library's message and the detailed message creation functions give.
+
+Needs numpy (Debian: apt-get install python3-numpy) and the standard library.
+"""
+
+from ._lib import KvqError, KvqShapeError, Lib, Status, default_library_path, load
+from .cache import KVCache
+from .codec import Codec
+from .compat import AdaptiveKVCache, CompressedKV, KVCompressor, TurboQuantCompressor
+
+__all__ = [
+    "AdaptiveKVCache", "Codec", "CompressedKV", "KVCache", "KVCompressor", "KvqError",
+    "KvqShapeError", "Lib", "Status", "TurboQuantCompressor", "cpu_supports",
+    "default_library_path", "load", "strerror", "version",
+]
+
+CODECS = ["f32", "f16", "bf16", "int8", "int4", "int2", "tq1", "tq2", "tq3", "tq4", "tqp2",
+          "tqp3", "tqp4", "nuq1", "nuq2", "nuq3", "nuq4", "nuq5", "nuq6", "nuq7", "nuq8"]
+
+
+def version(lib=None):
+    """kvq_version_string() of the loaded library."""
+    return load(lib).version
+
+
+def strerror(status, lib=None):
+    return load(lib).strerror(status)
+
+
+def cpu_supports(isa, lib=None):
+    """Whether this CPU (and build) has the path isa ("scalar", "avx2", ...)."""
+    return load(lib).cpu_supports(isa)

@@ -1,0 +1,400 @@
+"""kvq.KVCache: the compressed, paged KV cache of libkvq (kvq_cache) on
+numpy arrays.
+
+Shapes follow the C API: keys/values are [n_tokens, kv_heads, head_dim] per
+layer, queries and attention outputs [n_queries, q_heads, head_dim]. Query
+head qh belongs to KV head qh // (q_heads // kv_heads) (grouped-query
+attention). Attention is computed by the library directly over the encoded
+pages: softmax(q.K^T / sqrt(head_dim)).V over the keys whose position is <=
+the query's position.
+
+Ownership and threads: the KVCache owns the kvq_cache handle (close() or
+garbage collection frees it) and the err_msg buffer the C cache keeps using
+for later codec errors (set_precision). Mutating calls (append, attend,
+set_precision, set_budget) must not run concurrently on one cache.
+"""
+
+import ctypes
+import json
+
+import numpy as np
+
+from . import _lib
+from ._lib import KvqShapeError
+from .codec import Codec, f32, ptr
+
+__all__ = ["KVCache"]
+
+
+def _spec_of(codec):
+    return codec.spec if isinstance(codec, Codec) else str(codec)
+
+
+class KVCache:
+    """A kvq_cache over numpy arrays.
+
+    KVCache(layers, kv_heads, head_dim, max_tokens, q_heads=None, k_codec="f16",
+            v_codec="f16", overrides=None, page=16, recent_window=0, sinks=4,
+            policy="none", budget=0, budget_ratio=0.0, protect_recent=128,
+            k_layout="token", k_prerope=False, rope_theta=10000.0, rope_dims=0,
+            k_center=False, k_center_values=None, threads=1, isa="auto", lib=None)
+
+    Every option left at None (or not given) takes the library default of
+    kvq_cache_config_init; the defaults shown are those. q_heads defaults to
+    kv_heads. policy: "none", "window", "fifo", "utility"; k_layout: "token",
+    "channel". budget (tokens per layer) is raised by the library to at least
+    sinks + protect_recent. Codecs are spec strings or Codec objects (a
+    Codec's spec is used; one with fitted state passes that state along as
+    an override).
+
+    overrides: a list of per-layer / per-KV-head codecs, each a dict
+      {"codec": spec or Codec, "layer": -1, "head": -1, "values": False,
+       "state": bytes or None}
+    or a tuple (layer, head, values, codec[, state]); -1 means all.
+    """
+
+    def __init__(self, layers, kv_heads, head_dim, max_tokens, q_heads=None, k_codec=None,
+                 v_codec=None, overrides=None, page=None, recent_window=None, sinks=None,
+                 policy=None, budget=None, budget_ratio=None, protect_recent=None, k_layout=None,
+                 k_prerope=None, rope_theta=None, rope_dims=None, k_center=None,
+                 k_center_values=None, threads=None, isa=None, lib=None):
+        self._h = None
+        self.lib = _lib.load(lib)
+        cfg = _lib.kvq_cache_config()
+        self.lib.kvq_cache_config_init(ctypes.byref(cfg))
+        keep = []  # objects whose memory cfg points at until create returns
+
+        def setnum(field, value, conv=int):
+            if value is not None:
+                if conv is int and (isinstance(value, float) or int(value) < 0):
+                    raise KvqShapeError("%s must be a non-negative int, got %r" % (field, value),
+                                        "KVCache")
+                setattr(cfg, field, conv(value))
+
+        setnum("n_layers", layers)
+        setnum("n_kv_heads", kv_heads)
+        setnum("n_q_heads", kv_heads if q_heads is None else q_heads)
+        setnum("head_dim", head_dim)
+        setnum("max_tokens", max_tokens)
+        setnum("page_tokens", page)
+        setnum("recent_window", recent_window)
+        setnum("sinks", sinks)
+        setnum("budget_tokens", budget)
+        setnum("budget_ratio", budget_ratio, float)
+        setnum("protect_recent", protect_recent)
+        setnum("rope_theta", rope_theta, float)
+        setnum("rope_dims", rope_dims)
+        setnum("n_threads", threads)
+        if k_prerope is not None:
+            cfg.k_prerope = int(bool(k_prerope))
+        if k_center is not None:
+            cfg.k_center = int(bool(k_center))
+        if policy is not None:
+            cfg.policy = self._enum(_lib.POLICY, policy, "policy")
+        if k_layout is not None:
+            cfg.k_layout = self._enum(_lib.LAYOUT, k_layout, "k_layout")
+        if isa is not None:
+            cfg.isa = _lib.isa_code(isa)
+
+        ov = [] if overrides is None else list(overrides)
+        for codec, is_value in ((k_codec, 0), (v_codec, 1)):
+            if codec is None:
+                continue
+            spec = _spec_of(codec).encode()
+            keep.append(spec)
+            if is_value:
+                cfg.v_codec = spec
+            else:
+                cfg.k_codec = spec
+            if isinstance(codec, Codec) and codec.state_bytes:
+                # the fitted state travels as an override that covers every head
+                ov.insert(0, {"codec": codec, "values": bool(is_value)})
+        if ov:
+            arr = (_lib.kvq_codec_override * len(ov))()
+            for i, o in enumerate(ov):
+                o = self._override(o)
+                spec = _spec_of(o["codec"]).encode()
+                state = o.get("state")
+                if state is None and isinstance(o["codec"], Codec) and o["codec"].state_bytes:
+                    state = o["codec"].save_state()
+                keep.append(spec)
+                arr[i].layer = int(o.get("layer", -1))
+                arr[i].kv_head = int(o.get("head", -1))
+                arr[i].is_value = int(bool(o.get("values", False)))
+                arr[i].codec = spec
+                if state:
+                    sbuf = ctypes.create_string_buffer(bytes(state), len(state))
+                    keep.append(sbuf)
+                    arr[i].state = ctypes.addressof(sbuf)
+                    arr[i].state_size = len(state)
+            keep.append(arr)
+            cfg.overrides = ctypes.cast(arr, ctypes.POINTER(_lib.kvq_codec_override))
+            cfg.n_overrides = len(ov)
+        if k_center_values is not None:
+            cv = f32(k_center_values)
+            want = (int(layers), int(kv_heads), int(head_dim))
+            if cv.shape != want:
+                raise KvqShapeError("k_center_values must have shape %s, got %s" % (want, cv.shape),
+                                    "KVCache")
+            keep.append(cv)
+            cfg.k_center_values = cv.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            if k_center is None:
+                cfg.k_center = 1
+        # the C cache keeps this pointer (set_precision reports codec errors
+        # through it), so the buffer lives as long as the cache
+        self._err, cfg.err_msg = _lib.err_buffer()
+        cfg.err_msg_size = _lib.ERR_MSG_SIZE
+        h = ctypes.c_void_p()
+        st = self.lib.kvq_cache_create(ctypes.byref(h), ctypes.byref(cfg))
+        self.lib.check(st, "kvq_cache_create", _lib.err_text(self._err))
+        del keep
+        self._h = h.value
+        self.layers = cfg.n_layers
+        self.kv_heads = cfg.n_kv_heads
+        self.q_heads = cfg.n_q_heads
+        self.head_dim = cfg.head_dim
+        self.max_tokens = cfg.max_tokens
+
+    @staticmethod
+    def _enum(table, value, what):
+        if isinstance(value, int) and value in table.values():
+            return value
+        try:
+            return table[str(value).lower()]
+        except KeyError:
+            raise KvqShapeError("unknown %s %r (one of %s)" % (what, value, ", ".join(table)),
+                                "KVCache") from None
+
+    @staticmethod
+    def _override(o):
+        if isinstance(o, dict):
+            if "codec" not in o:
+                raise KvqShapeError("an override needs a 'codec'", "KVCache")
+            return o
+        o = tuple(o)
+        if len(o) not in (4, 5):
+            raise KvqShapeError("an override tuple is (layer, head, values, codec[, state])",
+                                "KVCache")
+        d = {"layer": o[0], "head": o[1], "values": o[2], "codec": o[3]}
+        if len(o) == 5:
+            d["state"] = o[4]
+        return d
+
+    # ---- lifetime ----
+    def close(self):
+        if self._h is not None:
+            self.lib.kvq_cache_free(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise ValueError("cache is closed")
+        return self._h
+
+    def __repr__(self):
+        return "KVCache(layers=%d, kv_heads=%d, q_heads=%d, head_dim=%d, max_tokens=%d)" % (
+            self.layers, self.kv_heads, self.q_heads, self.head_dim, self.max_tokens)
+
+    def _check(self, st, where, detail=False):
+        # err_msg is only filled by codec creation inside the cache (create,
+        # set_precision); other calls never show its possibly stale text
+        self.lib.check(st, where, _lib.err_text(self._err) if st and detail else "")
+
+    def _layer(self, layer, where):
+        if not 0 <= int(layer) < self.layers:
+            raise KvqShapeError("layer %r is outside 0..%d" % (layer, self.layers - 1), where)
+        return int(layer)
+
+    # ---- append / attend ----
+    def append(self, layer, k, v, positions=None):
+        """Appends tokens to a layer: k, v [n_tokens, kv_heads, head_dim] (or
+        [kv_heads, head_dim] for one token); positions [n_tokens] strictly
+        increasing ints continuing after the last appended one (None: the
+        next positions in order). Eviction runs first when a policy is set."""
+        where = "KVCache.append"
+        layer = self._layer(layer, where)
+        k, v = f32(k), f32(v)
+        hd = (self.kv_heads, self.head_dim)
+        if k.ndim == 2:
+            k = k[None]
+        if v.ndim == 2:
+            v = v[None]
+        if k.ndim != 3 or k.shape[1:] != hd or v.shape != k.shape:
+            raise KvqShapeError("k and v must both have shape [n_tokens, %d, %d], got %s and %s" %
+                                (hd + (k.shape, v.shape)), where)
+        n = k.shape[0]
+        if n == 0:
+            return
+        pp = None
+        if positions is not None:
+            pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+            if pos.shape[0] != n:
+                raise KvqShapeError("positions has %d entries for %d tokens" % (pos.shape[0], n),
+                                    where)
+            if pos.size and (pos.min() < 0 or pos.max() >= 2**31 - 1):
+                raise KvqShapeError("positions must be in 0..2^31-2", where)
+            pos = pos.astype(np.int32)
+            pp = ptr(pos)
+        st = self.lib.kvq_cache_append(self.handle, layer, ptr(k), ptr(v), pp, n)
+        self._check(st, "kvq_cache_append(layer %d, %d tokens)" % (layer, n))
+
+    def attend(self, layer, q, q_positions, return_token_attention=False):
+        """Attention of queries q [n_queries, q_heads, head_dim] (or
+        [q_heads, head_dim] for one query) at q_positions (one int per query,
+        or one int for all) over the layer's stored tokens.
+
+        Returns out with q's shape; with return_token_attention also the
+        attention each stored token received, summed over the query heads of
+        its KV head's group and over the queries: float32 [kv_heads, n_tokens]
+        in ascending position order (the order of positions(layer)). Under
+        the utility policy every attend updates the eviction scores."""
+        where = "KVCache.attend"
+        layer = self._layer(layer, where)
+        q = f32(q)
+        single = q.ndim == 2
+        if single:
+            q = q[None]
+        if q.ndim != 3 or q.shape[1:] != (self.q_heads, self.head_dim):
+            raise KvqShapeError("q must have shape [n_queries, %d, %d], got %s" %
+                                (self.q_heads, self.head_dim, q.shape), where)
+        n = q.shape[0]
+        qp = np.asarray(q_positions, dtype=np.int64)
+        if qp.ndim == 0:
+            qp = np.full(n, int(qp), dtype=np.int64)
+        qp = qp.reshape(-1)
+        if qp.shape[0] != n:
+            raise KvqShapeError("q_positions has %d entries for %d queries" % (qp.shape[0], n),
+                                where)
+        if qp.size and (qp.min() < -2**31 or qp.max() >= 2**31):
+            raise KvqShapeError("q_positions must fit in int32", where)
+        qp = np.ascontiguousarray(qp, dtype=np.int32)
+        out = np.zeros(q.shape, dtype=np.float32)
+        ta, tap, tacap = None, None, 0
+        if return_token_attention:
+            nt = self.tokens(layer)
+            ta = np.zeros((self.kv_heads, nt), dtype=np.float32)
+            tap, tacap = ptr(ta), ta.size
+            if ta.size == 0:  # C wants a non-NULL pointer only when tokens exist
+                tap = ptr(np.zeros(1, dtype=np.float32))
+        if n:
+            st = self.lib.kvq_cache_attend(self.handle, layer, ptr(q), ptr(qp), n, ptr(out),
+                                           out.size, tap, tacap)
+            self._check(st, "kvq_cache_attend(layer %d, %d queries)" % (layer, n))
+        if single:
+            out = out[0]
+        return (out, ta) if return_token_attention else out
+
+    # ---- read back ----
+    def tokens(self, layer):
+        """Tokens stored in a layer now."""
+        layer = self._layer(layer, "KVCache.tokens")
+        n = ctypes.c_size_t()
+        self._check(self.lib.kvq_cache_tokens(self.handle, layer, ctypes.byref(n)),
+                    "kvq_cache_tokens")
+        return n.value
+
+    def positions(self, layer):
+        """Positions of the stored tokens of a layer, ascending (int32)."""
+        layer = self._layer(layer, "KVCache.positions")
+        n = self.tokens(layer)
+        out = np.zeros(max(n, 1), dtype=np.int32)
+        self._check(self.lib.kvq_cache_positions(self.handle, layer, ptr(out), out.size),
+                    "kvq_cache_positions")
+        return out[:n]
+
+    def get_kv(self, layer, head=-1, first=0, count=None):
+        """Decodes stored tokens first..first+count-1 (ascending position) of
+        a layer to float32: returns (k, v), each [count, kv_heads, head_dim]
+        for head=-1 or [count, head_dim] for one KV head. Keys come back as
+        stored (post-RoPE unless k_prerope) with any centre added back."""
+        where = "KVCache.get_kv"
+        layer = self._layer(layer, where)
+        n = self.tokens(layer)
+        if count is None:
+            count = max(n - int(first), 0)
+        count, first, head = int(count), int(first), int(head)
+        if first < 0 or count < 0:
+            raise KvqShapeError("first and count must be non-negative", where)
+        nh = self.kv_heads if head < 0 else 1
+        k = np.zeros((count, nh, self.head_dim), dtype=np.float32)
+        v = np.zeros_like(k)
+        scratch = np.zeros(1, dtype=np.float32)
+        kp, vp = (ptr(k), ptr(v)) if k.size else (ptr(scratch), ptr(scratch))
+        st = self.lib.kvq_cache_get_kv(self.handle, layer, head, first, count, kp, vp, k.size)
+        self._check(st, "kvq_cache_get_kv(layer %d, head %d, %d..+%d)" %
+                    (layer, head, first, count))
+        if head >= 0:
+            k, v = k[:, 0], v[:, 0]
+        return k, v
+
+    # ---- precision, budget, stats ----
+    def set_precision(self, codec, layer=-1, head=-1, values=False):
+        """Re-encodes the K (values=False) or V codec of a layer (-1: all)
+        and KV head (-1: all) with codec (a spec or Codec); new tokens use it.
+        Returns the added error: sum ||old - new||^2 / sum ||old||^2 over
+        the re-encoded vectors."""
+        nmse = ctypes.c_double(0.0)
+        spec = _spec_of(codec)
+        self._err.value = b""
+        st = self.lib.kvq_cache_set_precision(self.handle, int(layer), int(head),
+                                              int(bool(values)), spec.encode(),
+                                              ctypes.byref(nmse))
+        self._check(st, "kvq_cache_set_precision(%s, layer %d, head %d, %s)" %
+                    (spec, layer, head, "values" if values else "keys"), detail=True)
+        return nmse.value
+
+    def set_budget(self, budget):
+        """Evicts every layer down to budget tokens now (needs a policy)."""
+        st = self.lib.kvq_cache_set_budget(self.handle, int(budget))
+        self._check(st, "kvq_cache_set_budget(%d)" % budget)
+
+    def stats(self, layer=-1):
+        """Every kvq_stats field as a dict (layer=-1: total over layers)."""
+        s = _lib.kvq_stats()
+        st = self.lib.kvq_cache_stats(self.handle, int(layer), ctypes.byref(s))
+        self._check(st, "kvq_cache_stats(layer %d)" % layer)
+        return s.to_dict()
+
+    def stats_json(self):
+        """The library's JSON rendering ({"total": ..., "layers": [...]}) as a str."""
+        n = ctypes.c_size_t()
+        self._check(self.lib.kvq_cache_stats_json(self.handle, None, 0, ctypes.byref(n)),
+                    "kvq_cache_stats_json")
+        buf = ctypes.create_string_buffer(n.value + 1)
+        self._check(self.lib.kvq_cache_stats_json(self.handle, ctypes.addressof(buf), n.value + 1,
+                                                  ctypes.byref(n)), "kvq_cache_stats_json")
+        return buf.value.decode()
+
+    def stats_dict(self):
+        return json.loads(self.stats_json())
+
+    def config(self):
+        """The cache's configuration (kvq_cache_get_config) as a dict; codec
+        names and other pointer fields are not reported by the library."""
+        cfg = _lib.kvq_cache_config()
+        self._check(self.lib.kvq_cache_get_config(self.handle, ctypes.byref(cfg)),
+                    "kvq_cache_get_config")
+        out = {}
+        for name, typ in _lib.kvq_cache_config._fields_:
+            if name in ("k_codec", "v_codec", "overrides", "n_overrides", "k_center_values",
+                        "allocator", "err_msg", "err_msg_size"):
+                continue
+            out[name] = getattr(cfg, name)
+        inv = {v: k for k, v in _lib.POLICY.items()}
+        out["policy"] = inv.get(out["policy"], out["policy"])
+        inv = {v: k for k, v in _lib.LAYOUT.items()}
+        out["k_layout"] = inv.get(out["k_layout"], out["k_layout"])
+        return out

@@ -1,0 +1,337 @@
+"""Drop-in style classes for code written against the Python prototypes: a
+whole-tensor K/V compressor (compress / decompress) and an adaptive cache
+(update / get_kv / stats), both running on libkvq.
+
+Layouts follow the prototypes, heads before tokens: the compressor takes
+K and V of shape (layers, heads, seq, head_dim) (any [..., head_dim] works),
+the adaptive cache takes per-step key/value of shape (heads, new_tokens,
+head_dim). All memory figures are real: they are the byte sizes of the
+encoded numpy buffers and codec state blobs held, or the library's own
+accounting of what the cache has allocated.
+"""
+
+import numpy as np
+
+from . import _lib
+from ._lib import KvqShapeError
+from .cache import KVCache
+from .codec import Codec, f32
+
+__all__ = ["CompressedKV", "KVCompressor", "TurboQuantCompressor", "AdaptiveKVCache"]
+
+
+class CompressedKV:
+    """K and V encoded by KVCompressor.compress; self-describing (codec specs,
+    head dims, shapes and any codec state travel with it).
+
+    Memory figures (bytes):
+      k_codes.nbytes, v_codes.nbytes   the encoded vectors (uint8 arrays)
+      state_bytes                      codec state blobs (fitted tables), if any
+      compressed_bytes                 the sum of the above: everything held
+                                       except this object's few fixed fields
+      original_bytes                   nbytes of the K and V arrays given to compress
+      fp16_bytes                       the same values stored as fp16
+    ratio = original_bytes / compressed_bytes; bits_per_value counts every
+    compressed byte (state included) per K or V value.
+    """
+
+    def __init__(self, k_codes, v_codes, k_spec, v_spec, k_shape, v_shape, k_state, v_state,
+                 original_bytes, dtype):
+        self.k_codes = k_codes
+        self.v_codes = v_codes
+        self.k_spec = k_spec
+        self.v_spec = v_spec
+        self.k_shape = tuple(k_shape)
+        self.v_shape = tuple(v_shape)
+        self.k_state = bytes(k_state)
+        self.v_state = bytes(v_state)
+        self.original_bytes = int(original_bytes)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def n_values(self):
+        return int(np.prod(self.k_shape)) + int(np.prod(self.v_shape))
+
+    @property
+    def payload_bytes(self):
+        return int(self.k_codes.nbytes + self.v_codes.nbytes)
+
+    @property
+    def state_bytes(self):
+        return len(self.k_state) + len(self.v_state)
+
+    @property
+    def compressed_bytes(self):
+        return self.payload_bytes + self.state_bytes
+
+    @property
+    def fp16_bytes(self):
+        return 2 * self.n_values
+
+    @property
+    def ratio(self):
+        return self.original_bytes / self.compressed_bytes if self.compressed_bytes else 0.0
+
+    @property
+    def ratio_vs_fp16(self):
+        return self.fp16_bytes / self.compressed_bytes if self.compressed_bytes else 0.0
+
+    @property
+    def bits_per_value(self):
+        return self.compressed_bytes * 8.0 / self.n_values if self.n_values else 0.0
+
+    @property
+    def payload_bits_per_value(self):
+        return self.payload_bytes * 8.0 / self.n_values if self.n_values else 0.0
+
+    def memory(self):
+        """The memory figures as a dict."""
+        return {
+            "k_spec": self.k_spec,
+            "v_spec": self.v_spec,
+            "k_bytes": int(self.k_codes.nbytes),
+            "v_bytes": int(self.v_codes.nbytes),
+            "state_bytes": self.state_bytes,
+            "compressed_bytes": self.compressed_bytes,
+            "original_bytes": self.original_bytes,
+            "fp16_bytes": self.fp16_bytes,
+            "ratio": self.ratio,
+            "ratio_vs_fp16": self.ratio_vs_fp16,
+            "bits_per_value": self.bits_per_value,
+            "payload_bits_per_value": self.payload_bits_per_value,
+        }
+
+    # prototype-style aliases
+    memory_bytes = compressed_bytes
+    compression_ratio = ratio
+
+    def __repr__(self):
+        return ("CompressedKV(k=%s %s, v=%s %s, %d bytes from %d, ratio %.2f, %.3f bits/value)" %
+                (self.k_spec, self.k_shape, self.v_spec, self.v_shape, self.compressed_bytes,
+                 self.original_bytes, self.ratio, self.bits_per_value))
+
+
+class KVCompressor:
+    """Compresses whole K/V tensors with libkvq codecs.
+
+    KVCompressor(k_codec="tqp3", v_codec="tq3", fit="auto", isa="auto", lib=None)
+
+    The defaults are TurboQuant: keys with TurboQuant-prod (tq2 + a 1-bit QJL
+    sketch of the residual: unbiased inner products), values with
+    TurboQuant-MSE at 3 bits. Any codec spec works (int8, int4:g=32, nuq4,
+    tq4:norm=8, ...). fit="auto" fits codecs that need it (nuq tables, the
+    tq norm=8 range) on the very tensor being compressed, with one table set
+    per tensor (all layers and heads together); fit=False never fits (a nuq
+    codec then fails with KVQ_ERR_NOT_FITTED).
+
+    compress(k, v) -> CompressedKV; decompress(c) -> (k, v) float32 arrays
+    of the original shapes (or `dtype`).
+    """
+
+    def __init__(self, k_codec="tqp3", v_codec="tq3", fit="auto", isa="auto", lib=None):
+        self.lib = _lib.load(lib)
+        self.k_codec = k_codec
+        self.v_codec = v_codec
+        self.fit = fit
+        self.isa = isa
+        self._codecs = {}
+
+    def _codec(self, spec, head_dim, state=b""):
+        """A stateless codec is created once per (spec, head_dim) and reused;
+        one with state is created fresh (fit and load_state mutate it)."""
+        key = (spec, head_dim)
+        c = self._codecs.get(key)
+        if c is None:
+            c = Codec(spec, head_dim, isa=self.isa, lib=self.lib)
+            if c.state_bytes or c.needs_fit:
+                if state:
+                    c.load_state(state)
+                return c
+            self._codecs[key] = c
+        return c
+
+    def _encode(self, spec, x):
+        c = self._codec(spec, x.shape[-1])
+        state = b""
+        if c.needs_fit or c.state_bytes:
+            if (self.fit == "auto" or self.fit is True) and x.size:
+                c.fit(x.reshape(-1, x.shape[-1]))
+            if not c.needs_fit:
+                state = c.save_state()
+        return c.encode(x), c.spec, state
+
+    def compress(self, k, v):
+        """k, v: float arrays (layers, heads, seq, head_dim), or any
+        [..., head_dim]; NaN/Inf raise KvqError."""
+        k_in, v_in = np.asarray(k), np.asarray(v)
+        if k_in.ndim == 0 or v_in.ndim == 0:
+            raise KvqShapeError("k and v must be arrays [..., head_dim]", "KVCompressor.compress")
+        original = int(k_in.nbytes + v_in.nbytes)
+        kx, vx = f32(k_in), f32(v_in)
+        kc, ks, kst = self._encode(self.k_codec, kx)
+        vc, vs, vst = self._encode(self.v_codec, vx)
+        return CompressedKV(kc, vc, ks, vs, kx.shape, vx.shape, kst, vst, original,
+                            k_in.dtype)
+
+    def decompress(self, c, dtype=np.float32):
+        """(k, v) decoded from a CompressedKV, shaped as given to compress."""
+        if not isinstance(c, CompressedKV):
+            raise KvqShapeError("decompress expects a CompressedKV", "KVCompressor.decompress")
+        kd = self._codec(c.k_spec, c.k_shape[-1], c.k_state).decode(c.k_codes)
+        vd = self._codec(c.v_spec, c.v_shape[-1], c.v_state).decode(c.v_codes)
+        kd, vd = kd.reshape(c.k_shape), vd.reshape(c.v_shape)
+        if dtype is not None and np.dtype(dtype) != np.float32:
+            kd, vd = kd.astype(dtype), vd.astype(dtype)
+        return kd, vd
+
+
+TurboQuantCompressor = KVCompressor
+
+
+class AdaptiveKVCache:
+    """A budgeted, compressed KV cache with utility-based eviction (the
+    prototype's adaptive cache) on top of KVCache.
+
+    AdaptiveKVCache(heads, head_dim, budget, layers=1, q_heads=None,
+                    k_codec="int8", v_codec="tq3", policy="utility", sinks=4,
+                    protect_recent=None, max_tokens=1 << 20, lib=None, **options)
+
+    heads are KV heads; q_heads (default heads) are the query heads of
+    update(query=...)/attend. protect_recent (the newest tokens that are
+    never evicted) defaults to min(128, budget // 4). The library keeps at
+    least sinks + protect_recent tokens, so the effective budget per layer is
+    min(max(budget, sinks + protect_recent), max_tokens) (stats() reports
+    it). Other KVCache options (page, recent_window, k_layout, threads, ...)
+    pass through **options.
+
+    Layouts (heads first, as in the prototypes): keys/values
+    (heads, new_tokens, head_dim), a leading batch axis of 1 allowed, or
+    (heads, head_dim) for one token; queries (q_heads, n_queries, head_dim)
+    or (q_heads, head_dim).
+
+    How attention weights are used. The library scores tokens by the
+    attention it computes itself: every attend over the compressed keys
+    updates each token's utility (EMA: 0.9 old + 0.1 new, a new token starts
+    at 1.0) and eviction drops the lowest-utility tokens outside the sinks and
+    the protected recent window. It has no call to import attention computed
+    elsewhere. So update(key, value, attention_weights, query=q) runs an
+    attend with the query q after appending, which is what drives eviction;
+    attention_weights are then only checked (finite numbers). Without a
+    query, attention_weights cannot influence eviction: they are checked
+    and counted in stats()["ignored_attention_weights"], and the tokens keep
+    the utility from earlier attends. Pass the query to get utility eviction.
+    """
+
+    def __init__(self, heads, head_dim, budget, layers=1, q_heads=None, k_codec="int8",
+                 v_codec="tq3", policy="utility", sinks=4, protect_recent=None,
+                 max_tokens=1 << 20, lib=None, **options):
+        if protect_recent is None:
+            protect_recent = min(128, int(budget) // 4)
+        self.heads = int(heads)
+        self.head_dim = int(head_dim)
+        self.q_heads = int(q_heads) if q_heads is not None else self.heads
+        self.layers = int(layers)
+        self.budget = int(budget)
+        self.effective_budget = min(max(self.budget, int(sinks) + int(protect_recent)),
+                                    int(max_tokens))
+        self.cache = KVCache(layers=self.layers, kv_heads=self.heads, q_heads=self.q_heads,
+                             head_dim=self.head_dim, max_tokens=max_tokens, k_codec=k_codec,
+                             v_codec=v_codec, policy=policy, budget=self.budget, sinks=sinks,
+                             protect_recent=protect_recent, lib=lib, **options)
+        self._next_pos = [0] * self.layers
+        self.attention_updates = 0
+        self.ignored_attention_weights = 0
+
+    def _tokens_major(self, x, what):
+        """(heads, n, d) / (1, heads, n, d) / (heads, d) -> [n, heads, d]."""
+        x = f32(x)
+        if x.ndim == 4 and x.shape[0] == 1:
+            x = x[0]
+        if x.ndim == 2:
+            x = x[:, None, :]
+        if x.ndim != 3 or x.shape[0] != self.heads or x.shape[2] != self.head_dim:
+            raise KvqShapeError("%s must have shape (%d heads, new_tokens, %d), got %s" %
+                                (what, self.heads, self.head_dim, x.shape), "AdaptiveKVCache")
+        return np.ascontiguousarray(x.transpose(1, 0, 2))
+
+    def update(self, key, value, attention_weights=None, layer=0, query=None,
+               query_position=None, positions=None):
+        """Appends key/value (heads, new_tokens, head_dim) to layer, evicting
+        down to the budget by utility. With query (q_heads, [n_queries,]
+        head_dim), runs attention for it at query_position (default: the
+        newest position) afterwards and returns the output (q_heads,
+        [n_queries,] head_dim); otherwise returns None. See the class
+        docstring for how attention_weights are used."""
+        k = self._tokens_major(key, "key")
+        v = self._tokens_major(value, "value")
+        if k.shape != v.shape:
+            raise KvqShapeError("key and value shapes differ: %s vs %s" % (k.shape, v.shape),
+                                "AdaptiveKVCache.update")
+        n = k.shape[0]
+        if positions is None:
+            pos = np.arange(self._next_pos[layer], self._next_pos[layer] + n, dtype=np.int64)
+        else:
+            pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        self.cache.append(layer, k, v, pos)
+        if n:
+            self._next_pos[layer] = int(pos[-1]) + 1
+        if attention_weights is not None:
+            aw = np.asarray(attention_weights, dtype=np.float64)
+            if not np.all(np.isfinite(aw)):
+                raise _lib.KvqError(_lib.Status.ERR_NONFINITE,
+                                    self.cache.lib.strerror(_lib.Status.ERR_NONFINITE),
+                                    "attention_weights", "AdaptiveKVCache.update")
+            if query is None:
+                self.ignored_attention_weights += 1
+        if query is None:
+            return None
+        qp = self._next_pos[layer] - 1 if query_position is None else query_position
+        return self.attend(query, layer, qp)
+
+    def attend(self, query, layer=0, position=None):
+        """Attention of query (q_heads, [n_queries,] head_dim) at position
+        (default: the newest) over the layer; updates the utility scores."""
+        q = f32(query)
+        single = q.ndim == 2
+        if single:
+            q = q[:, None, :]
+        if q.ndim != 3 or q.shape[0] != self.q_heads or q.shape[2] != self.head_dim:
+            raise KvqShapeError("query must have shape (%d q_heads, [n_queries,] %d), got %s" %
+                                (self.q_heads, self.head_dim, np.shape(query)),
+                                "AdaptiveKVCache.attend")
+        if position is None:
+            position = self._next_pos[layer] - 1
+        out = self.cache.attend(layer, np.ascontiguousarray(q.transpose(1, 0, 2)), position)
+        self.attention_updates += 1
+        out = out.transpose(1, 0, 2)
+        return out[:, 0] if single else out
+
+    def get_kv(self, layer=0):
+        """(k, v) of the tokens kept, decoded: each (heads, n_tokens, head_dim),
+        in ascending position order (see positions())."""
+        k, v = self.cache.get_kv(layer)
+        return k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+
+    def positions(self, layer=0):
+        return self.cache.positions(layer)
+
+    def __len__(self):
+        return self.cache.tokens(0)
+
+    def stats(self, layer=-1):
+        """The cache's kvq_stats (layer=-1: all layers) plus: effective_budget,
+        fp16_bytes / fp32_bytes (the kept tokens stored plainly),
+        ratio_vs_fp16 (fp16_bytes / stored_bytes), attention_updates (attends
+        run), ignored_attention_weights (updates whose weights had no query)."""
+        s = self.cache.stats(layer)
+        values = s["tokens"] * self.heads * self.head_dim * 2
+        s["effective_budget"] = self.effective_budget
+        s["fp16_bytes"] = values * 2
+        s["fp32_bytes"] = values * 4
+        s["ratio_vs_fp16"] = s["fp16_bytes"] / s["stored_bytes"] if s["stored_bytes"] else 0.0
+        s["attention_updates"] = self.attention_updates
+        s["ignored_attention_weights"] = self.ignored_attention_weights
+        return s
+
+    def close(self):
+        self.cache.close()
