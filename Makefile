@@ -76,7 +76,7 @@ check: all
 
 # The Python binding's tests (python/tests/run.py) against this build's libkvq.so.
 python-test: $(BUILD)/libkvq.so
-	KVQ_LIB=$(abspath $(BUILD))/libkvq.so $(PYTHON) python/tests/run.py
+	KVQ_LIB=$(abspath $(BUILD))/libkvq.so KVQ_DATA=$(DATA) $(PYTHON) python/tests/run.py
 
 bench: all
 	$(BUILD)/kvq bench codecs --head-dim 128 --data gauss

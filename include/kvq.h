@@ -268,9 +268,11 @@ KVQ_API void kvq_cache_free(kvq_cache *cache);
 
 /* Appends n_tokens tokens to one layer. k and v are [n_tokens][n_kv_heads]
  * [head_dim]; positions[n_tokens] strictly increase and continue after the
- * last appended position (NULL: the next positions in order). Eviction (when
- * a policy is set) makes room first so that the layer never holds more than
- * its budget after the call. On error nothing is stored. */
+ * last appended position (NULL: the next positions in order). With a policy
+ * set, the new tokens are inserted and the policy then evicts, so that the
+ * layer holds at most its budget when the call returns (new tokens may be
+ * evicted at once when the chunk is larger than the budget allows). On
+ * error nothing is stored. */
 KVQ_API kvq_status kvq_cache_append(kvq_cache *cache, size_t layer, const float *k,
                                     const float *v, const int32_t *positions, size_t n_tokens);
 

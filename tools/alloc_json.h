@@ -11,4 +11,7 @@
 /* 0 on success; -1 with a message in err. */
 int kvqt_alloc_load(const char *path, kvqt_cacheopts *o, char *err, size_t err_size);
 
+/* The same, named for callers that load into options they built. */
+#define kvqt_alloc_load_into kvqt_alloc_load
+
 #endif

@@ -196,6 +196,270 @@ static void cal_hex(FILE *f, const unsigned char *p, size_t n) {
         fprintf(f, "%02x", p[i]);
 }
 
+struct kvqt_calib {
+    cal_ctx cx;
+    cal_unit *U;
+    size_t nu, L, H, d;
+    float *center;
+    size_t ntok;
+};
+
+void kvqt_calib_free(kvqt_calib *cb) {
+    if (!cb)
+        return;
+    for (size_t i = 0; i < cb->nu; i++)
+        for (int c = 0; c < cb->U[i].n_cand; c++)
+            free(cb->U[i].cand[c].state);
+    free(cb->U);
+    free(cb->center);
+    free(cb->cx.ref_logp);
+    free(cb->cx.next);
+    for (size_t s = 0; s < cb->cx.nseq; s++)
+        free(cb->cx.seq[s]);
+    free(cb->cx.seq);
+    free(cb->cx.len);
+    free(cb);
+}
+
+kvqt_calib *kvqt_calib_prepare(const kvq_model *m, const kvq_tokenizer *tk, char **lines, size_t nl,
+                               size_t max_tokens, size_t page, int progress) {
+    kvqt_calib *cb = calloc(1, sizeof *cb);
+    if (!cb)
+        return NULL;
+    cal_ctx *cx = &cb->cx;
+    cx->m = m;
+    cx->page = page;
+    kvq_model_get_info(m, &cx->in);
+    size_t L = cx->in.n_layers, H = cx->in.n_kv_heads, d = cx->in.head_dim, V = cx->in.vocab_size;
+    cb->L = L, cb->H = H, cb->d = d;
+    cx->seq = calloc(nl, sizeof *cx->seq);
+    cx->len = calloc(nl, sizeof *cx->len);
+    for (size_t i = 0; i < nl && cx->ntok < max_tokens; i++) {
+        size_t cap = strlen(lines[i]) + 3, n;
+        cx->seq[cx->nseq] = malloc(cap * sizeof(int32_t));
+        kvq_tokenizer_encode(tk, lines[i], 1, 0, cx->seq[cx->nseq], cap, &n);
+        if (n > cx->in.seq_len)
+            n = cx->in.seq_len; /* whole sequences: their page slack is what eval will see */
+        if (n < 2) {
+            free(cx->seq[cx->nseq]);
+            continue;
+        }
+        cx->len[cx->nseq++] = n;
+        cx->ntok += n - 1;
+    }
+    if (!cx->ntok) {
+        kvqt_calib_free(cb);
+        return NULL;
+    }
+    /* reference log-probs and the f32 keys/values (pre-RoPE) for fitting */
+    cx->ref_logp = malloc(cx->ntok * V * sizeof(float));
+    cx->next = malloc(cx->ntok * sizeof(int32_t));
+    size_t nkv = 0;
+    for (size_t s = 0; s < cx->nseq; s++)
+        nkv += cx->len[s];
+    float *K = malloc(L * H * nkv * d * sizeof(float)), *Vv = malloc(L * H * nkv * d * sizeof(float));
+    float *lg = malloc(cx->in.seq_len * V * sizeof(float));
+    float *row = malloc(cx->in.seq_len * H * d * sizeof(float)), *rowv = malloc(cx->in.seq_len * H * d * sizeof(float));
+    size_t at = 0, kat = 0;
+    kvqt_cacheopts fo;
+    kvqt_cacheopts_init(&fo);
+    fo.k_prerope = 1;
+    for (size_t s = 0; s < cx->nseq; s++) {
+        kvq_cache *c = kvqt_make_cache(m, &fo, "calibrate");
+        kvq_model_forward(m, c, cx->seq[s], cx->len[s], 0, lg, cx->in.seq_len * V, 0);
+        for (size_t t = 0; t + 1 < cx->len[s]; t++, at++) {
+            cal_logsoftmax(lg + t * V, V, cx->ref_logp + at * V);
+            cx->next[at] = cx->seq[s][t + 1];
+        }
+        for (size_t l = 0; l < L; l++) {
+            kvq_cache_get_kv(c, l, -1, 0, cx->len[s], row, rowv, cx->len[s] * H * d);
+            for (size_t t = 0; t < cx->len[s]; t++)
+                for (size_t h = 0; h < H; h++) {
+                    memcpy(K + ((l * H + h) * nkv + kat + t) * d, row + (t * H + h) * d, d * sizeof(float));
+                    memcpy(Vv + ((l * H + h) * nkv + kat + t) * d, rowv + (t * H + h) * d, d * sizeof(float));
+                }
+        }
+        kat += cx->len[s];
+        kvq_cache_free(c);
+    }
+    free(lg), free(row), free(rowv);
+    /* channel means of the pre-RoPE keys, subtracted before fitting */
+    cb->center = calloc(L * H * d, sizeof(float));
+    for (size_t u = 0; u < L * H; u++) {
+        for (size_t t = 0; t < nkv; t++)
+            for (size_t j = 0; j < d; j++)
+                cb->center[u * d + j] += K[(u * nkv + t) * d + j];
+        for (size_t j = 0; j < d; j++)
+            cb->center[u * d + j] /= (float)nkv;
+        for (size_t t = 0; t < nkv; t++)
+            for (size_t j = 0; j < d; j++)
+                K[(u * nkv + t) * d + j] -= cb->center[u * d + j];
+    }
+    /* candidates */
+    cb->nu = L * H * 2;
+    cb->U = calloc(cb->nu, sizeof *cb->U);
+    static const char *kc[] = {"chan:int2", "chan:int3", "chan:int4", "nuq2", "nuq3", "nuq4",
+                               "tq3:norm=8", "tq4:norm=8", "chan:int8", "nuq8", "f16"};
+    static const char *vc[] = {"nuq2", "nuq3", "nuq4", "tq2:norm=8", "tq3:norm=8", "tq4:norm=8",
+                               "int4", "int8", "nuq8", "f16"};
+    for (size_t l = 0; l < L; l++)
+        for (size_t h = 0; h < H; h++)
+            for (int isv = 0; isv < 2; isv++) {
+                cal_unit *u = &cb->U[(l * H + h) * 2 + (size_t)isv];
+                u->layer = (int)l, u->head = (int)h, u->is_value = isv;
+                const float *smp = (isv ? Vv : K) + (l * H + h) * nkv * d;
+                const char **list = isv ? vc : kc;
+                size_t nc = isv ? sizeof vc / sizeof vc[0] : sizeof kc / sizeof kc[0];
+                for (size_t c = 0; c < nc; c++)
+                    cal_add(u, list[c], d, smp, nkv, page);
+            }
+    free(K), free(Vv);
+    /* sensitivities: KL with only one unit compressed */
+    size_t done = 0, total = 0;
+    for (size_t i = 0; i < cb->nu; i++)
+        total += (size_t)cb->U[i].n_cand;
+    for (size_t i = 0; i < cb->nu; i++)
+        for (int c = 0; c < cb->U[i].n_cand; c++) {
+            kvqt_cacheopts o;
+            cal_opts(&o, cb->U, cb->nu, (int)i, c, cb->center, L * H * d, page);
+            double kl, nll, bits;
+            if (!strcmp(cb->U[i].cand[c].codec, "f16")) {
+                cb->U[i].cand[c].kl = 0; /* indistinguishable from f32 at this scale */
+            } else if (cal_eval(cx, &o, &kl, &nll, &bits) == 0) {
+                cb->U[i].cand[c].kl = kl > 0 ? kl : 0;
+            } else {
+                fprintf(stderr, "kvq calibrate: evaluating %s failed\n", cb->U[i].cand[c].codec);
+                kvqt_calib_free(cb);
+                return NULL;
+            }
+            done++;
+            if (progress)
+                fprintf(stderr, "\rmeasuring sensitivities %zu/%zu", done, total);
+        }
+    if (progress)
+        fprintf(stderr, "\r%50s\r", "");
+    if (getenv("KVQ_CALIB_DEBUG"))
+        for (size_t i = 0; i < cb->nu; i++)
+            for (int c = 0; c < cb->U[i].n_cand; c++)
+                fprintf(stderr, "unit %zu L%d H%d %c %-12s bits %.3f kl %.6f\n", i, cb->U[i].layer,
+                        cb->U[i].head, cb->U[i].is_value ? 'V' : 'K', cb->U[i].cand[c].codec,
+                        cb->U[i].cand[c].bits, cb->U[i].cand[c].kl);
+    cb->ntok = cx->ntok;
+    return cb;
+}
+
+static void cal_cheapest(cal_unit *U, size_t nu) {
+    for (size_t i = 0; i < nu; i++) {
+        int best = 0;
+        for (int c = 1; c < U[i].n_cand; c++)
+            if (U[i].cand[c].bits < U[i].cand[best].bits ||
+                (U[i].cand[c].bits == U[i].cand[best].bits && U[i].cand[c].kl < U[i].cand[best].kl))
+                best = c;
+        U[i].chosen = best;
+    }
+}
+
+int kvqt_calib_allocate(kvqt_calib *cb, double target, const char *outp, kvqt_calib_result *res) {
+    cal_unit *U = cb->U;
+    size_t nu = cb->nu, L = cb->L, H = cb->H, d = cb->d;
+    memset(res, 0, sizeof *res);
+    cal_cheapest(U, nu);
+    if (cal_avg_bits(U, nu) > target) {
+        fprintf(stderr, "kvq calibrate: the cheapest allocation needs %.3f bits per value, above "
+                        "the target %.3f\n", cal_avg_bits(U, nu), target);
+        return 2;
+    }
+    /* the measured bits exceed the nominal ones by page slack and the f16
+     * open page of channel keys; bisect the nominal budget so that the
+     * measured bits meet the target */
+    double kl = 0, nll = 0, bits = 0, lo = cal_avg_bits(U, nu), hi = target;
+    int *best = malloc(nu * sizeof(int)), have = 0;
+    double best_kl = INFINITY, best_nll = 0, best_bits = 0;
+    for (int round = 0; round < 7; round++) {
+        double budget = round == 0 ? target : 0.5 * (lo + hi);
+        cal_cheapest(U, nu);
+        cal_greedy(U, nu, budget);
+        kvqt_cacheopts o;
+        cal_opts(&o, U, nu, -1, 0, cb->center, L * H * d, cb->cx.page);
+        if (cal_eval(&cb->cx, &o, &kl, &nll, &bits) != 0) {
+            free(best);
+            return 1;
+        }
+        if (bits <= target + 1e-9) {
+            if (kl < best_kl) {
+                best_kl = kl, best_nll = nll, best_bits = bits, have = 1;
+                for (size_t i = 0; i < nu; i++)
+                    best[i] = U[i].chosen;
+            }
+            if (round == 0)
+                break;
+            lo = budget;
+        } else {
+            hi = budget;
+        }
+    }
+    if (!have) {
+        free(best);
+        fprintf(stderr, "kvq calibrate: no allocation meets %.3f bits per value as stored\n", target);
+        return 2;
+    }
+    for (size_t i = 0; i < nu; i++)
+        U[i].chosen = best[i];
+    free(best);
+    kvqt_cacheopts f32o;
+    kvqt_cacheopts_init(&f32o);
+    double bk, bn, bb;
+    cal_eval(&cb->cx, &f32o, &bk, &bn, &bb);
+    res->target = target;
+    res->bits = best_bits;
+    res->nominal_bits = cal_avg_bits(U, nu);
+    res->kl = best_kl;
+    res->nll = best_nll;
+    res->nll_f32 = bn;
+    res->tokens = cb->ntok;
+    FILE *f = fopen(outp, "w");
+    if (!f) {
+        fprintf(stderr, "kvq calibrate: cannot write %s\n", outp);
+        return 1;
+    }
+    fprintf(f, "{\"kvq_alloc\": 1, \"target_bits\": %.4f, \"bits_per_value\": %.4f, "
+               "\"nominal_bits\": %.4f, \"kl\": %.6g, \"nll\": %.6f, \"nll_f32\": %.6f, "
+               "\"calibration_tokens\": %zu,\n",
+            target, res->bits, res->nominal_bits, res->kl, res->nll, res->nll_f32, cb->ntok);
+    fprintf(f, " \"k_codec\": \"f16\", \"v_codec\": \"f16\", \"k_layout\": \"token\", \"k_prerope\": "
+               "true, \"k_center\": true, \"page\": %zu, \"recent\": 0,\n \"overrides\": [\n",
+            cb->cx.page);
+    for (size_t i = 0; i < nu; i++) {
+        const cal_cand *c = &U[i].cand[U[i].chosen];
+        fprintf(f, "  {\"layer\": %d, \"head\": %d, \"kind\": \"%s\", \"codec\": \"%s\", \"bits\": "
+                   "%.4f, \"kl_alone\": %.6g",
+                U[i].layer, U[i].head, U[i].is_value ? "v" : "k", c->codec, c->bits, c->kl);
+        if (c->state) {
+            fprintf(f, ", \"state\": \"");
+            cal_hex(f, c->state, c->state_size);
+            fprintf(f, "\"");
+        }
+        fprintf(f, "}%s\n", i + 1 < nu ? "," : "");
+    }
+    fprintf(f, " ],\n \"center\": [");
+    for (size_t i = 0; i < L * H * d; i++)
+        fprintf(f, "%s%.9g", i ? ", " : "", cb->center[i]);
+    fprintf(f, "]}\n");
+    if (fclose(f) != 0) {
+        fprintf(stderr, "kvq calibrate: writing %s failed\n", outp);
+        return 1;
+    }
+    return 0;
+}
+
+static void kvqt_calib_print(const kvqt_calib *cb) {
+    for (size_t i = 0; i < cb->nu; i++) {
+        const cal_cand *c = &cb->U[i].cand[cb->U[i].chosen];
+        printf("  %-7d %-5d %-4s %-12s %6.3f %12.6f\n", cb->U[i].layer, cb->U[i].head,
+               cb->U[i].is_value ? "V" : "K", c->codec, c->bits, c->kl);
+    }
+}
+
 int kvq_tool_calibrate(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *text = NULL, *outp = NULL;
     double target = 0;
@@ -234,252 +498,40 @@ int kvq_tool_calibrate(int argc, char **argv) {
     kvq_tokenizer *tk;
     if (kvqt_model_open(model, tokp, &m, &tk, "calibrate"))
         return 1;
-    cal_ctx cx;
-    memset(&cx, 0, sizeof cx);
-    cx.m = m;
-    cx.page = page;
-    kvq_model_get_info(m, &cx.in);
-    size_t L = cx.in.n_layers, H = cx.in.n_kv_heads, d = cx.in.head_dim, V = cx.in.vocab_size;
     size_t nl;
     char **lines = kvqt_read_lines(text, &nl);
     if (!lines || !nl) {
         fprintf(stderr, "kvq calibrate: cannot read %s (or it has no lines)\n", text);
+        kvq_model_free(m);
+        kvq_tokenizer_free(tk);
         return 1;
     }
-    cx.seq = calloc(nl, sizeof *cx.seq);
-    cx.len = calloc(nl, sizeof *cx.len);
-    for (size_t i = 0; i < nl && cx.ntok < max_tokens; i++) {
-        size_t cap = strlen(lines[i]) + 3, n;
-        cx.seq[cx.nseq] = malloc(cap * sizeof(int32_t));
-        kvq_tokenizer_encode(tk, lines[i], 1, 0, cx.seq[cx.nseq], cap, &n);
-        if (n > cx.in.seq_len)
-            n = cx.in.seq_len;
-        if (n > max_tokens - cx.ntok + 1)
-            n = max_tokens - cx.ntok + 1;
-        if (n < 2) {
-            free(cx.seq[cx.nseq]);
-            continue;
-        }
-        cx.len[cx.nseq++] = n;
-        cx.ntok += n - 1;
-    }
-    int progress = !json && isatty(2);
     double t0 = kvqb_now();
-    /* reference log-probs and the f32 keys/values (pre-RoPE) for fitting */
-    cx.ref_logp = malloc(cx.ntok * V * sizeof(float));
-    cx.next = malloc(cx.ntok * sizeof(int32_t));
-    size_t nkv = 0;
-    for (size_t s = 0; s < cx.nseq; s++)
-        nkv += cx.len[s];
-    float *K = malloc(L * H * nkv * d * sizeof(float)), *Vv = malloc(L * H * nkv * d * sizeof(float));
-    float *lg = malloc(cx.in.seq_len * V * sizeof(float));
-    float *row = malloc(cx.in.seq_len * H * d * sizeof(float)), *rowv = malloc(cx.in.seq_len * H * d * sizeof(float));
-    size_t at = 0, kat = 0;
-    kvqt_cacheopts fo;
-    kvqt_cacheopts_init(&fo);
-    fo.k_prerope = 1;
-    for (size_t s = 0; s < cx.nseq; s++) {
-        kvq_cache *c = kvqt_make_cache(m, &fo, "calibrate");
-        kvq_model_forward(m, c, cx.seq[s], cx.len[s], 0, lg, cx.in.seq_len * V, 0);
-        for (size_t t = 0; t + 1 < cx.len[s]; t++, at++) {
-            cal_logsoftmax(lg + t * V, V, cx.ref_logp + at * V);
-            cx.next[at] = cx.seq[s][t + 1];
-        }
-        for (size_t l = 0; l < L; l++) {
-            kvq_cache_get_kv(c, l, -1, 0, cx.len[s], row, rowv, cx.len[s] * H * d);
-            for (size_t t = 0; t < cx.len[s]; t++)
-                for (size_t h = 0; h < H; h++) {
-                    memcpy(K + ((l * H + h) * nkv + kat + t) * d, row + (t * H + h) * d, d * sizeof(float));
-                    memcpy(Vv + ((l * H + h) * nkv + kat + t) * d, rowv + (t * H + h) * d, d * sizeof(float));
-                }
-        }
-        kat += cx.len[s];
-        kvq_cache_free(c);
-    }
-    /* channel means of the pre-RoPE keys, subtracted before fitting */
-    float *center = calloc(L * H * d, sizeof(float));
-    for (size_t u = 0; u < L * H; u++) {
-        for (size_t t = 0; t < nkv; t++)
-            for (size_t j = 0; j < d; j++)
-                center[u * d + j] += K[(u * nkv + t) * d + j];
-        for (size_t j = 0; j < d; j++)
-            center[u * d + j] /= (float)nkv;
-        for (size_t t = 0; t < nkv; t++)
-            for (size_t j = 0; j < d; j++)
-                K[(u * nkv + t) * d + j] -= center[u * d + j];
-    }
-    /* candidates */
-    size_t nu = L * H * 2;
-    cal_unit *U = calloc(nu, sizeof *U);
-    static const char *kc[] = {"chan:int2", "chan:int3", "chan:int4", "nuq2", "nuq3", "nuq4",
-                               "tq3:norm=8", "tq4:norm=8", "chan:int8", "nuq8", "f16"};
-    static const char *vc[] = {"nuq2", "nuq3", "nuq4", "tq2:norm=8", "tq3:norm=8", "tq4:norm=8",
-                               "int4", "int8", "nuq8", "f16"};
-    for (size_t l = 0; l < L; l++)
-        for (size_t h = 0; h < H; h++)
-            for (int isv = 0; isv < 2; isv++) {
-                cal_unit *u = &U[(l * H + h) * 2 + (size_t)isv];
-                u->layer = (int)l, u->head = (int)h, u->is_value = isv;
-                const float *smp = (isv ? Vv : K) + (l * H + h) * nkv * d;
-                const char **list = isv ? vc : kc;
-                size_t nc = isv ? sizeof vc / sizeof vc[0] : sizeof kc / sizeof kc[0];
-                for (size_t c = 0; c < nc; c++)
-                    cal_add(u, list[c], d, smp, nkv, page);
-            }
-    int rc = 0;
-    /* sensitivities */
-    double base_kl, base_nll, base_bits;
-    size_t done = 0, total = 0;
-    for (size_t i = 0; i < nu; i++)
-        total += (size_t)U[i].n_cand;
-    for (size_t i = 0; i < nu; i++)
-        for (int c = 0; c < U[i].n_cand; c++) {
-            kvqt_cacheopts o;
-            cal_opts(&o, U, nu, (int)i, c, center, L * H * d, page);
-            double kl, nll, bits;
-            if (!strcmp(U[i].cand[c].codec, "f16")) {
-                U[i].cand[c].kl = 0; /* indistinguishable from f32 at this scale */
-            } else if (cal_eval(&cx, &o, &kl, &nll, &bits) == 0) {
-                U[i].cand[c].kl = kl > 0 ? kl : 0;
-            } else {
-                fprintf(stderr, "kvq calibrate: evaluating %s failed\n", U[i].cand[c].codec);
-                rc = 1;
-                goto out;
-            }
-            done++;
-            if (progress)
-                fprintf(stderr, "\rmeasuring sensitivities %zu/%zu", done, total);
-        }
-    if (progress)
-        fprintf(stderr, "\r%50s\r", "");
-    if (getenv("KVQ_CALIB_DEBUG"))
-        for (size_t i = 0; i < nu; i++)
-            for (int c = 0; c < U[i].n_cand; c++)
-                fprintf(stderr, "unit %zu L%d H%d %c %-12s bits %.3f kl %.6f\n", i, U[i].layer,
-                        U[i].head, U[i].is_value ? 'V' : 'K', U[i].cand[c].codec, U[i].cand[c].bits,
-                        U[i].cand[c].kl);
-    /* greedy allocation: start cheapest, buy the best KL per bit */
-    for (size_t i = 0; i < nu; i++) {
-        int best = 0;
-        for (int c = 1; c < U[i].n_cand; c++)
-            if (U[i].cand[c].bits < U[i].cand[best].bits ||
-                (U[i].cand[c].bits == U[i].cand[best].bits && U[i].cand[c].kl < U[i].cand[best].kl))
-                best = c;
-        U[i].chosen = best;
-    }
-    double budget = target;
-    if (cal_avg_bits(U, nu) > budget) {
-        fprintf(stderr, "kvq calibrate: the cheapest allocation needs %.3f bits per value, above "
-                        "the target %.3f\n", cal_avg_bits(U, nu), budget);
-        rc = 2;
-        goto out;
-    }
-    /* the measured bits exceed the nominal ones by the page slack and the f16
-     * open page; bisect the nominal budget so that the measured bits meet
-     * the target */
-    double kl = 0, nll = 0, bits = 0, lo = cal_avg_bits(U, nu), hi = target;
-    int *best_choice = malloc(nu * sizeof(int)), *init = malloc(nu * sizeof(int)), have = 0;
-    double best_kl = INFINITY, best_nll = 0, best_bits = 0;
-    for (size_t i = 0; i < nu; i++)
-        init[i] = U[i].chosen;
-    for (int round = 0; round < 7; round++) {
-        budget = round == 0 ? target : 0.5 * (lo + hi);
-        for (size_t i = 0; i < nu; i++)
-            U[i].chosen = init[i];
-        cal_greedy(U, nu, budget);
-        kvqt_cacheopts o;
-        cal_opts(&o, U, nu, -1, 0, center, L * H * d, page);
-        if (cal_eval(&cx, &o, &kl, &nll, &bits) != 0) {
-            rc = 1;
-            goto out;
-        }
-        if (bits <= target + 1e-9) {
-            if (kl < best_kl) {
-                best_kl = kl, best_nll = nll, best_bits = bits, have = 1;
-                for (size_t i = 0; i < nu; i++)
-                    best_choice[i] = U[i].chosen;
-            }
-            if (round == 0)
-                break;
-            lo = budget;
+    int rc = 1;
+    kvqt_calib *cb = kvqt_calib_prepare(m, tk, lines, nl, max_tokens, page, !json && isatty(2));
+    kvqt_calib_result r;
+    if (cb)
+        rc = kvqt_calib_allocate(cb, target, outp, &r);
+    if (rc == 0) {
+        if (json) {
+            printf("{\"target_bits\": %.4f, \"bits_per_value\": %.4f, \"nominal_bits\": %.4f, "
+                   "\"kl\": %.6g, \"nll\": %.6f, \"nll_f32\": %.6f, \"tokens\": %zu, \"seconds\": "
+                   "%.1f, \"output\": ",
+                   target, r.bits, r.nominal_bits, r.kl, r.nll, r.nll_f32, r.tokens, kvqb_now() - t0);
+            kvqb_json_str(stdout, outp);
+            printf("}\n");
         } else {
-            hi = budget;
+            printf("kvq calibrate: %zu calibration tokens, target %.3f bits per value\n", r.tokens,
+                   target);
+            printf("  %-7s %-5s %-4s %-12s %6s %12s\n", "layer", "head", "K/V", "codec", "bits",
+                   "KL alone");
+            kvqt_calib_print(cb);
+            printf("measured on the calibration text: %.3f bits per value (nominal %.3f), KL %.5f, "
+                   "NLL %.4f (f32 %.4f)\n", r.bits, r.nominal_bits, r.kl, r.nll, r.nll_f32);
+            printf("wrote %s (%.1f s)\n", outp, kvqb_now() - t0);
         }
     }
-    if (!have) {
-        fprintf(stderr, "kvq calibrate: no allocation meets %.3f bits per value as stored\n", target);
-        rc = 2;
-        goto out;
-    }
-    for (size_t i = 0; i < nu; i++)
-        U[i].chosen = best_choice[i];
-    kl = best_kl, nll = best_nll, bits = best_bits;
-    free(best_choice);
-    free(init);
-    {
-        kvqt_cacheopts f32o;
-        kvqt_cacheopts_init(&f32o);
-        cal_eval(&cx, &f32o, &base_kl, &base_nll, &base_bits);
-    }
-    FILE *f = fopen(outp, "w");
-    if (!f) {
-        fprintf(stderr, "kvq calibrate: cannot write %s\n", outp);
-        rc = 1;
-        goto out;
-    }
-    fprintf(f, "{\"kvq_alloc\": 1, \"target_bits\": %.4f, \"bits_per_value\": %.4f, "
-               "\"nominal_bits\": %.4f, \"kl\": %.6g, \"nll\": %.6f, \"nll_f32\": %.6f, "
-               "\"calibration_tokens\": %zu,\n",
-            target, bits, cal_avg_bits(U, nu), kl, nll, base_nll, cx.ntok);
-    fprintf(f, " \"k_codec\": \"f16\", \"v_codec\": \"f16\", \"k_layout\": \"token\", \"k_prerope\": "
-               "true, \"k_center\": true, \"page\": %zu, \"recent\": 0,\n \"overrides\": [\n",
-            page);
-    for (size_t i = 0; i < nu; i++) {
-        const cal_cand *c = &U[i].cand[U[i].chosen];
-        fprintf(f, "  {\"layer\": %d, \"head\": %d, \"kind\": \"%s\", \"codec\": \"%s\", \"bits\": "
-                   "%.4f, \"kl_alone\": %.6g",
-                U[i].layer, U[i].head, U[i].is_value ? "v" : "k", c->codec, c->bits, c->kl);
-        if (c->state) {
-            fprintf(f, ", \"state\": \"");
-            cal_hex(f, c->state, c->state_size);
-            fprintf(f, "\"");
-        }
-        fprintf(f, "}%s\n", i + 1 < nu ? "," : "");
-    }
-    fprintf(f, " ],\n \"center\": [");
-    for (size_t i = 0; i < L * H * d; i++)
-        fprintf(f, "%s%.9g", i ? ", " : "", center[i]);
-    fprintf(f, "]}\n");
-    if (fclose(f) != 0) {
-        fprintf(stderr, "kvq calibrate: writing %s failed\n", outp);
-        rc = 1;
-        goto out;
-    }
-    if (json) {
-        printf("{\"target_bits\": %.4f, \"bits_per_value\": %.4f, \"kl\": %.6g, \"nll\": %.6f, "
-               "\"nll_f32\": %.6f, \"tokens\": %zu, \"seconds\": %.1f, \"output\": \"%s\"}\n",
-               target, bits, kl, nll, base_nll, cx.ntok, kvqb_now() - t0, outp);
-    } else {
-        printf("kvq calibrate: %zu calibration tokens, target %.3f bits per value\n", cx.ntok, target);
-        printf("  %-7s %-5s %-4s %-12s %6s %12s\n", "layer", "head", "K/V", "codec", "bits", "KL alone");
-        for (size_t i = 0; i < nu; i++) {
-            const cal_cand *c = &U[i].cand[U[i].chosen];
-            printf("  %-7d %-5d %-4s %-12s %6.3f %12.6f\n", U[i].layer, U[i].head,
-                   U[i].is_value ? "V" : "K", c->codec, c->bits, c->kl);
-        }
-        printf("measured on the calibration text: %.3f bits per value, KL %.5f, NLL %.4f (f32 %.4f)\n",
-               bits, kl, nll, base_nll);
-        printf("wrote %s (%.1f s)\n", outp, kvqb_now() - t0);
-    }
-out:
-    for (size_t i = 0; i < nu; i++)
-        for (int c = 0; c < U[i].n_cand; c++)
-            free(U[i].cand[c].state);
-    free(U), free(center), free(K), free(Vv), free(lg), free(row), free(rowv);
-    free(cx.ref_logp), free(cx.next);
-    for (size_t s = 0; s < cx.nseq; s++)
-        free(cx.seq[s]);
-    free(cx.seq), free(cx.len);
+    kvqt_calib_free(cb);
     for (size_t i = 0; i < nl; i++)
         free(lines[i]);
     free(lines);

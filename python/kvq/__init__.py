@@ -20,10 +20,11 @@ from ._lib import KvqError, KvqShapeError, Lib, Status, default_library_path, lo
 from .cache import KVCache
 from .codec import Codec
 from .compat import AdaptiveKVCache, CompressedKV, KVCompressor, TurboQuantCompressor
+from .model import Model, Tokenizer
 
 __all__ = [
     "AdaptiveKVCache", "Codec", "CompressedKV", "KVCache", "KVCompressor", "KvqError",
-    "KvqShapeError", "Lib", "Status", "TurboQuantCompressor", "cpu_supports",
+    "KvqShapeError", "Lib", "Model", "Status", "Tokenizer", "TurboQuantCompressor", "cpu_supports",
     "default_library_path", "load", "strerror", "version",
 ]
 

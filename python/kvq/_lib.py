@@ -228,6 +228,10 @@ _PROTOS = {
     "kvq_model_get_info": (c_int, [_P, POINTER(kvq_model_info)]),
     "kvq_model_cache_shape": (c_int, [_P, POINTER(kvq_cache_config)]),
     "kvq_model_forward": (c_int, [_P, _P, _P, _SZ, c_int32, _P, _SZ, c_int]),
+    "kvq_tokenizer_load": (c_int, [POINTER(_P), c_char_p, _SZ, POINTER(kvq_allocator)]),
+    "kvq_tokenizer_free": (None, [_P]),
+    "kvq_tokenizer_encode": (c_int, [_P, c_char_p, c_int, c_int, _P, _SZ, _SZP]),
+    "kvq_tokenizer_piece": (c_char_p, [_P, c_int32, c_int32, _P]),
     "kvq_f32_to_f16": (c_uint16, [c_float]),
     "kvq_f16_to_f32": (c_float, [c_uint16]),
     "kvq_f32_to_bf16": (c_uint16, [c_float]),
@@ -239,7 +243,7 @@ ERR_MSG_SIZE = 512
 
 # functions a library may lack (the binding works without them; calling one
 # raises); every other one in _PROTOS is required when loading
-_OPTIONAL = ("kvq_model_",)
+_OPTIONAL = ("kvq_model_", "kvq_tokenizer_")
 
 
 def _missing(path, name):

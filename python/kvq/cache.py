@@ -223,7 +223,8 @@ class KVCache:
         """Appends tokens to a layer: k, v [n_tokens, kv_heads, head_dim] (or
         [kv_heads, head_dim] for one token); positions [n_tokens] strictly
         increasing ints continuing after the last appended one (None: the
-        next positions in order). Eviction runs first when a policy is set."""
+        next positions in order). With a policy the layer holds at most its
+        budget after the call. On error nothing is stored."""
         where = "KVCache.append"
         layer = self._layer(layer, where)
         k, v = f32(k), f32(v)
@@ -286,9 +287,9 @@ class KVCache:
         if return_token_attention:
             nt = self.tokens(layer)
             ta = np.zeros((self.kv_heads, nt), dtype=np.float32)
-            tap, tacap = ptr(ta), ta.size
-            if ta.size == 0:  # C wants a non-NULL pointer only when tokens exist
-                tap = ptr(np.zeros(1, dtype=np.float32))
+            # a zero-size array may have no buffer: give C a real (unused) one
+            tbuf = ta if ta.size else np.zeros(1, dtype=np.float32)
+            tap, tacap = ptr(tbuf), ta.size
         if n:
             st = self.lib.kvq_cache_attend(self.handle, layer, ptr(q), ptr(qp), n, ptr(out),
                                            out.size, tap, tacap)

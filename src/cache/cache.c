@@ -172,7 +172,7 @@ static void kvq__layout_layer(kvq_cache *c, kvq__layer *ly) {
     /* staging holds K and V of pending tokens; with channel keys (chan_mode)
      * only the keys of channel heads wait there, everything else is encoded
      * at once */
-    ly->stage_bytes = (c->chan_mode ? 1 : 2) * c->H * c->P * c->d * sizeof(uint16_t);
+    ly->stage_bytes = (ly->chan_mode ? 1 : 2) * c->H * c->P * c->d * sizeof(uint16_t);
 }
 
 /* Codec metadata bytes (scales, norms) in one encoded vector, for stats. */
@@ -375,13 +375,11 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
             st = kvq__get_codec_state(c, vs, vo ? vo->state : NULL, vo ? vo->state_size : 0,
                                       &hd->vc);
         }
+        for (size_t h = 0; h < c->H && st == KVQ_OK; h++)
+            ly->chan_mode |= ly->heads[h].kchan_bits != 0;
         if (st == KVQ_OK)
             kvq__layout_layer(c, ly);
-        for (size_t h = 0; h < c->H && st == KVQ_OK; h++)
-            c->chan_mode |= ly->heads[h].kchan_bits != 0;
     }
-    for (size_t l = 0; l < c->L && st == KVQ_OK && c->chan_mode; l++)
-        kvq__layout_layer(c, &c->layers[l]); /* staging size depends on chan_mode */
     /* workspace sizes */
     c->max_qp = c->f16->qp_bytes;
     c->max_acc = c->d;
@@ -446,6 +444,8 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         kvq_cache_free(c);
         return st;
     }
+    c->cfg.err_msg = NULL; /* the caller's buffer is only valid during this call */
+    c->cfg.err_msg_size = 0;
     *out = c;
     return KVQ_OK;
 }
@@ -631,10 +631,10 @@ static void kvq__encode_token(kvq_cache *c, kvq__layer *ly, size_t slot, const f
 static void kvq__stage_write(kvq_cache *c, const kvq__layer *ly, kvq__page *pg, size_t i,
                              const float *k, const float *v) {
     for (size_t h = 0; h < c->H; h++) {
-        if (c->chan_mode && !ly->heads[h].kchan_bits)
+        if (ly->chan_mode && !ly->heads[h].kchan_bits)
             continue;
         c->f16->k.encode(c->f16, (uint8_t *)(kvq__stage_k(c, pg, h) + i * c->d), k + h * c->d, 1);
-        if (!c->chan_mode)
+        if (!ly->chan_mode)
             c->f16->k.encode(c->f16, (uint8_t *)(kvq__stage_v(c, pg, h) + i * c->d), v + h * c->d, 1);
     }
 }
@@ -750,7 +750,7 @@ static void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot) {
     pg->n_valid--;
     ly->n_tokens--;
     ly->evicted++;
-    if (!c->chan_mode && pg->n_valid > 0)
+    if (!ly->chan_mode && pg->n_valid > 0)
         kvq__push_free(ly, slot);
     if (pg->n_valid == 0 && p != ly->open_page) {
         kvq__purge_free(c, ly, p);
@@ -851,7 +851,7 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
         return KVQ_ERR_FULL;
 
     /* plan: which tokens stay pending (recent window / channel staging) */
-    int chan = c->chan_mode;
+    int chan = ly->chan_mode;
     size_t R = c->cfg.recent_window;
     size_t first_pending = chan ? 0 : (T > R ? T - R : 0);
 
@@ -1161,7 +1161,7 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
     int *bne = w->bne, *bnp = w->bnp;
     /* where pending tokens keep their keys / values: staged in f16, or
      * (chan_mode, except channel keys) already encoded */
-    const int kstaged = !c->chan_mode || hd->kchan_bits, vstaged = !c->chan_mode;
+    const int kstaged = !ly->chan_mode || hd->kchan_bits, vstaged = !ly->chan_mode;
     for (size_t t = 0; t < jb->T; t++) {
         int32_t qp = jb->qpos[t];
         for (size_t g = 0; g < G; g++) {
@@ -1420,11 +1420,11 @@ static void kvq__read_token(const kvq_cache *c, const kvq__layer *ly, size_t slo
     const kvq__page *pg = &ly->pages[p];
     const kvq__head *hd = &ly->heads[h];
     int pend = KVQ__STATE(ly->state[slot]) == KVQ__PEND;
-    if (pend && k && (!c->chan_mode || hd->kchan_bits)) {
+    if (pend && k && (!ly->chan_mode || hd->kchan_bits)) {
         c->f16->k.decode(c->f16, k, (const uint8_t *)(kvq__stage_k(c, pg, h) + i * d), 1);
         k = NULL;
     }
-    if (pend && v && !c->chan_mode) {
+    if (pend && v && !ly->chan_mode) {
         c->f16->k.decode(c->f16, v, (const uint8_t *)(kvq__stage_v(c, pg, h) + i * d), 1);
         v = NULL;
     }
@@ -1476,14 +1476,37 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
         return KVQ_ERR_INVALID_ARG;
     if (layer >= (int)c->L || layer < -1 || kv_head >= (int)c->H || kv_head < -1)
         return KVQ_ERR_RANGE;
-    if (!is_value && (c->chan_mode || strncmp(spec, "chan:", 5) == 0))
+    if (!is_value && strncmp(spec, "chan:", 5) == 0)
         return KVQ_ERR_UNSUPPORTED; /* channel key pages are re-encoded only as whole pages */
+    for (size_t l = 0; l < c->L && !is_value; l++)
+        if (c->layers[l].chan_mode && (layer < 0 || (size_t)layer == l))
+            return KVQ_ERR_UNSUPPORTED;
     kvq_codec *nc = NULL;
     kvq_status st = kvq__get_codec(c, spec, &nc);
     if (st != KVQ_OK)
         return st;
-    if (nc->qp_bytes > c->max_qp || nc->acc_len > c->max_acc)
-        return KVQ_ERR_UNSUPPORTED; /* workspaces were sized at create */
+    if (nc->qp_bytes > c->max_qp || nc->acc_len > c->max_acc) {
+        /* the attention workspaces grow for the new codec, all or nothing */
+        size_t oq = c->max_qp, oa = c->max_acc;
+        c->max_qp = KVQ__MAX(oq, nc->qp_bytes);
+        c->max_acc = KVQ__MAX(oa, nc->acc_len);
+        kvq__work *nw = (kvq__work *)kvq__calloc(&c->alloc, c->n_threads * sizeof *nw);
+        st = nw ? KVQ_OK : KVQ_ERR_NOMEM;
+        for (size_t t = 0; t < c->n_threads && st == KVQ_OK; t++)
+            st = kvq__work_alloc(c, &nw[t]);
+        if (st != KVQ_OK) {
+            for (size_t t = 0; nw && t < c->n_threads; t++)
+                kvq__work_free(c, &nw[t]);
+            kvq__free(&c->alloc, nw);
+            c->max_qp = oq;
+            c->max_acc = oa;
+            return st;
+        }
+        for (size_t t = 0; t < c->n_threads; t++)
+            kvq__work_free(c, &c->work[t]);
+        kvq__free(&c->alloc, c->work);
+        c->work = nw;
+    }
     size_t d = c->d, P = c->P;
     double err = 0.0, ref = 0.0;
     size_t l0 = layer < 0 ? 0 : (size_t)layer, l1 = layer < 0 ? c->L : (size_t)layer + 1;
@@ -1566,7 +1589,7 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
                     for (size_t i = 0; i < P; i++) {
                         size_t s = p * P + i;
                         if (KVQ__STATE(ly->state[s]) != KVQ__ENC &&
-                            !(c->chan_mode && KVQ__STATE(ly->state[s]) == KVQ__PEND))
+                            !(ly->chan_mode && KVQ__STATE(ly->state[s]) == KVQ__PEND))
                             continue;
                         o->vc->k.decode(o->vc, a, pg->block + o->v_off + i * o->vbytes, 1);
                         n->vc->k.encode(n->vc, nb[p] + n->v_off + i * n->vbytes, a, 1);

@@ -46,6 +46,8 @@ typedef struct kvq__page {
 
 typedef struct kvq__layer {
     kvq__head *heads;
+    int chan_mode; /* a head has channel-layout keys: those keys wait in f16 until the page is
+                      full; everything else is encoded on arrival */
     size_t block_bytes, stage_bytes;
     kvq__page *pages;
     size_t n_pages; /* length of pages[] (allocated or not) */
@@ -84,7 +86,6 @@ struct kvq_cache {
     kvq_allocator alloc;
     kvq_cache_config cfg; /* copy; pointer fields other than allocator cleared */
     size_t L, H, QH, G, d, P;
-    int chan_mode; /* some head has channel-layout keys: pages are staged in f16 until full */
     kvq_codec **codecs;
     uint8_t *codec_private; /* codecs[i] carries its own state: never shared */
     size_t n_codecs;

@@ -401,22 +401,27 @@ enum { KVQ__MODE_U = 1, KVQ__MODE_S = 2 };
 /* How a codec's chunks meet its groups, and where the prepared query keeps
  * its parts. Chunk ci covers values [ci*V, ci*V + V); int32 lane l of its
  * dot product covers W = V/8 consecutive values from ci*V + W*l.
- * mode U: every chunk lies inside one group (g % V == 0, or one group).
+ * mode U: every chunk lies inside one group (g % V == 0, or one group);
+ *         the scale is broadcast per group.
  * mode S: V % g == 0 and g % W == 0: every lane lies inside one group and a
- *         chunk spans gpc = V/g groups. Scales are read 8 groups at a time
- *         (a window, cpw = 8/gpc chunks) and spread to the lanes with one
- *         permute per chunk. With int4/int2 and ng <= 4 ("joint"), one
- *         16-byte load holds every scale and minimum of a vector. */
+ *         chunk spans gpc = V/g (2, 4 or 8) groups. With gpc == 8 the 8
+ *         scales of a chunk are its lanes in order. Otherwise the chunk's
+ *         groups lie in one aligned set of 4 scales, which pshufb orders
+ *         so that one immediate vshufps spreads them to the lanes
+ *         (gpc 2: halves 0123|1032, element 0 or 2; gpc 4: 0123|2301,
+ *         elements 0011); variable permutes are slow on some cores.
+ * The minimum term sum_g m_g * qsum_g is one multiply-add per 8 groups (per
+ * 4 when ng <= 4). Lanes past the data are zeroed by masks, so garbage
+ * fp16 bits never meet a zero weight. */
 typedef struct {
-    int mode, joint;
-    size_t V, W, nch, last_nb; /* last_nb: code bytes in the last chunk */
-    size_t cpg;                /* U: chunks per group */
-    size_t gpc, cpw, nwin;     /* S */
+    int mode;
+    size_t ng, V, W, nch, last_nb; /* last_nb: code bytes in the last chunk */
+    size_t cpg;                    /* U: chunks per group */
+    size_t gpc;                    /* S: groups per chunk */
     size_t off_qs, off_ql, size;
-    int32_t idx[4][8];    /* S: lane -> window lane, by chunk position in window */
-    int32_t idx_last[8];  /* S: the same for the last chunk, clamped to its groups */
-    uint16_t mmask[8];    /* S, int4/int2: fp16 lanes of the last window (joint: of
-                             the scales and minimums) that hold data */
+    uint16_t kmask[8]; /* S: scale lanes with data in the last set (gpc < 8: of 4
+                          groups) or last chunk (gpc == 8) */
+    uint16_t mmask[8]; /* minimum lanes with data in the last window */
 } kvq__int_plan;
 
 static int kvq__int_plan_make(const kvq_codec *c, kvq__int_plan *p) {
@@ -425,43 +430,35 @@ static int kvq__int_plan_make(const kvq_codec *c, kvq__int_plan *p) {
     memset(p, 0, sizeof *p);
     if (d % 32 != 0)
         return 0;
+    p->ng = ng;
     p->V = bits == 8 ? 32 : bits == 4 ? 64 : 128;
     p->W = p->V / 8;
     p->nch = (d + p->V - 1) / p->V;
     p->last_nb = (d - (p->nch - 1) * p->V) * (size_t)bits / 8;
-    size_t nql = 0; /* 8-float minimum-term vectors */
+    size_t end = 0; /* bytes of a vector the scale / minimum loads may touch */
     if (ng == 1 || g % p->V == 0) {
         p->mode = KVQ__MODE_U;
         p->cpg = ng == 1 ? p->nch : g / p->V;
-        nql = ng;
     } else if (p->V % g == 0 && g % p->W == 0) {
         p->mode = KVQ__MODE_S;
         p->gpc = p->V / g;
-        p->cpw = 8 / p->gpc;
-        p->nwin = (ng + 7) / 8;
-        p->joint = asym && ng <= 4;
-        const size_t last_groups = (d - (p->nch - 1) * p->V) / g;
-        const size_t e_last = (p->nch - 1) % p->cpw;
-        for (size_t e = 0; e < p->cpw; e++)
-            for (size_t l = 0; l < 8; l++)
-                p->idx[e][l] = (int32_t)(e * p->gpc + p->W * l / g);
+        size_t valid = p->gpc == 8 ? (d - (p->nch - 1) * p->V) / g : ng - 4 * ((ng - 1) / 4);
         for (size_t l = 0; l < 8; l++)
-            p->idx_last[l] =
-                (int32_t)(e_last * p->gpc + KVQ__MIN(p->W * l / g, last_groups - 1));
-        const size_t valid = p->joint ? 2 * ng : ng - 8 * (p->nwin - 1);
-        for (size_t l = 0; l < 8; l++)
-            p->mmask[l] = l < valid ? 0xffff : 0;
-        /* the 16-byte windows must stay inside a vector */
-        size_t end = 16 * p->nwin + (asym && !p->joint ? 2 * ng : 0);
-        if (end > c->bytes)
-            return 0;
-        nql = asym ? p->nwin : 0;
+            p->kmask[l] = l < valid ? 0xffff : 0;
+        end = p->gpc == 8 ? 16 * p->nch : 8 * ((ng + 3) / 4);
     } else {
         return 0;
     }
+    if (asym) {
+        for (size_t l = 0; l < 8; l++)
+            p->mmask[l] = l < (ng <= 4 ? ng : ng - 8 * ((ng - 1) / 8)) ? 0xffff : 0;
+        end = KVQ__MAX(end, 2 * ng + (ng <= 4 ? 8 : 16 * ((ng + 7) / 8)));
+    }
+    if (end > c->bytes)
+        return 0;
     p->off_qs = p->nch * p->V;
     p->off_ql = p->off_qs + 32 * p->nch;
-    p->size = p->off_ql + (asym ? 32 * nql : 0);
+    p->size = p->off_ql + (asym ? 4 * ((ng + 7) & ~(size_t)7) : 0);
     return p->size <= c->qp_bytes;
 }
 
@@ -518,17 +515,13 @@ static void kvq__int_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
         }
     if (bits == 8)
         return;
-    /* minimum term: sum_g m_g * (sum of q over g), exact float sums */
+    /* minimum term: sum_g m_g * (sum of q over g), exact float sums, one
+     * lane per group, zero past ng */
     for (size_t gi = 0; gi < ng; gi++) {
         float s = 0.0f;
         for (size_t t = gi * g; t < (gi + 1) * g; t++)
             s += q[t];
-        if (p.mode == KVQ__MODE_U)
-            ql[8 * gi] = s; /* {sum, 0, ..., 0} per group */
-        else if (p.joint)
-            ql[ng + gi] = s; /* lined up with the minimums after the scales */
-        else
-            ql[gi] = s; /* one lane per group, 8 groups per window */
+        ql[gi] = s;
     }
 }
 
@@ -594,122 +587,151 @@ kvq__chunk_dot(const kvq__planes *k, const int8_t *qc, const int BITS) {
     return _mm256_madd_epi16(s, ones);
 }
 
-/* Scores of NQ prepared queries against n keys. Per key and query, 8
- * partial sums (two chains when NQ == 1, for latency); four keys' vectors
- * are reduced together. */
+#define KVQ__UNROLL4 _Pragma("GCC unroll 4")
+
+/* One key against NQ prepared queries: r[b] gets 8 partial sums whose total
+ * is the score. D and G are compile-time shapes (0: read them from the
+ * plan). Even chunks accumulate in one chain and odd chunks (after the
+ * minimum term) in another, the same way for every NQ, so a query's score
+ * does not depend on how many queries share the call. */
+static inline __attribute__((always_inline)) void
+kvq__int_score_key(const kvq__int_plan *p, const uint8_t *key, const uint8_t *qp, size_t qpb,
+                   __m256 *r, const int BITS, const int MODE, const int NQ, const size_t D,
+                   const size_t G) {
+    const int ASYM = BITS != 8;
+    const size_t V = 256 / (size_t)BITS, W = V / 8;
+    const size_t ng = D ? D / G : p->ng;
+    const size_t nch = D ? (D + V - 1) / V : p->nch;
+    const size_t last_nb = D ? (D - (nch - 1) * V) * (size_t)BITS / 8 : p->last_nb;
+    const uint8_t *codes = key + (ASYM ? 4 : 2) * ng;
+    __m256 acc[4], acc2[4];
+    KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc[b] = acc2[b] = _mm256_setzero_ps();
+
+    if (ASYM) { /* minimum term */
+        const uint8_t *mins = key + 2 * ng;
+        const size_t nlast = D ? (ng <= 4 ? ng : ng - 8 * ((ng - 1) / 8)) : 0;
+        const __m128i mmask =
+            D ? _mm_cmpgt_epi16(_mm_set1_epi16((short)nlast), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7))
+              : _mm_loadu_si128((const __m128i *)(const void *)p->mmask);
+        if (ng <= 4) {
+            const __m128 m = _mm_cvtph_ps(
+                _mm_and_si128(_mm_loadl_epi64((const __m128i *)(const void *)mins), mmask));
+            KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc2[b] = _mm256_zextps128_ps256(
+                _mm_mul_ps(m, _mm_load_ps((const float *)(const void *)(qp + b * qpb + p->off_ql))));
+        } else {
+            for (size_t w = 0; w < ng; w += 8) {
+                __m128i mh = _mm_loadu_si128((const __m128i *)(const void *)(mins + 2 * w));
+                const __m256 m = _mm256_cvtph_ps(w + 8 >= ng ? _mm_and_si128(mh, mmask) : mh);
+                KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc2[b] = _mm256_fmadd_ps(
+                    m, _mm256_load_ps((const float *)(const void *)(qp + b * qpb + p->off_ql) + w),
+                    acc2[b]);
+            }
+        }
+    }
+
+    if (MODE == KVQ__MODE_S) {
+        const size_t gpc = D ? V / G : p->gpc;
+#pragma GCC unroll 8
+        for (size_t ci = 0; ci < nch; ci++) {
+            const int last = ci + 1 == nch;
+            kvq__planes kp =
+                kvq__key_planes(kvq__load_chunk(codes + 32 * ci, last ? last_nb : 32), BITS);
+            __m256 K;
+            const __m128i kmask =
+                D ? _mm_cmpgt_epi16(_mm_set1_epi16((short)(gpc == 8 ? (D - (nch - 1) * V) / G
+                                                                   : ng - 4 * ((ng - 1) / 4))),
+                                    _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7))
+                  : _mm_loadu_si128((const __m128i *)(const void *)p->kmask);
+            if (gpc == 8) {
+                __m128i sh = _mm_loadu_si128((const __m128i *)(const void *)(key + 16 * ci));
+                K = _mm256_cvtph_ps(last ? _mm_and_si128(sh, kmask) : sh);
+            } else {
+                const size_t g0 = ci * gpc, set = g0 / 4; /* first group; its set of 4 */
+                __m128i sh = _mm_loadl_epi64((const __m128i *)(const void *)(key + 8 * set));
+                if (set == (ng - 1) / 4)
+                    sh = _mm_and_si128(sh, kmask);
+                sh = _mm_shuffle_epi8(sh, gpc == 2 ? _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 2, 3, 0, 1, 6, 7, 4, 5)
+                                                   : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 0, 1, 2, 3));
+                const __m256 X = _mm256_cvtph_ps(sh);
+                if (gpc == 4)
+                    K = _mm256_shuffle_ps(X, X, 0x50);
+                else if (g0 % 4 == 0)
+                    K = _mm256_shuffle_ps(X, X, 0x00);
+                else
+                    K = _mm256_shuffle_ps(X, X, 0xaa);
+            }
+            KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
+                __m256i I = kvq__chunk_dot(&kp, (const int8_t *)(qp + b * qpb) + ci * V, BITS);
+                __m256 F = _mm256_mul_ps(
+                    _mm256_cvtepi32_ps(I),
+                    _mm256_load_ps((const float *)(const void *)(qp + b * qpb + p->off_qs) + 8 * ci));
+                acc[b] = _mm256_fmadd_ps(F, K, acc[b]);
+                __m256 t = acc[b];
+                acc[b] = acc2[b];
+                acc2[b] = t;
+            }
+        }
+    } else {
+        const size_t cpg = D ? (ng == 1 ? nch : G / V) : p->cpg;
+        size_t ci = 0;
+#pragma GCC unroll 4
+        for (size_t gi = 0; gi < ng; gi++) {
+            __m256 g1[4], g2[4];
+            KVQ__UNROLL4 for (int b = 0; b < NQ; b++) g1[b] = g2[b] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+            for (size_t e = 0; e < cpg; e++, ci++) {
+                const size_t nb = ci + 1 == nch ? last_nb : 32;
+                kvq__planes kp = kvq__key_planes(kvq__load_chunk(codes + 32 * ci, nb), BITS);
+                KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
+                    __m256i I = kvq__chunk_dot(&kp, (const int8_t *)(qp + b * qpb) + ci * V, BITS);
+                    g1[b] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(I),
+                        _mm256_load_ps((const float *)(const void *)(qp + b * qpb + p->off_qs) +
+                                       8 * ci),
+                        g1[b]);
+                    __m256 t = g1[b];
+                    g1[b] = g2[b];
+                    g2[b] = t;
+                }
+            }
+            const __m256 s = _mm256_cvtph_ps(_mm_set1_epi16((short)kvq__ld16(key + 2 * gi)));
+            KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc[b] =
+                _mm256_fmadd_ps(_mm256_add_ps(g1[b], g2[b]), s, acc[b]);
+        }
+    }
+    KVQ__UNROLL4 for (int b = 0; b < NQ; b++) r[b] = _mm256_add_ps(acc[b], acc2[b]);
+}
+
+/* Scores of NQ prepared queries against n keys; four keys' partial sums are
+ * reduced together. */
 static inline __attribute__((always_inline)) void
 kvq__int_score_body(const kvq_codec *c, const kvq__int_plan *p, float *out, size_t ostride,
                     const uint8_t *qp, const uint8_t *keys, size_t n, const int BITS,
-                    const int MODE, const int NQ) {
-    const size_t bytes = c->bytes, ng = c->ngroups, nch = p->nch, V = p->V;
-    const size_t qpb = c->qp_bytes, pbytes = (BITS == 8 ? 2 : 4) * ng;
-    const int ASYM = BITS != 8;
-    const __m128i mmask = _mm_loadu_si128((const __m128i *)(const void *)p->mmask);
-    const __m128i ones16 = _mm_set1_epi32(-1);
-    const int8_t *qc[4];
-    const float *qs[4], *ql[4];
-    for (int b = 0; b < NQ; b++) {
-        qc[b] = (const int8_t *)(qp + (size_t)b * qpb);
-        qs[b] = (const float *)(const void *)(qp + (size_t)b * qpb + p->off_qs);
-        ql[b] = (const float *)(const void *)(qp + (size_t)b * qpb + p->off_ql);
-    }
+                    const int MODE, const int NQ, const size_t D, const size_t G) {
+    const size_t bytes = c->bytes, qpb = c->qp_bytes;
     _Alignas(32) float part[4][4][8];
     for (size_t j0 = 0; j0 < n; j0 += 4) {
         const size_t nk = KVQ__MIN(4, n - j0);
         for (size_t kk = 0; kk < 4; kk++) {
-            __m256 acc[4], acc2[4]; /* acc2: second chain (NQ == 1) and minimum term */
-            for (int b = 0; b < NQ; b++)
-                acc[b] = acc2[b] = _mm256_setzero_ps();
+            __m256 r[4];
             if (kk < nk) {
-                const uint8_t *key = keys + (j0 + kk) * bytes, *codes = key + pbytes;
-                if (MODE == KVQ__MODE_S) {
-                    size_t ci = 0;
-                    for (size_t w = 0; w < p->nwin; w++) {
-                        const int lastw = w + 1 == p->nwin;
-                        __m128i sh = _mm_loadu_si128((const __m128i *)(const void *)(key + 16 * w));
-                        if (ASYM && p->joint)
-                            sh = _mm_and_si128(sh, mmask);
-                        const __m256 Xs = _mm256_cvtph_ps(sh);
-                        if (ASYM) {
-                            __m256 Xm = Xs;
-                            if (!p->joint)
-                                Xm = _mm256_cvtph_ps(_mm_and_si128(
-                                    _mm_loadu_si128(
-                                        (const __m128i *)(const void *)(key + pbytes / 2 + 16 * w)),
-                                    lastw ? mmask : ones16));
-                            for (int b = 0; b < NQ; b++)
-                                acc2[b] =
-                                    _mm256_fmadd_ps(Xm, _mm256_load_ps(ql[b] + 8 * w), acc2[b]);
-                        }
-                        for (size_t e = 0; e < p->cpw && ci < nch; e++, ci++) {
-                            const int last = ci + 1 == nch;
-                            kvq__planes kp = kvq__key_planes(
-                                kvq__load_chunk(codes + 32 * ci, last ? p->last_nb : 32), BITS);
-                            const __m256i ix = _mm256_loadu_si256(
-                                (const __m256i *)(const void *)(last ? p->idx_last : p->idx[e]));
-                            const __m256 K = _mm256_permutevar8x32_ps(Xs, ix);
-                            for (int b = 0; b < NQ; b++) {
-                                __m256i I = kvq__chunk_dot(&kp, qc[b] + ci * V, BITS);
-                                __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(I),
-                                                         _mm256_load_ps(qs[b] + 8 * ci));
-                                acc[b] = _mm256_fmadd_ps(F, K, acc[b]);
-                            }
-                            if (NQ == 1) {
-                                __m256 t = acc[0];
-                                acc[0] = acc2[0];
-                                acc2[0] = t;
-                            }
-                        }
-                    }
-                } else {
-                    size_t ci = 0;
-                    for (size_t gi = 0; gi < ng; gi++) {
-                        __m256 G[4], G2 = _mm256_setzero_ps();
-                        for (int b = 0; b < NQ; b++)
-                            G[b] = _mm256_setzero_ps();
-                        for (size_t e = 0; e < p->cpg; e++, ci++) {
-                            const size_t nb = ci + 1 == nch ? p->last_nb : 32;
-                            kvq__planes kp =
-                                kvq__key_planes(kvq__load_chunk(codes + 32 * ci, nb), BITS);
-                            for (int b = 0; b < NQ; b++) {
-                                __m256i I = kvq__chunk_dot(&kp, qc[b] + ci * V, BITS);
-                                G[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I),
-                                                       _mm256_load_ps(qs[b] + 8 * ci), G[b]);
-                            }
-                            if (NQ == 1) {
-                                __m256 t = G[0];
-                                G[0] = G2;
-                                G2 = t;
-                            }
-                        }
-                        if (NQ == 1)
-                            G[0] = _mm256_add_ps(G[0], G2);
-                        const __m256 s =
-                            _mm256_cvtph_ps(_mm_set1_epi16((short)kvq__ld16(key + 2 * gi)));
-                        for (int b = 0; b < NQ; b++)
-                            acc[b] = _mm256_fmadd_ps(G[b], s, acc[b]);
-                        if (ASYM) {
-                            const __m256 m = _mm256_cvtph_ps(
-                                _mm_set1_epi16((short)kvq__ld16(key + 2 * ng + 2 * gi)));
-                            for (int b = 0; b < NQ; b++)
-                                acc2[b] =
-                                    _mm256_fmadd_ps(m, _mm256_load_ps(ql[b] + 8 * gi), acc2[b]);
-                        }
-                    }
-                }
+                kvq__int_score_key(p, keys + (j0 + kk) * bytes, qp, qpb, r, BITS, MODE, NQ, D, G);
+            } else {
+                KVQ__UNROLL4 for (int b = 0; b < NQ; b++)
+                    r[b] = _mm256_setzero_ps();
             }
-            for (int b = 0; b < NQ; b++)
-                _mm256_store_ps(part[b][kk], _mm256_add_ps(acc[b], acc2[b]));
+            KVQ__UNROLL4 for (int b = 0; b < NQ; b++)
+                _mm256_store_ps(part[b][kk], r[b]);
         }
-        for (int b = 0; b < NQ; b++) {
-            __m128 r = kvq__hsum4x256(_mm256_load_ps(part[b][0]), _mm256_load_ps(part[b][1]),
+        KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
+            __m128 s = kvq__hsum4x256(_mm256_load_ps(part[b][0]), _mm256_load_ps(part[b][1]),
                                       _mm256_load_ps(part[b][2]), _mm256_load_ps(part[b][3]));
             float *o = out + (size_t)b * ostride + j0;
             if (nk == 4) {
-                _mm_storeu_ps(o, r);
+                _mm_storeu_ps(o, s);
             } else {
                 float tmp[4];
-                _mm_storeu_ps(tmp, r);
+                _mm_storeu_ps(tmp, s);
                 for (size_t kk = 0; kk < nk; kk++)
                     o[kk] = tmp[kk];
             }
@@ -720,44 +742,63 @@ kvq__int_score_body(const kvq_codec *c, const kvq__int_plan *p, float *out, size
 typedef void (*kvq__int_score_fn)(const kvq_codec *c, const kvq__int_plan *p, float *out,
                                   size_t ostride, const uint8_t *qp, const uint8_t *keys, size_t n);
 
-#define KVQ__INT_SCORE_FN(B, M, Q)                                                                 \
-    static void kvq__int_score_##B##_##M##_##Q(const kvq_codec *c, const kvq__int_plan *p,        \
-                                               float *out, size_t ostride, const uint8_t *qp,      \
-                                               const uint8_t *keys, size_t n) {                    \
-        kvq__int_score_body(c, p, out, ostride, qp, keys, n, B, M, Q);                             \
+/* Instances: one query or four, generic shapes and the common d = 128 ones. */
+#define KVQ__INT_SCORE_FN(NAME, B, M, Q, D, G)                                                     \
+    static void NAME(const kvq_codec *c, const kvq__int_plan *p, float *out, size_t ostride,     \
+                     const uint8_t *qp, const uint8_t *keys, size_t n) {                           \
+        kvq__int_score_body(c, p, out, ostride, qp, keys, n, B, M, Q, D, G);                       \
     }
-#define KVQ__INT_SCORE_FNS(B, M)                                                                   \
-    KVQ__INT_SCORE_FN(B, M, 1) KVQ__INT_SCORE_FN(B, M, 2) KVQ__INT_SCORE_FN(B, M, 4)
-KVQ__INT_SCORE_FNS(8, 1)
-KVQ__INT_SCORE_FNS(8, 2)
-KVQ__INT_SCORE_FNS(4, 1)
-KVQ__INT_SCORE_FNS(4, 2)
-KVQ__INT_SCORE_FNS(2, 1)
-KVQ__INT_SCORE_FNS(2, 2)
+#define KVQ__INT_SCORE_PAIR(B, M, D, G)                                                            \
+    KVQ__INT_SCORE_FN(kvq__int_score_##B##_##M##_##D##_##G##_1, B, M, 1, D, G)                     \
+    KVQ__INT_SCORE_FN(kvq__int_score_##B##_##M##_##D##_##G##_4, B, M, 4, D, G)
+KVQ__INT_SCORE_PAIR(8, 1, 0, 0)
+KVQ__INT_SCORE_PAIR(8, 2, 0, 0)
+KVQ__INT_SCORE_PAIR(4, 1, 0, 0)
+KVQ__INT_SCORE_PAIR(4, 2, 0, 0)
+KVQ__INT_SCORE_PAIR(2, 1, 0, 0)
+KVQ__INT_SCORE_PAIR(2, 2, 0, 0)
+KVQ__INT_SCORE_PAIR(8, 1, 128, 128)
+KVQ__INT_SCORE_PAIR(8, 1, 128, 64)
+KVQ__INT_SCORE_PAIR(8, 1, 128, 32)
+KVQ__INT_SCORE_PAIR(4, 1, 128, 128)
+KVQ__INT_SCORE_PAIR(4, 1, 128, 64)
+KVQ__INT_SCORE_PAIR(4, 2, 128, 32)
+KVQ__INT_SCORE_PAIR(2, 1, 128, 128)
+KVQ__INT_SCORE_PAIR(2, 2, 128, 64)
+KVQ__INT_SCORE_PAIR(2, 2, 128, 32)
 
-/* [bits 8/4/2][mode U/S][1/2/4 queries] */
-static const kvq__int_score_fn kvq__int_score_tab[3][2][3] = {
-    {{kvq__int_score_8_1_1, kvq__int_score_8_1_2, kvq__int_score_8_1_4},
-     {kvq__int_score_8_2_1, kvq__int_score_8_2_2, kvq__int_score_8_2_4}},
-    {{kvq__int_score_4_1_1, kvq__int_score_4_1_2, kvq__int_score_4_1_4},
-     {kvq__int_score_4_2_1, kvq__int_score_4_2_2, kvq__int_score_4_2_4}},
-    {{kvq__int_score_2_1_1, kvq__int_score_2_1_2, kvq__int_score_2_1_4},
-     {kvq__int_score_2_2_1, kvq__int_score_2_2_2, kvq__int_score_2_2_4}},
+typedef struct {
+    int bits, mode;
+    size_t d, g;
+    kvq__int_score_fn one, four;
+} kvq__int_score_entry;
+
+#define KVQ__INT_SCORE_ENTRY(B, M, D, G)                                                           \
+    {B, M, D, G, kvq__int_score_##B##_##M##_##D##_##G##_1, kvq__int_score_##B##_##M##_##D##_##G##_4}
+/* fixed shapes first; the d = 0 entries match any shape of their bits/mode */
+static const kvq__int_score_entry kvq__int_score_tab[] = {
+    KVQ__INT_SCORE_ENTRY(8, 1, 128, 128), KVQ__INT_SCORE_ENTRY(8, 1, 128, 64),
+    KVQ__INT_SCORE_ENTRY(8, 1, 128, 32),  KVQ__INT_SCORE_ENTRY(4, 1, 128, 128),
+    KVQ__INT_SCORE_ENTRY(4, 1, 128, 64),  KVQ__INT_SCORE_ENTRY(4, 2, 128, 32),
+    KVQ__INT_SCORE_ENTRY(2, 1, 128, 128), KVQ__INT_SCORE_ENTRY(2, 2, 128, 64),
+    KVQ__INT_SCORE_ENTRY(2, 2, 128, 32),  KVQ__INT_SCORE_ENTRY(8, 1, 0, 0),
+    KVQ__INT_SCORE_ENTRY(8, 2, 0, 0),     KVQ__INT_SCORE_ENTRY(4, 1, 0, 0),
+    KVQ__INT_SCORE_ENTRY(4, 2, 0, 0),     KVQ__INT_SCORE_ENTRY(2, 1, 0, 0),
+    KVQ__INT_SCORE_ENTRY(2, 2, 0, 0),
 };
 
 static void kvq__int_score_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
                                 size_t nq, const uint8_t *keys, size_t n) {
     kvq__int_plan p;
     kvq__int_plan_make(c, &p);
-    const int bi = c->bits == 8 ? 0 : c->bits == 4 ? 1 : 2;
-    const kvq__int_score_fn *fns = kvq__int_score_tab[bi][p.mode - 1];
+    const kvq__int_score_entry *e = kvq__int_score_tab;
+    while (e->bits != c->bits || e->mode != p.mode || (e->d && (e->d != c->d || e->g != c->group)))
+        e++;
     size_t i = 0;
-    while (i < nq) {
-        const size_t r = nq - i, take = r >= 4 ? 4 : r >= 2 ? 2 : 1;
-        fns[take == 4 ? 2 : take == 2 ? 1 : 0](c, &p, out + i * ostride, ostride,
-                                               (const uint8_t *)qp + i * c->qp_bytes, keys, n);
-        i += take;
-    }
+    for (; i + 4 <= nq; i += 4)
+        e->four(c, &p, out + i * ostride, ostride, (const uint8_t *)qp + i * c->qp_bytes, keys, n);
+    for (; i < nq; i++)
+        e->one(c, &p, out + i * ostride, ostride, (const uint8_t *)qp + i * c->qp_bytes, keys, n);
 }
 
 void kvq__int_avx2_select(kvq_codec *c) {
