@@ -63,7 +63,8 @@ check-run: $(TEST_BIN) $(BUILD)/kvq
 	@fail=0; for t in $(TEST_BIN); do \
 	  echo "== $$t"; KVQ_DATA=$(DATA) $$t --data $(DATA) || fail=1; \
 	done; \
-	echo "== tools/cli_test.sh ($(BUILD))"; sh tests/cli_test.sh $(BUILD)/kvq || fail=1; \
+	echo "== tests/cli_test.sh ($(BUILD))"; KVQ_DATA=$(DATA) sh tests/cli_test.sh $(BUILD)/kvq || fail=1; \
+	echo "== tests/model_cli_test.sh ($(BUILD))"; KVQ_DATA=$(DATA) sh tests/model_cli_test.sh $(BUILD)/kvq || fail=1; \
 	if [ $$fail -ne 0 ]; then echo "SOME TESTS FAILED ($(BUILD))"; exit 1; fi; \
 	echo "all test binaries passed ($(BUILD))"
 
@@ -72,6 +73,7 @@ check-san:
 
 check: all
 	$(MAKE) check-run
+	$(MAKE) python-test
 	$(MAKE) check-san
 
 # The Python binding's tests (python/tests/run.py) against this build's libkvq.so.

@@ -206,6 +206,8 @@ static void kvq__work_free(kvq_cache *c, kvq__work *w) {
     kvq__free(&c->alloc, w->bpages);
     kvq__free(&c->alloc, w->bne);
     kvq__free(&c->alloc, w->bnp);
+    kvq__free(&c->alloc, w->rqp);
+    w->rqp = NULL;
     w->cls = NULL;
     w->bpages = NULL;
     w->bne = w->bnp = NULL;
@@ -219,28 +221,29 @@ static void kvq__work_free(kvq_cache *c, kvq__work *w) {
 }
 
 static kvq_status kvq__work_alloc(kvq_cache *c, kvq__work *w) {
-    size_t G = c->G, d = c->d, P = c->P;
-    w->qs = kvq__calloc(&c->alloc, G * d * sizeof(float));
+    size_t R = c->rows_max, d = c->d, P = c->P;
     size_t BW = c->block_pages * P;
-    w->sc = kvq__calloc(&c->alloc, G * BW * sizeof(float));
+    w->qs = kvq__calloc(&c->alloc, R * d * sizeof(float));
+    w->sc = kvq__calloc(&c->alloc, R * BW * sizeof(float));
     w->cls = kvq__calloc(&c->alloc, BW);
     w->bpages = kvq__calloc(&c->alloc, c->block_pages * sizeof(size_t));
     w->bne = kvq__calloc(&c->alloc, c->block_pages * sizeof(int));
     w->bnp = kvq__calloc(&c->alloc, c->block_pages * sizeof(int));
-    if (!w->cls || !w->bpages || !w->bne || !w->bnp)
+    w->rqp = kvq__calloc(&c->alloc, R * sizeof(int32_t));
+    if (!w->cls || !w->bpages || !w->bne || !w->bnp || !w->rqp)
         return KVQ_ERR_NOMEM;
-    w->sc2 = kvq__calloc(&c->alloc, G * P * sizeof(float));
-    w->w = kvq__calloc(&c->alloc, G * P * sizeof(float));
-    w->w2 = kvq__calloc(&c->alloc, G * P * sizeof(float));
-    w->acc = kvq__calloc(&c->alloc, G * c->max_acc * sizeof(float));
-    w->accs = kvq__calloc(&c->alloc, G * d * sizeof(float));
-    w->m = kvq__calloc(&c->alloc, G * sizeof(float));
-    w->l = kvq__calloc(&c->alloc, G * sizeof(float));
-    w->cdot = kvq__calloc(&c->alloc, G * sizeof(float));
+    w->sc2 = kvq__calloc(&c->alloc, R * P * sizeof(float));
+    w->w = kvq__calloc(&c->alloc, R * P * sizeof(float));
+    w->w2 = kvq__calloc(&c->alloc, R * P * sizeof(float));
+    w->acc = kvq__calloc(&c->alloc, R * c->max_acc * sizeof(float));
+    w->accs = kvq__calloc(&c->alloc, R * d * sizeof(float));
+    w->m = kvq__calloc(&c->alloc, R * sizeof(float));
+    w->l = kvq__calloc(&c->alloc, R * sizeof(float));
+    w->cdot = kvq__calloc(&c->alloc, R * sizeof(float));
     w->scratch = kvq__calloc(&c->alloc, P * d * sizeof(float));
-    w->outh = kvq__calloc(&c->alloc, G * d * sizeof(float));
-    w->qpk = kvq__calloc(&c->alloc, G * c->max_qp);
-    w->qpf = kvq__calloc(&c->alloc, G * c->f16->qp_bytes);
+    w->outh = kvq__calloc(&c->alloc, R * d * sizeof(float));
+    w->qpk = kvq__calloc(&c->alloc, R * c->max_qp);
+    w->qpf = kvq__calloc(&c->alloc, R * c->f16->qp_bytes);
     if (!w->qs || !w->sc || !w->sc2 || !w->w || !w->w2 || !w->acc || !w->accs || !w->m || !w->l ||
         !w->cdot || !w->scratch || !w->outh || !w->qpk || !w->qpf)
         return KVQ_ERR_NOMEM;
@@ -416,6 +419,7 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         }
     }
     c->block_pages = c->P >= 256 ? 1 : 256 / c->P;
+    c->rows_max = c->G >= 32 ? c->G : (32 / c->G) * c->G; /* query tokens x group per tile */
     c->exp_block = kvq__exp_block_select(c->f16->isa);
     if (st == KVQ_OK) {
         c->work = (kvq__work *)kvq__calloc(&al, c->n_threads * sizeof *c->work);
@@ -1080,14 +1084,16 @@ typedef struct {
     kvq_status st;
 } kvq__attn_job;
 
-/* Scores of the keys of page p for head h into sc (stride ss) for the G
- * scaled queries: encoded slots through the fused kernel, pending slots from
- * the f16 staging; masked slots get -inf. */
+/* Scores of the keys of page p for head h into sc (stride ss) for the nr
+ * scaled query rows of the tile: encoded slots through the fused kernel,
+ * pending slots from the f16 staging; slots that are free, or in the future
+ * of a row's query (causal mask), get -inf. */
 static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, const uint8_t *cls,
-                             int ne, int npd, kvq__work *w, float *sc, size_t ss) {
+                             int ne, int npd, size_t nr, kvq__work *w, float *sc, size_t ss) {
     const kvq__head *hd = &ly->heads[h];
     const kvq__page *pg = &ly->pages[p];
-    size_t P = c->P, d = c->d, G = c->G;
+    const int32_t *pos = ly->pos + p * c->P;
+    size_t P = c->P, d = c->d;
     if (c->cfg.k_prerope) {
         /* decode the page's keys (one page, never the cache), add the centre
          * back, rotate each at its position, then score in float */
@@ -1106,18 +1112,18 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
             } else {
                 continue;
             }
-            kvq__rope(c, row, ly->pos[p * P + i]);
+            kvq__rope(c, row, pos[i]);
         }
-        for (size_t g = 0; g < G; g++)
+        for (size_t r = 0; r < nr; r++)
             for (size_t i = 0; i < P; i++) {
                 float s = -INFINITY;
-                if (cls[i]) {
-                    const float *row = w->scratch + i * d, *qg = w->qs + g * d;
+                if (cls[i] && pos[i] <= w->rqp[r]) {
+                    const float *row = w->scratch + i * d, *qg = w->qs + r * d;
                     s = 0.0f;
                     for (size_t t = 0; t < d; t++)
                         s += qg[t] * row[t];
                 }
-                sc[g * ss + i] = s;
+                sc[r * ss + i] = s;
             }
         if (ne)
             w->bytes_read += hd->k_hdr + P * hd->kbytes;
@@ -1125,36 +1131,43 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
     }
     if (ne) {
         if (hd->kchan_bits)
-            kvq__chan_score(pg->block + hd->k_off, d, P, hd->kchan_bits, w->qs, G, sc, ss);
+            kvq__chan_score(pg->block + hd->k_off, d, P, hd->kchan_bits, w->qs, nr, sc, ss);
         else
-            hd->kc->k.score(hd->kc, sc, ss, w->qpk, G, pg->block + hd->k_off, P);
-        for (size_t g = 0; g < G; g++)
-            if (w->cdot[g] != 0.0f)
+            hd->kc->k.score(hd->kc, sc, ss, w->qpk, nr, pg->block + hd->k_off, P);
+        for (size_t r = 0; r < nr; r++)
+            if (w->cdot[r] != 0.0f)
                 for (size_t i = 0; i < P; i++)
-                    sc[g * ss + i] += w->cdot[g];
+                    sc[r * ss + i] += w->cdot[r];
         w->bytes_read += hd->k_hdr + P * hd->kbytes;
     }
     if (npd)
-        c->f16->k.score(c->f16, w->sc2, P, w->qpf, G, (const uint8_t *)kvq__stage_k(c, pg, h), P);
-    if (ne + npd < (int)P || npd)
-        for (size_t i = 0; i < P; i++) {
-            if (cls[i] == KVQ__ENC)
-                continue;
-            for (size_t g = 0; g < G; g++)
-                sc[g * ss + i] = cls[i] == KVQ__PEND ? w->sc2[g * P + i] : -INFINITY;
-        }
+        c->f16->k.score(c->f16, w->sc2, P, w->qpf, nr, (const uint8_t *)kvq__stage_k(c, pg, h), P);
+    for (size_t i = 0; i < P; i++) {
+        if (cls[i] == KVQ__PEND)
+            for (size_t r = 0; r < nr; r++)
+                sc[r * ss + i] = w->sc2[r * P + i];
+        else if (cls[i] != KVQ__ENC)
+            for (size_t r = 0; r < nr; r++)
+                sc[r * ss + i] = -INFINITY;
+    }
+    /* causal mask: only pages that reach past a row's query position */
+    for (size_t r = 0; r < nr; r++)
+        for (size_t i = 0; i < P; i++)
+            if (pos[i] > w->rqp[r])
+                sc[r * ss + i] = -INFINITY;
 }
 
-/* Attention of the queries of KV head h, flash-style: blocks of pages are
- * scored, folded into a running max and sum (online softmax) and their
- * values accumulated with the exponentiated weights. */
+/* Attention of KV head h, flash-style over tiles of query rows (several
+ * query tokens x the query heads of the group): blocks of pages are scored
+ * for all rows at once, folded into per-row running maxima and sums (online
+ * softmax), and their values accumulated with the exponentiated weights. */
 static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
     kvq_cache *c = jb->c;
     kvq__layer *ly = jb->ly;
     kvq__work *w = jb->w;
     const kvq__head *hd = &ly->heads[h];
     size_t P = c->P, d = c->d, G = c->G, QH = c->QH, BW = c->block_pages * P;
-    size_t alen = hd->vc->acc_len;
+    size_t alen = hd->vc->acc_len, tile = c->rows_max / G;
     const float scale = 1.0f / sqrtf((float)d);
     uint8_t *cls = w->cls;
     size_t *bp = w->bpages;
@@ -1162,35 +1175,40 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
     /* where pending tokens keep their keys / values: staged in f16, or
      * (chan_mode, except channel keys) already encoded */
     const int kstaged = !ly->chan_mode || hd->kchan_bits, vstaged = !ly->chan_mode;
-    for (size_t t = 0; t < jb->T; t++) {
-        int32_t qp = jb->qpos[t];
-        for (size_t g = 0; g < G; g++) {
-            const float *src = jb->q + (t * QH + h * G + g) * d;
-            for (size_t i = 0; i < d; i++)
-                w->qs[g * d + i] = src[i] * scale;
-            w->m[g] = -INFINITY;
-            w->l[g] = 0.0f;
-            float cd = 0.0f;
-            if (ly->center && !c->cfg.k_prerope)
+    for (size_t t0 = 0; t0 < jb->T; t0 += tile) {
+        size_t nt = KVQ__MIN(tile, jb->T - t0), nr = nt * G;
+        int32_t qmax = INT32_MIN;
+        for (size_t tt = 0; tt < nt; tt++)
+            for (size_t g = 0; g < G; g++) {
+                size_t r = tt * G + g;
+                const float *src = jb->q + ((t0 + tt) * QH + h * G + g) * d;
                 for (size_t i = 0; i < d; i++)
-                    cd += w->qs[g * d + i] * ly->center[h * d + i];
-            w->cdot[g] = cd;
-        }
+                    w->qs[r * d + i] = src[i] * scale;
+                w->m[r] = -INFINITY;
+                w->l[r] = 0.0f;
+                w->rqp[r] = jb->qpos[t0 + tt];
+                float cd = 0.0f;
+                if (ly->center && !c->cfg.k_prerope)
+                    for (size_t i = 0; i < d; i++)
+                        cd += w->qs[r * d + i] * ly->center[h * d + i];
+                w->cdot[r] = cd;
+                qmax = KVQ__MAX(qmax, w->rqp[r]);
+            }
         if (!c->cfg.k_prerope) {
             if (hd->kc)
-                kvq__codec_prep(hd->kc, w->qpk, w->qs, G);
-            kvq__codec_prep(c->f16, w->qpf, w->qs, G);
+                kvq__codec_prep(hd->kc, w->qpk, w->qs, nr);
+            kvq__codec_prep(c->f16, w->qpf, w->qs, nr);
         }
-        memset(w->acc, 0, G * alen * sizeof(float));
-        memset(w->accs, 0, G * d * sizeof(float));
+        memset(w->acc, 0, nr * alen * sizeof(float));
+        memset(w->accs, 0, nr * d * sizeof(float));
         int any_pend = 0;
         size_t p = 0;
         while (p < ly->n_pages) {
-            /* gather a block of pages with visible tokens */
+            /* gather a block of pages with tokens visible to the tile */
             size_t nb = 0;
             for (; p < ly->n_pages && nb < c->block_pages; p++) {
                 const kvq__page *pg = &ly->pages[p];
-                if (!pg->block || pg->min_pos > qp)
+                if (!pg->block || pg->min_pos > qmax)
                     continue;
                 uint8_t *cl = cls + nb * P;
                 int ne = 0, npd = 0;
@@ -1198,7 +1216,7 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                 const uint8_t *stt = ly->state + p * P;
                 for (size_t i = 0; i < P; i++) {
                     uint8_t st = KVQ__STATE(stt[i]);
-                    if (pos[i] < 0 || pos[i] > qp)
+                    if (pos[i] < 0 || pos[i] > qmax)
                         st = KVQ__FREE;
                     else if (st == KVQ__PEND && !kstaged)
                         st = KVQ__ENC;
@@ -1211,35 +1229,38 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                 bp[nb] = p;
                 bne[nb] = ne;
                 bnp[nb] = npd;
-                kvq__page_scores(c, ly, h, p, cl, ne, npd, w, w->sc + nb * P, BW);
+                kvq__page_scores(c, ly, h, p, cl, ne, npd, nr, w, w->sc + nb * P, BW);
                 any_pend |= npd;
                 nb++;
             }
             if (!nb)
                 break;
             size_t width = nb * P;
-            for (size_t g = 0; g < G; g++) {
-                float *sc = w->sc + g * BW;
+            for (size_t r = 0; r < nr; r++) {
+                float *sc = w->sc + r * BW;
                 if (rawsc)
                     for (size_t b = 0; b < nb; b++)
-                        memcpy(rawsc + g * ly->slots_cap + bp[b] * P, sc + b * P, P * sizeof(float));
+                        memcpy(rawsc + r * ly->slots_cap + bp[b] * P, sc + b * P, P * sizeof(float));
                 float bm = -INFINITY;
                 for (size_t i = 0; i < width; i++)
                     bm = sc[i] > bm ? sc[i] : bm;
-                float mnew = bm > w->m[g] ? bm : w->m[g];
-                if (mnew == -INFINITY)
+                float mnew = bm > w->m[r] ? bm : w->m[r];
+                if (mnew == -INFINITY) {
+                    for (size_t i = 0; i < width; i++)
+                        sc[i] = 0.0f;
                     continue;
-                if (mnew > w->m[g] && w->l[g] > 0.0f) {
-                    float f = expf(w->m[g] - mnew);
+                }
+                if (mnew > w->m[r] && w->l[r] > 0.0f) {
+                    float f = expf(w->m[r] - mnew);
                     for (size_t i = 0; i < alen; i++)
-                        w->acc[g * alen + i] *= f;
+                        w->acc[r * alen + i] *= f;
                     if (any_pend)
                         for (size_t i = 0; i < d; i++)
-                            w->accs[g * d + i] *= f;
-                    w->l[g] *= f;
+                            w->accs[r * d + i] *= f;
+                    w->l[r] *= f;
                 }
-                w->m[g] = mnew;
-                w->l[g] += c->exp_block(sc, width, mnew);
+                w->m[r] = mnew;
+                w->l[r] += c->exp_block(sc, width, mnew);
             }
             for (size_t b = 0; b < nb; b++) {
                 const kvq__page *pg = &ly->pages[bp[b]];
@@ -1247,44 +1268,46 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                 if (bnp[b] && vstaged) {
                     /* split the weights: encoded slots vs staged slots */
                     const uint8_t *cl = cls + b * P;
-                    for (size_t g = 0; g < G; g++)
+                    for (size_t r = 0; r < nr; r++)
                         for (size_t i = 0; i < P; i++) {
-                            float x = wb[g * BW + i];
-                            w->w[g * P + i] = cl[i] == KVQ__ENC ? x : 0.0f;
-                            w->w2[g * P + i] = cl[i] == KVQ__PEND ? x : 0.0f;
+                            float x = wb[r * BW + i];
+                            w->w[r * P + i] = cl[i] == KVQ__ENC ? x : 0.0f;
+                            w->w2[r * P + i] = cl[i] == KVQ__PEND ? x : 0.0f;
                         }
-                    c->f16->k.accum(c->f16, w->accs, d, w->w2, P, G,
-                                    (const uint8_t *)kvq__stage_v(c, pg, hd - ly->heads), P);
+                    c->f16->k.accum(c->f16, w->accs, d, w->w2, P, nr,
+                                    (const uint8_t *)kvq__stage_v(c, pg, h), P);
                     if (bne[b])
-                        hd->vc->k.accum(hd->vc, w->acc, alen, w->w, P, G, pg->block + hd->v_off, P);
+                        hd->vc->k.accum(hd->vc, w->acc, alen, w->w, P, nr, pg->block + hd->v_off, P);
                 } else {
-                    hd->vc->k.accum(hd->vc, w->acc, alen, wb, BW, G, pg->block + hd->v_off, P);
+                    hd->vc->k.accum(hd->vc, w->acc, alen, wb, BW, nr, pg->block + hd->v_off, P);
                 }
                 if (bne[b] || !vstaged)
                     w->bytes_read += P * hd->vbytes;
             }
         }
-        for (size_t g = 0; g < G; g++) {
-            float *o = jb->out + (t * QH + h * G + g) * d;
-            memset(o, 0, d * sizeof(float));
-            if (hd->vc->k.finish)
-                hd->vc->k.finish(hd->vc, o, w->acc + g * alen);
-            else
+        for (size_t tt = 0; tt < nt; tt++)
+            for (size_t g = 0; g < G; g++) {
+                size_t r = tt * G + g;
+                float *o = jb->out + ((t0 + tt) * QH + h * G + g) * d;
+                memset(o, 0, d * sizeof(float));
+                if (hd->vc->k.finish)
+                    hd->vc->k.finish(hd->vc, o, w->acc + r * alen);
+                else
+                    for (size_t i = 0; i < d; i++)
+                        o[i] += w->acc[r * alen + i];
+                float inv = w->l[r] > 0.0f ? 1.0f / w->l[r] : 0.0f;
                 for (size_t i = 0; i < d; i++)
-                    o[i] += w->acc[g * alen + i];
-            float inv = w->l[g] > 0.0f ? 1.0f / w->l[g] : 0.0f;
-            for (size_t i = 0; i < d; i++)
-                o[i] = (o[i] + (any_pend ? w->accs[g * d + i] : 0.0f)) * inv;
-        }
+                    o[i] = (o[i] + (any_pend ? w->accs[r * d + i] : 0.0f)) * inv;
+            }
         if (rawsc && jb->attn) {
             float *a = jb->attn + h * ly->slots_cap;
             for (size_t s = 0; s < ly->n_pages * P; s++) {
-                if (ly->pos[s] < 0 || ly->pos[s] > qp || !ly->pages[s / P].block)
+                if (ly->pos[s] < 0 || !ly->pages[s / P].block || ly->pages[s / P].min_pos > qmax)
                     continue;
                 float sum = 0.0f;
-                for (size_t g = 0; g < G; g++)
-                    if (w->l[g] > 0.0f)
-                        sum += expf(rawsc[g * ly->slots_cap + s] - w->m[g]) / w->l[g];
+                for (size_t r = 0; r < nr; r++)
+                    if (w->l[r] > 0.0f && ly->pos[s] <= w->rqp[r])
+                        sum += expf(rawsc[r * ly->slots_cap + s] - w->m[r]) / w->l[r];
                 a[s] += sum;
             }
         }
@@ -1296,7 +1319,7 @@ static void *kvq__attn_thread(void *arg) {
     kvq_cache *c = jb->c;
     float *rawsc = NULL;
     if (jb->attn) {
-        rawsc = (float *)kvq__alloc(&c->alloc, c->G * jb->ly->slots_cap * sizeof(float) + 64);
+        rawsc = (float *)kvq__alloc(&c->alloc, c->rows_max * jb->ly->slots_cap * sizeof(float) + 64);
         if (!rawsc) {
             jb->st = KVQ_ERR_NOMEM;
             return NULL;

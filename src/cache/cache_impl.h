@@ -79,6 +79,7 @@ typedef struct kvq__work {
     uint8_t *cls;          /* slot classes of the current block */
     size_t *bpages;        /* pages of the current block */
     int *bne, *bnp;        /* their encoded / pending visible counts */
+    int32_t *rqp;          /* query position of each row of the tile */
     uint64_t bytes_read;
 } kvq__work;
 
@@ -99,6 +100,7 @@ struct kvq_cache {
     size_t n_threads;
     size_t max_qp, max_acc;
     size_t block_pages;                     /* pages per online-softmax block */
+    size_t rows_max;                        /* query rows per tile (a multiple of G) */
     float (*exp_block)(float *x, size_t n, float m);
     size_t total_peak;
 };

@@ -27,6 +27,12 @@
  * Quantization rule (defines ties): with H = 2^(k-1) and positive thresholds
  * tau_1 < ... < tau_{H-1}, n = #{i : |u_j| >= tau_i}; idx = H + n when u_j's
  * sign bit is clear, else H - 1 - n.
+ *
+ * norm=8 code of a norm s over [lo, hi] (log2 units; default [-10, 10],
+ * kvq_codec_fit sets it from sample norms plus a margin, the state saves
+ * it): 0 when s < 2^(lo-1), else clamp(1 + round((log2 s - lo) * 254 /
+ * (hi - lo)), 1, 255); code k >= 1 decodes to 2^(lo + (k-1) (hi-lo) / 254).
+ * tqp has a second range for the residual norm.
  */
 #include "tq_impl.h"
 

@@ -462,6 +462,16 @@ static int kvq__int_plan_make(const kvq_codec *c, kvq__int_plan *p) {
     return p->size <= c->qp_bytes;
 }
 
+/* Whether chunk ci starts an int4 pair (kernel and prep agree on this). */
+static inline int kvq__int_pair_start(const kvq__int_plan *p, int bits, size_t ci) {
+    if (bits != 4)
+        return 0;
+    if (p->mode == KVQ__MODE_S)
+        return p->gpc == 2 && ci % 2 == 0 && ci + 1 < p->nch;
+    size_t e = ci % p->cpg;
+    return e % 2 == 0 && e + 1 < p->cpg;
+}
+
 static void kvq__int_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
     kvq__int_plan p;
     kvq__int_plan_make(c, &p);
@@ -509,7 +519,10 @@ static void kvq__int_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
     }
     for (size_t ci = 0; ci < p.nch; ci++)
         for (size_t l = 0; l < 8; l++) {
-            size_t t0 = ci * V + W * l;
+            /* first value of the block lane l multiplies (see kvq__pair_dot4) */
+            size_t t0 = kvq__int_pair_start(&p, bits, ci)
+                            ? (2 * (ci + (l % 4) / 2) + l / 4) * 32
+                            : ci * V + W * l;
             if (t0 < d)
                 qs[8 * ci + l] = bs[t0 / 32];
         }
@@ -589,21 +602,40 @@ kvq__chunk_dot(const kvq__planes *k, const int8_t *qc, const int BITS) {
 
 #define KVQ__UNROLL4 _Pragma("GCC unroll 4")
 
+/* int4, chunks ci and ci+1 together (needs g % 32 == 0): the two int16
+ * product vectors are folded into one before madd, so int32 lane l holds
+ * block 2ci + h + 2*(l%4 >= 2), h = l/4 the 128-bit half, i.e. lanes
+ * [b0 b0 b2 b2 | b1 b1 b3 b3] for ci = 0. int16 sums stay below 4*15*127*2. */
+static inline __attribute__((always_inline)) __m256i
+kvq__pair_dot4(const kvq__planes *k0, const kvq__planes *k1, const int8_t *qc) {
+    const __m256i *q = (const __m256i *)(const void *)qc;
+    __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(k0->p0, _mm256_load_si256(q)),
+                                 _mm256_maddubs_epi16(k0->p1, _mm256_load_si256(q + 1)));
+    __m256i Q = _mm256_add_epi16(_mm256_maddubs_epi16(k1->p0, _mm256_load_si256(q + 2)),
+                                 _mm256_maddubs_epi16(k1->p1, _mm256_load_si256(q + 3)));
+    __m256i S = _mm256_add_epi16(_mm256_unpacklo_epi64(P, Q), _mm256_unpackhi_epi64(P, Q));
+    return _mm256_madd_epi16(S, _mm256_set1_epi16(1));
+}
+
 /* One key against NQ prepared queries: r[b] gets 8 partial sums whose total
  * is the score. D and G are compile-time shapes (0: read them from the
- * plan). Even chunks accumulate in one chain and odd chunks (after the
- * minimum term) in another, the same way for every NQ, so a query's score
- * does not depend on how many queries share the call. */
+ * plan). Successive steps (a chunk or an int4 pair) alternate between two
+ * accumulators (for latency), the same way for every NQ, so a query's
+ * score does not depend on how many queries share the call. */
 static inline __attribute__((always_inline)) void
 kvq__int_score_key(const kvq__int_plan *p, const uint8_t *key, const uint8_t *qp, size_t qpb,
                    __m256 *r, const int BITS, const int MODE, const int NQ, const size_t D,
                    const size_t G) {
     const int ASYM = BITS != 8;
-    const size_t V = 256 / (size_t)BITS, W = V / 8;
+    const size_t V = 256 / (size_t)BITS;
     const size_t ng = D ? D / G : p->ng;
     const size_t nch = D ? (D + V - 1) / V : p->nch;
     const size_t last_nb = D ? (D - (nch - 1) * V) * (size_t)BITS / 8 : p->last_nb;
     const uint8_t *codes = key + (ASYM ? 4 : 2) * ng;
+#define KVQ__QC(b, ci) ((const int8_t *)(qp + (b) * qpb) + (ci) * V)
+#define KVQ__QS(b, ci) _mm256_load_ps((const float *)(const void *)(qp + (b) * qpb + p->off_qs) + 8 * (ci))
+#define KVQ__CHUNK(ci)                                                                             \
+    kvq__key_planes(kvq__load_chunk(codes + 32 * (ci), (ci) + 1 == nch ? last_nb : 32), BITS)
     __m256 acc[4], acc2[4];
     KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc[b] = acc2[b] = _mm256_setzero_ps();
 
@@ -631,40 +663,55 @@ kvq__int_score_key(const kvq__int_plan *p, const uint8_t *key, const uint8_t *qp
 
     if (MODE == KVQ__MODE_S) {
         const size_t gpc = D ? V / G : p->gpc;
+        const __m128i kmask =
+            D ? _mm_cmpgt_epi16(_mm_set1_epi16((short)(gpc == 8 ? (D - (nch - 1) * V) / G
+                                                               : ng - 4 * ((ng - 1) / 4))),
+                                _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7))
+              : _mm_loadu_si128((const __m128i *)(const void *)p->kmask);
 #pragma GCC unroll 8
         for (size_t ci = 0; ci < nch; ci++) {
-            const int last = ci + 1 == nch;
-            kvq__planes kp =
-                kvq__key_planes(kvq__load_chunk(codes + 32 * ci, last ? last_nb : 32), BITS);
+            const size_t g0 = ci * gpc, set = g0 / 4; /* first group; its set of 4 */
+            const int pair = BITS == 4 && gpc == 2 && ci + 1 < nch;
             __m256 K;
-            const __m128i kmask =
-                D ? _mm_cmpgt_epi16(_mm_set1_epi16((short)(gpc == 8 ? (D - (nch - 1) * V) / G
-                                                                   : ng - 4 * ((ng - 1) / 4))),
-                                    _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7))
-                  : _mm_loadu_si128((const __m128i *)(const void *)p->kmask);
             if (gpc == 8) {
                 __m128i sh = _mm_loadu_si128((const __m128i *)(const void *)(key + 16 * ci));
-                K = _mm256_cvtph_ps(last ? _mm_and_si128(sh, kmask) : sh);
+                K = _mm256_cvtph_ps(ci + 1 == nch ? _mm_and_si128(sh, kmask) : sh);
             } else {
-                const size_t g0 = ci * gpc, set = g0 / 4; /* first group; its set of 4 */
                 __m128i sh = _mm_loadl_epi64((const __m128i *)(const void *)(key + 8 * set));
                 if (set == (ng - 1) / 4)
                     sh = _mm_and_si128(sh, kmask);
-                sh = _mm_shuffle_epi8(sh, gpc == 2 ? _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 2, 3, 0, 1, 6, 7, 4, 5)
-                                                   : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 0, 1, 2, 3));
-                const __m256 X = _mm256_cvtph_ps(sh);
-                if (gpc == 4)
-                    K = _mm256_shuffle_ps(X, X, 0x50);
-                else if (g0 % 4 == 0)
-                    K = _mm256_shuffle_ps(X, X, 0x00);
-                else
-                    K = _mm256_shuffle_ps(X, X, 0xaa);
+                if (pair) /* lanes s0 s0 s2 s2 | s1 s1 s3 s3 */
+                    K = _mm256_cvtph_ps(_mm_shuffle_epi8(
+                        sh, _mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 2, 3, 2, 3, 6, 7, 6, 7)));
+                else {
+                    const __m256 X = _mm256_cvtph_ps(_mm_shuffle_epi8(
+                        sh, gpc == 2 ? _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 2, 3, 0, 1, 6, 7, 4, 5)
+                                     : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 0, 1, 2, 3)));
+                    if (gpc == 4)
+                        K = _mm256_shuffle_ps(X, X, 0x50);
+                    else if (g0 % 4 == 0)
+                        K = _mm256_shuffle_ps(X, X, 0x00);
+                    else
+                        K = _mm256_shuffle_ps(X, X, 0xaa);
+                }
             }
+            if (pair) {
+                kvq__planes k0 = KVQ__CHUNK(ci), k1 = KVQ__CHUNK(ci + 1);
+                KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
+                    __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))),
+                                             KVQ__QS(b, ci));
+                    acc[b] = _mm256_fmadd_ps(F, K, acc[b]);
+                    __m256 t = acc[b];
+                    acc[b] = acc2[b];
+                    acc2[b] = t;
+                }
+                ci++;
+                continue;
+            }
+            kvq__planes kp = KVQ__CHUNK(ci);
             KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-                __m256i I = kvq__chunk_dot(&kp, (const int8_t *)(qp + b * qpb) + ci * V, BITS);
-                __m256 F = _mm256_mul_ps(
-                    _mm256_cvtepi32_ps(I),
-                    _mm256_load_ps((const float *)(const void *)(qp + b * qpb + p->off_qs) + 8 * ci));
+                __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)),
+                                         KVQ__QS(b, ci));
                 acc[b] = _mm256_fmadd_ps(F, K, acc[b]);
                 __m256 t = acc[b];
                 acc[b] = acc2[b];
@@ -680,15 +727,23 @@ kvq__int_score_key(const kvq__int_plan *p, const uint8_t *key, const uint8_t *qp
             KVQ__UNROLL4 for (int b = 0; b < NQ; b++) g1[b] = g2[b] = _mm256_setzero_ps();
 #pragma GCC unroll 8
             for (size_t e = 0; e < cpg; e++, ci++) {
-                const size_t nb = ci + 1 == nch ? last_nb : 32;
-                kvq__planes kp = kvq__key_planes(kvq__load_chunk(codes + 32 * ci, nb), BITS);
+                if (BITS == 4 && e + 1 < cpg) {
+                    kvq__planes k0 = KVQ__CHUNK(ci), k1 = KVQ__CHUNK(ci + 1);
+                    KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
+                        g1[b] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))),
+                            KVQ__QS(b, ci), g1[b]);
+                        __m256 t = g1[b];
+                        g1[b] = g2[b];
+                        g2[b] = t;
+                    }
+                    e++, ci++;
+                    continue;
+                }
+                kvq__planes kp = KVQ__CHUNK(ci);
                 KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-                    __m256i I = kvq__chunk_dot(&kp, (const int8_t *)(qp + b * qpb) + ci * V, BITS);
-                    g1[b] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(I),
-                        _mm256_load_ps((const float *)(const void *)(qp + b * qpb + p->off_qs) +
-                                       8 * ci),
-                        g1[b]);
+                    g1[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)),
+                                            KVQ__QS(b, ci), g1[b]);
                     __m256 t = g1[b];
                     g1[b] = g2[b];
                     g2[b] = t;
@@ -700,6 +755,18 @@ kvq__int_score_key(const kvq__int_plan *p, const uint8_t *key, const uint8_t *qp
         }
     }
     KVQ__UNROLL4 for (int b = 0; b < NQ; b++) r[b] = _mm256_add_ps(acc[b], acc2[b]);
+#undef KVQ__QC
+#undef KVQ__QS
+#undef KVQ__CHUNK
+}
+
+/* Lane sums of four vectors, lane i = sum of the i-th; unpacks and
+ * immediate shuffles instead of hadd (slow on some cores). */
+static inline __m128 kvq__sum4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    __m256 v = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xee));
+    return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
 }
 
 /* Scores of NQ prepared queries against n keys; four keys' partial sums are
@@ -724,8 +791,8 @@ kvq__int_score_body(const kvq_codec *c, const kvq__int_plan *p, float *out, size
                 _mm256_store_ps(part[b][kk], r[b]);
         }
         KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-            __m128 s = kvq__hsum4x256(_mm256_load_ps(part[b][0]), _mm256_load_ps(part[b][1]),
-                                      _mm256_load_ps(part[b][2]), _mm256_load_ps(part[b][3]));
+            __m128 s = kvq__sum4x8(_mm256_load_ps(part[b][0]), _mm256_load_ps(part[b][1]),
+                                   _mm256_load_ps(part[b][2]), _mm256_load_ps(part[b][3]));
             float *o = out + (size_t)b * ostride + j0;
             if (nk == 4) {
                 _mm_storeu_ps(o, s);

@@ -7,23 +7,35 @@
  * the FWHT runs the same stages (h = 1, 2, 4 inside a register, then across
  * registers), norms use the same 8-lane sums with separate multiply and add,
  * matrix rows use the same lane sums and the reduction order of
- * kvq__hsum4x256, and ||c||^2 is an order-free integer sum. Encoding uses
- * a branch-free binary search on |u| against the positive thresholds; the
- * index bit planes come from movemask and are interleaved with small spread
- * tables. Vectors with a norm outside the fast range go to the scalar
- * encoder.
+ * kvq__hsum4x256, and ||c||^2 is an order-free integer sum. The encoder is
+ * software-pipelined over vectors (the rotation, norm, sqrt and division of
+ * vector v+1 overlap the quantization of vector v); it compares |u| with
+ * the positive thresholds (a thermometer code for 2 and 3 bits, a binary
+ * search for 4), takes the index bit planes with movemask and interleaves
+ * them with spread tables. Vectors whose norm is outside the fast range go
+ * to the scalar encoder.
  *
- * score and accumulate decode 8 indices at a time: one broadcast load, a
- * variable shift, a permute of the 8-entry codebook (two permutes and a
- * blend for 16 entries), and FMA (so they differ from the scalar sums by
- * rounding). 3-bit groups are read as 4 bytes; the last tq3 vector of a
- * call is copied to a padded buffer so no byte past the input is read.
+ * score uses per-query lookup tables built by prep (tq_impl.h): one float
+ * load and add per 1, 2 or 8 coordinates, with BMI1 bextr field extraction.
+ * It is not bit-exact (other summation order). decode and accumulate expand
+ * 8 indices at a time with a variable shift and a permute of the codebook
+ * (two permutes and a blend for 16 entries); accumulate uses FMA. 3-bit
+ * groups are read 4 or 8 bytes at a time; the last tq3 vector of a call is
+ * copied to a padded buffer so no byte past the input is read.
+ *
+ * Costs on the development CPU (Zen 1, where 256-bit variable shifts and
+ * permutes take ~4 cycles) shaped these choices: FWHT butterflies are split
+ * between the add and the FMA pipes (fma(x, +-1, y) rounds exactly like
+ * y +- x), and score avoids permutes altogether.
  */
 #include "../kernels.h"
 #include "../../codec/tq_impl.h"
 #include "simd_avx2.h"
 
 #define KVQ__AI static inline __attribute__((always_inline))
+/* BMI1 (bextr) for the score lookups: every CPU with the BMI2 that this
+ * directory is compiled for has it. */
+#define KVQ__BMI __attribute__((target("bmi")))
 
 /* ---- bit spreading: bit i of a byte -> bit k*i + s ---- */
 #define KVQ__SPB(b, k, s)                                                                          \
@@ -612,10 +624,6 @@ KVQ__AI float kvq__tq_sign_dot(const float *sq, const uint8_t *sg, size_t d) {
     return kvq__hsum256(_mm256_add_ps(a0, a1));
 }
 
-/* Rotate right; with BMI2 this is the non-destructive rorx, which saves a
- * register copy per extracted field. */
-static inline uint64_t kvq__tq_rotr(uint64_t w, int s) { return (w >> s) | (w << (64 - s)); }
-
 static inline uint64_t kvq__tq_ldu64(const uint8_t *p) {
     uint64_t w;
     memcpy(&w, p, 8);
@@ -674,7 +682,7 @@ static void kvq__tq_lut_build(const kvq__tq *t, size_t d, const float *q, float 
 /* sum_j q'_j c[idx_j] for one vector's index area ix, by table lookups.
  * kb = 3 reads 8 bytes at a time (up to 2 bytes past the area; callers
  * guarantee they are readable). */
-KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size_t d, int kb) {
+KVQ__BMI KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size_t d, int kb) {
     /* eight independent sums (named, so they stay in registers): the add
      * latency, not the loads, would otherwise bound the loop */
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
@@ -698,20 +706,20 @@ KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size_t d, int
         for (; f + 16 <= nf; f += 16, tb += 256) {
             uint64_t w = kvq__tq_ldu64(ix + f / 2);
             s0 += tb[0 + (w & 15)];
-            s1 += tb[16 + (kvq__tq_rotr(w, 4) & 15)];
-            s2 += tb[32 + (kvq__tq_rotr(w, 8) & 15)];
-            s3 += tb[48 + (kvq__tq_rotr(w, 12) & 15)];
-            s4 += tb[64 + (kvq__tq_rotr(w, 16) & 15)];
-            s5 += tb[80 + (kvq__tq_rotr(w, 20) & 15)];
-            s6 += tb[96 + (kvq__tq_rotr(w, 24) & 15)];
-            s7 += tb[112 + (kvq__tq_rotr(w, 28) & 15)];
-            s0 += tb[128 + (kvq__tq_rotr(w, 32) & 15)];
-            s1 += tb[144 + (kvq__tq_rotr(w, 36) & 15)];
-            s2 += tb[160 + (kvq__tq_rotr(w, 40) & 15)];
-            s3 += tb[176 + (kvq__tq_rotr(w, 44) & 15)];
-            s4 += tb[192 + (kvq__tq_rotr(w, 48) & 15)];
-            s5 += tb[208 + (kvq__tq_rotr(w, 52) & 15)];
-            s6 += tb[224 + (kvq__tq_rotr(w, 56) & 15)];
+            s1 += tb[16 + (_bextr_u64(w, 4, 4))];
+            s2 += tb[32 + (_bextr_u64(w, 8, 4))];
+            s3 += tb[48 + (_bextr_u64(w, 12, 4))];
+            s4 += tb[64 + (_bextr_u64(w, 16, 4))];
+            s5 += tb[80 + (_bextr_u64(w, 20, 4))];
+            s6 += tb[96 + (_bextr_u64(w, 24, 4))];
+            s7 += tb[112 + (_bextr_u64(w, 28, 4))];
+            s0 += tb[128 + (_bextr_u64(w, 32, 4))];
+            s1 += tb[144 + (_bextr_u64(w, 36, 4))];
+            s2 += tb[160 + (_bextr_u64(w, 40, 4))];
+            s3 += tb[176 + (_bextr_u64(w, 44, 4))];
+            s4 += tb[192 + (_bextr_u64(w, 48, 4))];
+            s5 += tb[208 + (_bextr_u64(w, 52, 4))];
+            s6 += tb[224 + (_bextr_u64(w, 56, 4))];
             s7 += tb[240 + (w >> 60)];
         }
         for (; f < nf; f += 2, tb += 32) {
@@ -725,13 +733,13 @@ KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size_t d, int
         for (; f + 8 <= nf; f += 8, tb += 512, p += 6) {
             uint64_t w = kvq__tq_ldu64(p);
             s0 += tb[0 + (w & 63)];
-            s1 += tb[64 + (kvq__tq_rotr(w, 6) & 63)];
-            s2 += tb[128 + (kvq__tq_rotr(w, 12) & 63)];
-            s3 += tb[192 + (kvq__tq_rotr(w, 18) & 63)];
-            s4 += tb[256 + (kvq__tq_rotr(w, 24) & 63)];
-            s5 += tb[320 + (kvq__tq_rotr(w, 30) & 63)];
-            s6 += tb[384 + (kvq__tq_rotr(w, 36) & 63)];
-            s7 += tb[448 + (kvq__tq_rotr(w, 42) & 63)];
+            s1 += tb[64 + (_bextr_u64(w, 6, 6))];
+            s2 += tb[128 + (_bextr_u64(w, 12, 6))];
+            s3 += tb[192 + (_bextr_u64(w, 18, 6))];
+            s4 += tb[256 + (_bextr_u64(w, 24, 6))];
+            s5 += tb[320 + (_bextr_u64(w, 30, 6))];
+            s6 += tb[384 + (_bextr_u64(w, 36, 6))];
+            s7 += tb[448 + (_bextr_u64(w, 42, 6))];
         }
         if (f < nf) { /* 4 fields in the last 3 bytes */
             uint32_t w = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
@@ -744,27 +752,39 @@ KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size_t d, int
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
-KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t ostride, const void *qp,
-                              size_t nq, const uint8_t *keys, size_t n, int kb) {
+/* A stored norm (F16C for fp16). */
+KVQ__AI float kvq__tq_norm_avx2(const kvq__tq *t, const kvq__tq_ncode *nc, const uint8_t *p) {
+    return t->nb == 2 ? _cvtsh_ss(kvq__ld16(p)) : nc->tab[p[0]];
+}
+
+KVQ__BMI KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                                       size_t nq, const uint8_t *keys, size_t n, int kb) {
     const kvq__tq *t = (const kvq__tq *)c->state;
-    const size_t d = c->d, qs = c->qp_bytes / 4, so = kvq__round64(d * 4) / 4;
+    const size_t d = c->d, qs = c->qp_bytes / 4, so = kvq__round64(d * 4) / 4, vb = c->bytes;
     const size_t lo = (t->sketch ? 2 : 1) * so, oi = t->off_idx;
+    /* tq3 reads up to 2 bytes past a vector: the last one goes through pad */
+    const size_t direct = (kb == 3 && !t->sketch && n) ? n - 1 : n;
     uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
     for (size_t i = 0; i < nq; i++) {
         const float *qb = (const float *)qp + i * qs;
         float *o = out + i * ostride;
         for (size_t k = 0; k < n; k++) {
-            const uint8_t *p = kvq__tq_vec(c, keys, k, n, pad);
-            float s = kvq__tq_lut_dot(qb + lo, p + oi, d, kb) * kvq__tq_get_norm(t, &t->ns, p);
+            const uint8_t *p = keys + k * vb;
+            if (k >= direct) {
+                memcpy(pad, p, vb);
+                memset(pad + vb, 0, 8);
+                p = pad;
+            }
+            float s = kvq__tq_lut_dot(qb + lo, p + oi, d, kb) * kvq__tq_norm_avx2(t, &t->ns, p);
             if (t->sketch)
-                s += kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) * t->sk_scale *
+                s += kvq__tq_norm_avx2(t, &t->nr, p + t->off_rnorm) * t->sk_scale *
                      kvq__tq_sign_dot(qb + so, p + t->off_sign, d);
             o[k] = s;
         }
     }
 }
 
-static void kvq__tq_score_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+KVQ__BMI static void kvq__tq_score_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
                                size_t nq, const uint8_t *keys, size_t n) {
     switch (((const kvq__tq *)c->state)->kb) {
     case 1:
