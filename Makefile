@@ -4,8 +4,10 @@
 #   make bench      the benchmarks (kvq bench ...)
 #   make demo       the main job, printed as a table
 #   make install PREFIX=/usr/local [DESTDIR=...]
+#   make fuzz       libFuzzer targets $(BUILD)/fuzz_record, fuzz_segment (clang)
 # BUILD=dir selects the build folder (helpers and sanitizer builds use their own).
 # SAN=1 builds with AddressSanitizer + UndefinedBehaviorSanitizer.
+# HIREDIS=0 builds without the Redis store even when pkg-config finds hiredis.
 
 CC       ?= cc
 BUILD    ?= build
@@ -22,6 +24,22 @@ ifeq ($(SAN),1)
 endif
 CFLAGS_ALL := $(BASEFLAGS) $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS)
 LDLIBS   := -lm -lpthread
+
+# The Redis store (src/tier/store_redis.c) needs hiredis, found with pkg-config.
+HIREDIS  ?= auto
+ifneq ($(HIREDIS),0)
+  HIREDIS_FOUND := $(shell pkg-config --exists hiredis 2>/dev/null && echo 1)
+endif
+ifeq ($(HIREDIS_FOUND),1)
+  HIREDIS_CFLAGS := -DKVQ_HAVE_HIREDIS $(shell pkg-config --cflags hiredis)
+  LDLIBS += $(shell pkg-config --libs hiredis)
+else ifeq ($(MAKELEVEL),0)
+  ifeq ($(HIREDIS),0)
+    $(info HIREDIS=0: the Redis store is disabled)
+  else
+    $(info hiredis not found: the Redis store is disabled)
+  endif
+endif
 AVX2FLAGS := -mavx2 -mfma -mf16c -mbmi2
 
 LIB_SRC  := $(sort $(shell find src -name '*.c'))
@@ -30,15 +48,17 @@ TOOL_SRC := $(sort $(wildcard tools/*.c))
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
-TEST_HELP := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
+TEST_HELP := $(filter-out $(TEST_SRC) tests/inspect_demo.c,$(wildcard tests/*.c))
 
-.PHONY: all check check-run check-san bench demo install clean python-test
+.PHONY: all check check-run check-san bench demo install clean python-test fuzz
 
 all: $(BUILD)/libkvq.a $(BUILD)/libkvq.so $(BUILD)/kvq
 
 $(BUILD)/obj/src/kernels/x86/%.o: src/kernels/x86/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/src/tier/store_redis.o: CFLAGS_ALL += $(HIREDIS_CFLAGS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -59,12 +79,14 @@ $(BUILD)/tests/%: tests/%.c $(TEST_HELP) tests/testutil.h $(BUILD)/libkvq.a
 	$(CC) $(CFLAGS_ALL) -Isrc -o $@ $< $(TEST_HELP) $(BUILD)/libkvq.a $(LDLIBS)
 
 # Runs every test binary of $(BUILD); fails at the end if any failed.
-check-run: $(TEST_BIN) $(BUILD)/kvq
+check-run: $(TEST_BIN) $(BUILD)/kvq $(BUILD)/tests/inspect_demo
 	@fail=0; for t in $(TEST_BIN); do \
 	  echo "== $$t"; KVQ_DATA=$(DATA) $$t --data $(DATA) || fail=1; \
 	done; \
 	echo "== tests/cli_test.sh ($(BUILD))"; KVQ_DATA=$(DATA) sh tests/cli_test.sh $(BUILD)/kvq || fail=1; \
-	echo "== tests/model_cli_test.sh ($(BUILD))"; KVQ_DATA=$(DATA) sh tests/model_cli_test.sh $(BUILD)/kvq || fail=1; \
+	echo "== tests/inspect_test.sh ($(BUILD))"; sh tests/inspect_test.sh $(BUILD) || fail=1; \
+	if [ "$(SAN)" != 1 ]; then echo "== tests/model_cli_test.sh ($(BUILD))"; \
+	  KVQ_DATA=$(DATA) sh tests/model_cli_test.sh $(BUILD)/kvq || fail=1; fi; \
 	if [ $$fail -ne 0 ]; then echo "SOME TESTS FAILED ($(BUILD))"; exit 1; fi; \
 	echo "all test binaries passed ($(BUILD))"
 
@@ -75,6 +97,23 @@ check: all
 	$(MAKE) check-run
 	$(MAKE) python-test
 	$(MAKE) check-san
+
+# libFuzzer targets (clang): the decoders of untrusted bytes with ASan+UBSan,
+# the library sources they need compiled in. Run e.g.
+#   cp -r fuzz/corpus/record /tmp/c && $(BUILD)/fuzz_record -max_total_time=300 /tmp/c
+FUZZ_CC    ?= clang
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -g -O1 -fno-omit-frame-pointer \
+              -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+fuzz: $(BUILD)/fuzz_record $(BUILD)/fuzz_segment
+
+$(BUILD)/fuzz_record: fuzz/fuzz_record.c src/tier/record.c src/common/common.c src/tier/record.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lm -lpthread
+
+$(BUILD)/fuzz_segment: fuzz/fuzz_segment.c src/tier/store_file.c src/tier/store.c \
+                       src/tier/store_redis.c src/common/common.c src/tier/store_impl.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lm -lpthread
 
 # The Python binding's tests (python/tests/run.py) against this build's libkvq.so.
 python-test: $(BUILD)/libkvq.so

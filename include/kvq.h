@@ -67,7 +67,9 @@ KVQ_API const char *kvq_version_string(void);
     X(KVQ_ERR_FULL, -16, "cache is full (max_tokens reached and no eviction possible)")            \
     X(KVQ_ERR_ORDER, -17, "token position goes backwards")                                         \
     X(KVQ_ERR_RANGE, -18, "index out of range")                                                    \
-    X(KVQ_ERR_MISMATCH, -19, "state or data does not match this codec or cache")
+    X(KVQ_ERR_MISMATCH, -19, "state or data does not match this codec or cache")                   \
+    X(KVQ_ERR_NOSPACE, -20, "no space left on the store")                                          \
+    X(KVQ_ERR_CONN, -21, "store connection failed")
 
 typedef enum {
 #define KVQ__ENUM(name, value, msg) name = value,
@@ -259,7 +261,34 @@ typedef struct kvq_cache_config {
     kvq_isa isa;
     char *err_msg;              /* optional detailed message on failure */
     size_t err_msg_size;
+    /* residency tiers, per layer (0 = unlimited; all 0: every page stays hot).
+     * Pages over the hot capacity move to the warm arena, optionally
+     * re-encoded with warm_codec; over the warm capacity they go to the cold
+     * store, or are dropped (evicted) without one. Pages holding sinks, the
+     * protected recent window or not-yet-encoded tokens stay hot. Demotion
+     * takes the pages with the lowest utility (utility policy) or the oldest
+     * newest-token first; attention promotes visible cold pages (a miss) and,
+     * with warm_promote, warm pages; otherwise it reads warm pages in place. */
+    size_t hot_tokens, hot_bytes;
+    size_t warm_tokens, warm_bytes;
+    const char *warm_codec;     /* K and V codec of warm pages (NULL: as hot) */
+    const kvq_allocator *warm_allocator; /* the warm arena (NULL: the cache's allocator) */
+    struct kvq_store *cold_store; /* borrowed; NULL: demoted-from-warm pages are dropped */
+    int warm_promote;
+    int verify_tiers;           /* checksum pages on demotion, verify on promotion */
+    double link_gbps[2];        /* modeled bandwidth hot<->warm, warm<->cold (32 GB/s) */
+    double link_latency_ms[2];  /* modeled launch overhead per transfer (0.015 ms) */
 } kvq_cache_config;
+
+typedef struct kvq_tier_stats {
+    uint64_t pages[3], tokens[3]; /* hot, warm, cold */
+    uint64_t bytes[3];            /* arena bytes of hot/warm pages; record bytes in the store */
+    uint64_t reads[3];            /* page reads by attention served from each tier (cold: misses) */
+    uint64_t demotions, promotions, demotion_failures, dropped_pages, lost_pages,
+        verify_mismatches;
+    uint64_t bytes_hot_to_warm, bytes_warm_to_hot, bytes_to_cold, bytes_from_cold;
+    double modeled_transfer_ms, measured_transfer_ms;
+} kvq_tier_stats;
 
 /* Fills every field with its default (and zeros the shape). */
 KVQ_API void kvq_cache_config_init(kvq_cache_config *cfg);
@@ -335,6 +364,9 @@ typedef struct kvq_stats {
     double fragmentation;     /* free slots in allocated pages / all slots in allocated pages */
 } kvq_stats;
 
+/* Residency figures of the whole cache. */
+KVQ_API kvq_status kvq_cache_tier_stats(const kvq_cache *cache, kvq_tier_stats *st);
+
 /* layer = -1: the total over layers (peak is the peak of the total). */
 KVQ_API kvq_status kvq_cache_stats(const kvq_cache *cache, int layer, kvq_stats *st);
 /* JSON rendering of the total and per-layer stats; *written excludes the NUL.
@@ -389,6 +421,114 @@ KVQ_API kvq_status kvq_tokenizer_encode(const kvq_tokenizer *tok, const char *te
  * after BOS is dropped, <0xXX> pieces become the byte). Never NULL. */
 KVQ_API const char *kvq_tokenizer_piece(const kvq_tokenizer *tok, int32_t prev, int32_t token,
                                         char buf[8]);
+
+/* ---- stores ----------------------------------------------------------------
+ * A kvq_store maps keys (NUL-terminated strings of 1..1024 bytes) to byte
+ * values (0..1 GiB). The cache's cold tier and its snapshots keep page
+ * records (docs/record-format.md) in one. Stores are opened from a URL:
+ *
+ *   "file:DIR" or "DIR"  a directory of append-only segment files of
+ *                        checksummed entries (docs/record-format.md). Every
+ *                        put and del is on disk (fdatasync) before it
+ *                        returns. Opening rebuilds the index by scanning the
+ *                        segments: a torn last entry is skipped and cut off,
+ *                        corrupt entries are skipped and counted; values are
+ *                        checked again on every get. The directory is created
+ *                        when missing and locked (flock) against other
+ *                        writers. Options after '?', '&'-separated (file:
+ *                        form only): readonly=1 (shared lock, no writes, no
+ *                        repair), segment_bytes=N (roll-over size, default
+ *                        64 MiB), compact_min=N (compaction runs when dead
+ *                        bytes exceed half of at least this many, default
+ *                        16 MiB; 0 disables it).
+ *   "redis://HOST[:PORT][/NS]"
+ *                        a Redis server (needs a build with hiredis, else
+ *                        KVQ_ERR_UNSUPPORTED); keys are "kvq:NS:KEY" (NS
+ *                        defaults to "default"; letters, digits, '_', '-',
+ *                        '.'), 2 s connect and command timeouts. A dropped
+ *                        connection fails the call with KVQ_ERR_CONN; the
+ *                        next call reconnects once.
+ *
+ * Errors: KVQ_ERR_RANGE (no such key), KVQ_ERR_NOSPACE (the disk is full),
+ * KVQ_ERR_IO, KVQ_ERR_CONN, KVQ_ERR_CORRUPT (a stored value failed its
+ * checksum: corrupt bytes are never returned). A failed put or del leaves
+ * the store as it was: the key keeps its previous value. The message of the
+ * last failure is kept: kvq_store_last_error.
+ * Thread safety: calls on one store are serialized by a lock inside it. */
+typedef struct kvq_store kvq_store;
+
+typedef struct kvq_store_metrics {
+    uint64_t records;        /* live keys */
+    uint64_t live_bytes;     /* sum of the sizes of their values */
+    uint64_t stored_bytes;   /* file store: bytes of all segments (live and dead entries);
+                                redis: live_bytes */
+    uint64_t segments;       /* file store: segment files */
+    uint64_t bytes_written;  /* since open: bytes appended (file) or sent as values (redis) */
+    uint64_t bytes_read;     /* since open: bytes read by get */
+    uint64_t puts, gets, dels;
+    uint64_t errors;         /* calls that returned an error other than KVQ_ERR_RANGE */
+    uint64_t torn_tails;     /* file store: torn last entries skipped (and cut off) at open */
+    uint64_t corrupt_skipped; /* file store: corrupt entries skipped at open; any store:
+                                 values that failed their checksum on get */
+    uint64_t compactions;
+} kvq_store_metrics;
+
+/* On error *out is NULL and err_msg (optional) says why. alloc may be NULL. */
+KVQ_API kvq_status kvq_store_open(kvq_store **out, const char *url, const kvq_allocator *alloc,
+                                  char *err_msg, size_t err_msg_size);
+KVQ_API void kvq_store_close(kvq_store *s);
+/* Stores size bytes under key, replacing any previous value. */
+KVQ_API kvq_status kvq_store_put(kvq_store *s, const char *key, const void *data, size_t size);
+/* *data gets a copy of the value from the store's allocator (never NULL on
+ * success, even for size 0); release it with kvq_store_free_buf. */
+KVQ_API kvq_status kvq_store_get(kvq_store *s, const char *key, void **data, size_t *size);
+KVQ_API void kvq_store_free_buf(kvq_store *s, void *data);
+/* KVQ_ERR_RANGE when the key is absent. */
+KVQ_API kvq_status kvq_store_del(kvq_store *s, const char *key);
+/* Calls fn for every key that starts with prefix ("" or NULL: all), in no
+ * particular order; a non-zero return stops the listing. fn runs without the
+ * store's lock and may call the store (keys put or deleted meanwhile may or
+ * may not be listed; Redis may list a key twice). */
+KVQ_API kvq_status kvq_store_list(kvq_store *s, const char *prefix,
+                                  int (*fn)(void *ctx, const char *key, size_t size), void *ctx);
+KVQ_API kvq_status kvq_store_stats(kvq_store *s, kvq_store_metrics *st);
+/* The message of the last failed call ("" when none). Valid until the next
+ * call on the store. */
+KVQ_API const char *kvq_store_last_error(kvq_store *s);
+
+/* EXPERIMENTAL (tests): arm a fault. File store: NOSPACE and WRITE_IO make
+ * writes fail (ENOSPC / EIO) once `after` more bytes are written, SYNC fails
+ * the fdatasync after `after` more successful ones (once), READ makes reads
+ * fail with EIO after `after` more bytes. Redis: DISCONNECT drops the
+ * connection after `after` more commands (once). Faults other than SYNC and
+ * DISCONNECT stay armed until KVQ_FAULT_NONE clears them. A kind the store
+ * does not support gives KVQ_ERR_UNSUPPORTED. */
+typedef enum {
+    KVQ_FAULT_NONE = 0,
+    KVQ_FAULT_NOSPACE = 1,
+    KVQ_FAULT_WRITE_IO = 2,
+    KVQ_FAULT_SYNC = 3,
+    KVQ_FAULT_READ = 4,
+    KVQ_FAULT_DISCONNECT = 5
+} kvq_store_fault;
+KVQ_API kvq_status kvq_store_inject_fault(kvq_store *s, int kind, long after);
+
+/* Page records: the header of a record (docs/record-format.md), after every
+ * check the library makes (lengths, ranges, slot arrays, CRC32C). layout
+ * points into data (layout_len bytes, not NUL-terminated). KVQ_ERR_CORRUPT
+ * for bytes that are not a valid record, KVQ_ERR_VERSION for a record of an
+ * unsupported version. */
+typedef struct kvq_record_info {
+    uint32_t version;
+    uint64_t cache_id;
+    uint32_t layer, page_tokens, n_kv_heads, head_dim, n_tokens;
+    int32_t pos_min, pos_max; /* -1 when n_tokens == 0 */
+    uint64_t prefix_hash;
+    const char *layout;
+    size_t layout_len;
+    size_t block_len;
+} kvq_record_info;
+KVQ_API kvq_status kvq_record_inspect(const void *data, size_t size, kvq_record_info *info);
 
 /* ---- small utilities used by tools and bindings ---------------------------*/
 KVQ_API uint16_t kvq_f32_to_f16(float x); /* round to nearest even, saturating */

@@ -24,6 +24,7 @@ fi
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvq_model_cli.XXXXXX") || exit 2
 trap 'rm -rf "$TMP"' EXIT INT TERM
 head -n 2 "$TXT" > "$TMP/two.txt"
+awk 'length($0) > 0 && length($0) < 700' "$TXT" | head -n 1 > "$TMP/short.txt"
 sed -n 3,4p "$TXT" > "$TMP/other.txt"
 
 out=$("$KVQ" generate --model "$M" --tokenizer "$T" --temperature 0 --steps 60 2>/dev/null)
@@ -50,7 +51,7 @@ assert 0 < d["kl"] < 0.05 and 0.9 < d["top1_agree"] <= 1, d
 assert 8.5 < d["bits_per_value"] < 9.5, d   # (10 + 8) / 2 plus page slack
 PYEOF
 
-"$KVQ" calibrate --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --target-bits 5 --max-tokens 64 -o "$TMP/a.json" --json > "$TMP/c.json" 2>"$TMP/err" && ok || bad "calibrate: $(cat "$TMP/err")"
+"$KVQ" calibrate --model "$M" --tokenizer "$T" --text "$TMP/short.txt" --target-bits 5 --max-tokens 64 -o "$TMP/a.json" --json > "$TMP/c.json" 2>"$TMP/err" && ok || bad "calibrate: $(cat "$TMP/err")"
 $PY - "$TMP/c.json" "$TMP/a.json" <<'PYEOF' && ok || bad "calibrate output"
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KVQT_NPY_MAX_AXES 16
 
 static void npy_err(char *err, size_t n, const char *path, const char *msg) {
     if (err && n)
@@ -43,8 +42,8 @@ static const char *npy_value(const char *hdr, const char *key) {
     return p;
 }
 
-int kvqt_npy_load(const char *path, float **data, size_t *rows, size_t *cols, char *err,
-                  size_t err_size) {
+static int npy_load_impl(const char *path, float **data, size_t *rows, size_t *cols,
+                         size_t *shape_out, int *ndim_out, char *err, size_t err_size) {
     *data = NULL;
     char msg[256];
     FILE *f = fopen(path, "rb");
@@ -164,6 +163,11 @@ int kvqt_npy_load(const char *path, float **data, size_t *rows, size_t *cols, ch
                 "0-dimensional array (need at least one axis, the last being head_dim)");
         goto done;
     }
+    if (shape_out) {
+        for (int i = 0; i < ndim; i++)
+            shape_out[i] = shape[i];
+        *ndim_out = ndim;
+    }
     size_t c = shape[ndim - 1], r = 1;
     for (int i = 0; i + 1 < ndim; i++) {
         if (shape[i] && r > SIZE_MAX / shape[i]) {
@@ -238,4 +242,15 @@ done:
     free(hdr);
     fclose(f);
     return rc;
+}
+
+int kvqt_npy_load(const char *path, float **data, size_t *rows, size_t *cols, char *err,
+                  size_t err_size) {
+    return npy_load_impl(path, data, rows, cols, NULL, NULL, err, err_size);
+}
+
+int kvqt_npy_load_shape(const char *path, float **data, size_t *shape, int *ndim, char *err,
+                        size_t err_size) {
+    size_t r, c;
+    return npy_load_impl(path, data, &r, &c, shape, ndim, err, err_size);
 }

@@ -9,10 +9,16 @@
 
 #include <stddef.h>
 
+#define KVQT_NPY_MAX_AXES 16
+
 /* On success returns 0 and sets *data (malloc'd, rows * cols floats; the
  * caller frees it), *rows and *cols. On failure returns -1, sets *data to
  * NULL and writes a message into err. */
 int kvqt_npy_load(const char *path, float **data, size_t *rows, size_t *cols, char *err,
                   size_t err_size);
+
+/* The same, also returning the shape (at most KVQT_NPY_MAX_AXES axes). */
+int kvqt_npy_load_shape(const char *path, float **data, size_t *shape, int *ndim, char *err,
+                        size_t err_size);
 
 #endif

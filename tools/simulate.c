@@ -127,46 +127,44 @@ static int sim_synth(sim_data *D, uint64_t seed) {
 }
 
 /* Real activations: DIR/k.npy, k_prerope.npy, v.npy [L][T][H][d] and q.npy
- * [L][T][QH][d]. The layer count comes from --layers (default: what divides). */
-static int sim_load(sim_data *D, const char *dir, size_t layers_hint) {
+ * [L][T][QH][d] (the layout of ../shared/data/stories260K/kv-story1); the
+ * shapes come from the files. */
+static int sim_load(sim_data *D, const char *dir) {
     char path[4096], err[256];
-    size_t rows, cols, qrows, qcols, r2, c2;
-    const char *names[3] = {"k.npy", "k_prerope.npy", "v.npy"};
-    float **dst[3] = {&D->k, &D->kpre, &D->v};
-    for (int i = 0; i < 3; i++) {
+    size_t sh[4][KVQT_NPY_MAX_AXES];
+    int nd[4];
+    const char *names[4] = {"k.npy", "k_prerope.npy", "v.npy", "q.npy"};
+    float **dst[4] = {&D->k, &D->kpre, &D->v, &D->q};
+    for (int i = 0; i < 4; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (kvqt_npy_load(path, dst[i], i ? &r2 : &rows, i ? &c2 : &cols, err, sizeof err) != 0) {
+        if (kvqt_npy_load_shape(path, dst[i], sh[i], &nd[i], err, sizeof err) != 0) {
             fprintf(stderr, "kvq simulate: %s\n", err);
             return -1;
         }
-        if (i && (r2 != rows || c2 != cols)) {
-            fprintf(stderr, "kvq simulate: %s has a different shape from k.npy\n", path);
+        if (nd[i] != 4) {
+            fprintf(stderr, "kvq simulate: %s must have 4 axes [layers, tokens, heads, head_dim]\n", path);
             return -1;
         }
     }
-    snprintf(path, sizeof path, "%s/q.npy", dir);
-    if (kvqt_npy_load(path, &D->q, &qrows, &qcols, err, sizeof err) != 0) {
-        fprintf(stderr, "kvq simulate: %s\n", err);
+    for (int i = 1; i < 3; i++)
+        if (memcmp(sh[i], sh[0], 4 * sizeof(size_t)) != 0) {
+            fprintf(stderr, "kvq simulate: %s has a different shape from k.npy\n", names[i]);
+            return -1;
+        }
+    if (sh[3][0] != sh[0][0] || sh[3][1] != sh[0][1] || sh[3][3] != sh[0][3] || sh[3][2] % sh[0][2]) {
+        fprintf(stderr, "kvq simulate: q.npy does not match k.npy (layers, tokens, head_dim, GQA)\n");
         return -1;
     }
-    /* shape: rows = L*T*H, qrows = L*T*QH; meta gives L and H via --layers/--kv-heads */
-    D->d = cols;
-    size_t L = layers_hint, H = D->H, QH = D->QH;
-    if (qcols != cols || rows % (L * H) || qrows % (L * QH) || rows / (L * H) != qrows / (L * QH)) {
-        fprintf(stderr,
-                "kvq simulate: .npy shapes do not match --layers %zu --kv-heads %zu --q-heads %zu "
-                "(k has %zu rows of %zu, q %zu rows of %zu)\n",
-                L, H, QH, rows, cols, qrows, qcols);
-        return -1;
+    D->L = sh[0][0], D->H = sh[0][2], D->QH = sh[3][2], D->d = sh[0][3];
+    size_t T = sh[0][1];
+    if (D->prompt + D->decode > T) {
+        if (T <= D->decode)
+            D->decode = T / 2;
+        D->prompt = T - D->decode;
     }
-    D->L = L;
-    D->N = rows / (L * H);
-    if (D->prompt + D->decode > D->N) {
-        if (D->N <= D->decode)
-            D->decode = D->N / 2;
-        D->prompt = D->N - D->decode;
-    }
-    D->N = D->prompt + D->decode;
+    /* keep [layers][N] with N = prompt + decode: the arrays hold T tokens, so
+     * index with T as the stride */
+    D->N = T;
     return 0;
 }
 
@@ -240,6 +238,9 @@ typedef struct {
     const char *kc, *vc, *policy, *layout, *data;
     int prerope, center, json;
     uint64_t seed;
+    size_t hot_tokens, warm_tokens;
+    const char *warm_codec, *cold;
+    int verify;
 } sim_opts;
 
 static int sim_parse_policy(const char *s, kvq_policy *p) {
@@ -263,7 +264,9 @@ static void sim_usage(FILE *f) {
                "  [--policy none|window|fifo|utility] [--budget N | --budget-ratio R]\n"
                "  [--window N (protected recent tokens, 128)] [--sinks N (4)] [--page N (16)]\n"
                "  [--recent N (full-precision recent window, 0)] [--threads N (1)]\n"
-               "  [--data synthetic|DIR] [--quality-every N (16)] [--seed N] [--json]\n");
+               "  [--data synthetic|DIR] [--quality-every N (16)] [--seed N] [--json]\n"
+               "  [--hot-tokens N] [--warm-tokens N] [--warm-codec C]\n"
+               "  [--cold file:DIR|redis://HOST:PORT|none] [--verify]\n");
 }
 
 static int sim_need(int i, int argc, const char *opt) {
@@ -285,7 +288,7 @@ static int sim_size(const char *s, size_t *out) {
 
 int kvq_tool_simulate(int argc, char **argv) {
     sim_opts o = {8, 8, 32, 128, 2048, 512, 0, 128, 4, 16, 1, 0, 16, 0.0, "int8", "int4:g=32",
-                  "none", "token", "synthetic", 0, 0, 0, 1};
+                  "none", "token", "synthetic", 0, 0, 0, 1, 0, 0, NULL, NULL, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         struct {
@@ -295,7 +298,8 @@ int kvq_tool_simulate(int argc, char **argv) {
                   {"--head-dim", &o.d},   {"--prompt", &o.prompt}, {"--decode", &o.decode},
                   {"--budget", &o.budget}, {"--window", &o.window}, {"--sinks", &o.sinks},
                   {"--page", &o.page},    {"--threads", &o.threads}, {"--recent", &o.recent},
-                  {"--quality-every", &o.every}};
+                  {"--quality-every", &o.every}, {"--hot-tokens", &o.hot_tokens},
+                  {"--warm-tokens", &o.warm_tokens}};
         int done = 0;
         for (size_t k = 0; k < sizeof sz / sizeof sz[0]; k++)
             if (!strcmp(a, sz[k].name)) {
@@ -311,7 +315,7 @@ int kvq_tool_simulate(int argc, char **argv) {
             continue;
         if (!strcmp(a, "--k-codec") || !strcmp(a, "--v-codec") || !strcmp(a, "--policy") ||
             !strcmp(a, "--k-layout") || !strcmp(a, "--data") || !strcmp(a, "--budget-ratio") ||
-            !strcmp(a, "--seed")) {
+            !strcmp(a, "--seed") || !strcmp(a, "--warm-codec") || !strcmp(a, "--cold")) {
             if (!sim_need(i, argc, a))
                 return 2;
             const char *v = argv[++i];
@@ -327,6 +331,10 @@ int kvq_tool_simulate(int argc, char **argv) {
                 o.data = v;
             else if (!strcmp(a, "--seed"))
                 o.seed = strtoull(v, NULL, 10);
+            else if (!strcmp(a, "--warm-codec"))
+                o.warm_codec = v;
+            else if (!strcmp(a, "--cold"))
+                o.cold = strcmp(v, "none") ? v : NULL;
             else {
                 char *end;
                 o.budget_ratio = strtod(v, &end);
@@ -339,6 +347,8 @@ int kvq_tool_simulate(int argc, char **argv) {
             o.prerope = 1;
         } else if (!strcmp(a, "--k-center")) {
             o.center = 1;
+        } else if (!strcmp(a, "--verify")) {
+            o.verify = 1;
         } else if (!strcmp(a, "--json")) {
             o.json = 1;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -373,7 +383,9 @@ int kvq_tool_simulate(int argc, char **argv) {
     D.L = o.L, D.H = o.H, D.QH = o.QH, D.d = o.d, D.prompt = o.prompt, D.decode = o.decode;
     D.N = o.prompt + o.decode;
     int real = strcmp(o.data, "synthetic") != 0;
-    if (real ? sim_load(&D, o.data, o.L) : sim_synth(&D, o.seed)) {
+    if (real) /* the prompt and decode lengths are clamped to the file's tokens */
+        D.decode = o.decode, D.prompt = o.prompt;
+    if (real ? sim_load(&D, o.data) : sim_synth(&D, o.seed)) {
         if (!real)
             fprintf(stderr, "kvq simulate: out of memory for the workload\n");
         free(D.k), free(D.kpre), free(D.v), free(D.q);
@@ -392,9 +404,25 @@ int kvq_tool_simulate(int argc, char **argv) {
     cfg.protect_recent = o.window;
     cfg.k_layout = strcmp(o.layout, "channel") ? KVQ_LAYOUT_TOKEN : KVQ_LAYOUT_CHANNEL;
     cfg.k_prerope = o.prerope, cfg.k_center = o.center, cfg.n_threads = o.threads;
+    kvq_cache_config hot_cfg = cfg; /* the same cache with every page hot */
+    kvq_store *store = NULL;
+    if (o.cold) {
+        char serr[256] = "";
+        kvq_status sst = kvq_store_open(&store, o.cold, NULL, serr, sizeof serr);
+        if (sst != KVQ_OK) {
+            fprintf(stderr, "kvq simulate: --cold %s: %s\n", o.cold, serr[0] ? serr : kvq_strerror(sst));
+            free(D.k), free(D.kpre), free(D.v), free(D.q);
+            return 2;
+        }
+    }
+    int tiers = o.hot_tokens || o.warm_tokens;
+    cfg.hot_tokens = o.hot_tokens, cfg.warm_tokens = o.warm_tokens;
+    cfg.warm_codec = o.warm_codec, cfg.cold_store = store, cfg.verify_tiers = o.verify;
     cfg.err_msg = msg, cfg.err_msg_size = sizeof msg;
-    kvq_cache *cache = NULL, *ref = NULL;
+    kvq_cache *cache = NULL, *ref = NULL, *allhot = NULL;
     kvq_status st = kvq_cache_create(&cache, &cfg);
+    if (st == KVQ_OK && tiers)
+        st = kvq_cache_create(&allhot, &hot_cfg);
     if (st != KVQ_OK) {
         fprintf(stderr, "kvq simulate: cache: %s (%s)\n", msg[0] ? msg : kvq_strerror(st),
                 kvq_strerror(st));
@@ -408,6 +436,7 @@ int kvq_tool_simulate(int argc, char **argv) {
     rcfg.n_threads = o.threads;
     st = kvq_cache_create(&ref, &rcfg);
     float *out = malloc(QH * d * sizeof(float) * 64), *tattn = malloc(H * N * sizeof(float));
+    (void)tiers;
     int32_t *pos = malloc(N * sizeof(int32_t)), *qpos = malloc(64 * sizeof(int32_t));
     double *p = malloc((N + 1) * sizeof(double)), *pg = malloc((N + 1) * sizeof(double));
     if (st != KVQ_OK || !out || !tattn || !pos || !qpos || !p || !pg) {
@@ -432,6 +461,8 @@ int kvq_tool_simulate(int argc, char **argv) {
             double a1 = kvqb_now();
             if (st == KVQ_OK)
                 st = kvq_cache_append(ref, l, D.k + (l * N + t0) * H * d, D.v + (l * N + t0) * H * d, pp, m);
+            if (st == KVQ_OK && allhot)
+                st = kvq_cache_append(allhot, l, K + (l * N + t0) * H * d, D.v + (l * N + t0) * H * d, pp, m);
             t_app += a1 - a0;
             t_app_ref += kvqb_now() - a1;
             n_app += m;
@@ -441,12 +472,16 @@ int kvq_tool_simulate(int argc, char **argv) {
             if (st == KVQ_OK)
                 st = kvq_cache_attend(cache, l, D.q + (l * N + t0 + m - nq) * QH * d, qpos, nq, out,
                                       QH * d * 64, NULL, 0);
+            if (st == KVQ_OK && allhot)
+                st = kvq_cache_attend(allhot, l, D.q + (l * N + t0 + m - nq) * QH * d, qpos, nq, out,
+                                      QH * d * 64, NULL, 0);
         }
         if (tty)
             fprintf(stderr, "\rprefill %zu/%zu", t0 + m, D.prompt);
     }
     /* decode */
     sim_quality qa = {0};
+    double hot_err2 = 0, hot_ref2 = 0;
     double t_dec = 0, t_dec_ref = 0, t_dapp = 0;
     size_t n_dapp = 0;
     for (size_t s = 0; s < D.decode && st == KVQ_OK; s++) {
@@ -471,6 +506,17 @@ int kvq_tool_simulate(int argc, char **argv) {
             if (st == KVQ_OK)
                 st = kvq_cache_attend(ref, l, q, &pt, 1, ro, QH * d, NULL, 0);
             t_dec_ref += kvqb_now() - a2;
+            if (st == KVQ_OK && allhot) {
+                float *ho = out + 2 * QH * d;
+                st = kvq_cache_append(allhot, l, K + (l * N + t) * H * d, D.v + (l * N + t) * H * d, &pt, 1);
+                if (st == KVQ_OK)
+                    st = kvq_cache_attend(allhot, l, q, &pt, 1, ho, QH * d, NULL, 0);
+                for (size_t i = 0; i < QH * d && st == KVQ_OK; i++) {
+                    double e = (double)out[i] - ho[i];
+                    hot_err2 += e * e;
+                    hot_ref2 += (double)ho[i] * ho[i];
+                }
+            }
             if (st == KVQ_OK && sample) {
                 size_t n;
                 kvq_cache_tokens(cache, l, &n);
@@ -515,10 +561,14 @@ int kvq_tool_simulate(int argc, char **argv) {
                o.budget, o.budget_ratio, o.window, o.sinks, o.page, o.recent, o.threads);
         kvqb_json_str(stdout, o.data);
         printf("}, \"stats\": %s, \"quality\": {\"attn_rel_err\": %.6g, \"attn_kl\": %.6g, "
-               "\"attn_mass_kept\": %.6g, \"samples\": %ld}, \"timing\": {\"decode_step_ms\": "
+               "\"attn_mass_kept\": %.6g, \"samples\": %ld",
+               js, rel, kl, kept, qa.n_kl);
+        if (allhot)
+            printf(", \"attn_rel_err_vs_all_hot\": %.6g", hot_ref2 > 0 ? sqrt(hot_err2 / hot_ref2) : 0.0);
+        printf("}, \"timing\": {\"decode_step_ms\": "
                "%.4f, \"append_ns_per_token\": %.1f, \"f32_decode_step_ms\": %.4f, "
                "\"ratio_vs_f32\": %.4f, \"f32_stored_bytes\": %llu}}\n",
-               js, rel, kl, kept, qa.n_kl, step_ms, app_ns, ref_ms, ref_ms > 0 ? step_ms / ref_ms : 0,
+               step_ms, app_ns, ref_ms, ref_ms > 0 ? step_ms / ref_ms : 0,
                (unsigned long long)rtot.stored_bytes);
     } else {
         printf("kvq simulate: %zu layers, %zu KV heads, %zu query heads, head_dim %zu, prompt %zu, "
@@ -560,10 +610,31 @@ int kvq_tool_simulate(int argc, char **argv) {
         printf("  attention output rel. error  %.5f\n", rel);
         printf("  KL(cache || f32) of weights  %.5f\n", kl);
         printf("  f32 attention mass kept      %.5f\n", kept);
+        if (allhot) {
+            kvq_tier_stats ts;
+            kvq_cache_tier_stats(cache, &ts);
+            printf("\nresidency tiers (hot %zu tokens/layer, warm %zu, warm codec %s, cold %s):\n",
+                   o.hot_tokens, o.warm_tokens, o.warm_codec ? o.warm_codec : "as hot",
+                   o.cold ? o.cold : "none");
+            printf("  pages hot/warm/cold          %llu / %llu / %llu\n",
+                   (unsigned long long)ts.pages[0], (unsigned long long)ts.pages[1],
+                   (unsigned long long)ts.pages[2]);
+            printf("  demotions / promotions       %llu / %llu (failures %llu, dropped %llu)\n",
+                   (unsigned long long)ts.demotions, (unsigned long long)ts.promotions,
+                   (unsigned long long)ts.demotion_failures, (unsigned long long)ts.dropped_pages);
+            printf("  transfer ms modeled/measured %.3f / %.3f\n", ts.modeled_transfer_ms,
+                   ts.measured_transfer_ms);
+            printf("  lost pages, verify mismatches %llu, %llu\n", (unsigned long long)ts.lost_pages,
+                   (unsigned long long)ts.verify_mismatches);
+            printf("  attention rel. error vs all-hot cache %.6f\n",
+                   hot_ref2 > 0 ? sqrt(hot_err2 / hot_ref2) : 0.0);
+        }
     }
     free(js);
     kvq_cache_free(cache);
     kvq_cache_free(ref);
+    kvq_cache_free(allhot);
+    kvq_store_close(store);
     free(out), free(tattn), free(pos), free(qpos), free(p), free(pg);
     free(D.k), free(D.kpre), free(D.v), free(D.q);
     return 0;

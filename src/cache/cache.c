@@ -37,9 +37,11 @@ void kvq_cache_config_init(kvq_cache_config *cfg) {
     cfg->rope_theta = 10000.0;
     cfg->n_threads = 1;
     cfg->isa = KVQ_ISA_AUTO;
+    cfg->link_gbps[0] = cfg->link_gbps[1] = 32.0;
+    cfg->link_latency_ms[0] = cfg->link_latency_ms[1] = 0.015;
 }
 
-static void *kvq__lalloc(kvq_cache *c, kvq__layer *ly, size_t size, int meta) {
+void *kvq__lalloc(kvq_cache *c, kvq__layer *ly, size_t size, int meta) {
     void *p = kvq__calloc(&c->alloc, size);
     if (!p)
         return NULL;
@@ -53,7 +55,7 @@ static void *kvq__lalloc(kvq_cache *c, kvq__layer *ly, size_t size, int meta) {
     return p;
 }
 
-static void kvq__lfree(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int meta) {
+void kvq__lfree(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int meta) {
     if (!p)
         return;
     kvq__free(&c->alloc, p);
@@ -144,11 +146,11 @@ static kvq_status kvq__get_codec(kvq_cache *c, const char *spec, kvq_codec **out
     return kvq__get_codec_state(c, spec, NULL, 0, out);
 }
 
-/* Lays out the page block of a layer from its heads' codecs. */
-static void kvq__layout_layer(kvq_cache *c, kvq__layer *ly) {
+/* Lays out a page block for the heads' codecs; returns its size. */
+static size_t kvq__layout_heads(kvq_cache *c, kvq__head *heads) {
     size_t off = 0;
     for (size_t h = 0; h < c->H; h++) {
-        kvq__head *hd = &ly->heads[h];
+        kvq__head *hd = &heads[h];
         hd->k_off = off;
         if (hd->kchan_bits) {
             hd->k_hdr = kvq__chan_header_bytes(c->d);
@@ -162,13 +164,19 @@ static void kvq__layout_layer(kvq_cache *c, kvq__layer *ly) {
         off = (off + 7) & ~(size_t)7;
     }
     for (size_t h = 0; h < c->H; h++) {
-        kvq__head *hd = &ly->heads[h];
+        kvq__head *hd = &heads[h];
         hd->v_off = off;
         hd->vbytes = kvq_codec_vector_bytes(hd->vc);
         off += hd->vbytes * c->P;
         off = (off + 7) & ~(size_t)7;
     }
-    ly->block_bytes = off;
+    return off;
+}
+
+static void kvq__layout_layer(kvq_cache *c, kvq__layer *ly) {
+    ly->block_bytes = kvq__layout_heads(c, ly->heads);
+    if (ly->wheads)
+        ly->wblock_bytes = kvq__layout_heads(c, ly->wheads);
     /* staging holds K and V of pending tokens; with channel keys (chan_mode)
      * only the keys of channel heads wait there, everything else is encoded
      * at once */
@@ -189,7 +197,7 @@ static size_t kvq__codec_meta_per_vec(const kvq_codec *k) {
     }
 }
 
-static size_t kvq__block_codec_meta(const kvq_cache *c, const kvq__layer *ly) {
+size_t kvq__block_codec_meta(const kvq_cache *c, const kvq__layer *ly) {
     size_t m = 0;
     for (size_t h = 0; h < c->H; h++) {
         const kvq__head *hd = &ly->heads[h];
@@ -217,7 +225,10 @@ static void kvq__work_free(kvq_cache *c, kvq__work *w) {
     }
     kvq__free(&c->alloc, w->qpk);
     kvq__free(&c->alloc, w->qpf);
-    w->qpk = w->qpf = NULL;
+    kvq__free(&c->alloc, w->qpw);
+    kvq__free(&c->alloc, w->accw);
+    w->qpk = w->qpf = w->qpw = NULL;
+    w->accw = NULL;
 }
 
 static kvq_status kvq__work_alloc(kvq_cache *c, kvq__work *w) {
@@ -244,6 +255,10 @@ static kvq_status kvq__work_alloc(kvq_cache *c, kvq__work *w) {
     w->outh = kvq__calloc(&c->alloc, R * d * sizeof(float));
     w->qpk = kvq__calloc(&c->alloc, R * c->max_qp);
     w->qpf = kvq__calloc(&c->alloc, R * c->f16->qp_bytes);
+    w->qpw = kvq__calloc(&c->alloc, R * c->max_qp);
+    w->accw = kvq__calloc(&c->alloc, R * c->max_acc * sizeof(float));
+    if (!w->qpw || !w->accw)
+        return KVQ_ERR_NOMEM;
     if (!w->qs || !w->sc || !w->sc2 || !w->w || !w->w2 || !w->acc || !w->accs || !w->m || !w->l ||
         !w->cdot || !w->scratch || !w->outh || !w->qpk || !w->qpf)
         return KVQ_ERR_NOMEM;
@@ -259,6 +274,7 @@ void kvq_cache_free(kvq_cache *c) {
         for (size_t l = 0; l < c->L; l++) {
             kvq__layer_release(c, &c->layers[l]);
             kvq__free(&c->alloc, c->layers[l].heads);
+            kvq__free(&c->alloc, c->layers[l].wheads);
         }
         kvq__free(&c->alloc, c->layers);
     }
@@ -312,6 +328,13 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
     c->cfg = *cfg;
     c->cfg.overrides = NULL;
     c->cfg.n_overrides = 0;
+    c->cfg.warm_codec = NULL;
+    c->cfg.warm_allocator = NULL;
+    c->tiers = cfg->hot_tokens || cfg->hot_bytes || cfg->warm_tokens || cfg->warm_bytes;
+    kvq__allocator_init(&c->warm_alloc, cfg->warm_allocator ? cfg->warm_allocator : cfg->allocator);
+    c->cold = cfg->cold_store;
+    c->warm_distinct = cfg->warm_codec != NULL;
+    c->cache_id = ((uint64_t)(uintptr_t)c * 0x9e3779b97f4a7c15ull) ^ 0x6b7671;
     c->cfg.k_center_values = NULL;
     c->cfg.allocator = NULL;
     c->cfg.k_codec = c->cfg.v_codec = NULL;
@@ -380,6 +403,20 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         }
         for (size_t h = 0; h < c->H && st == KVQ_OK; h++)
             ly->chan_mode |= ly->heads[h].kchan_bits != 0;
+        if (st == KVQ_OK) {
+            /* warm layout: the warm codec for K (not for channel keys) and V */
+            ly->wheads = (kvq__head *)kvq__calloc(&al, c->H * sizeof *ly->wheads);
+            if (!ly->wheads)
+                st = KVQ_ERR_NOMEM;
+            else
+                memcpy(ly->wheads, ly->heads, c->H * sizeof *ly->wheads);
+            for (size_t h = 0; h < c->H && st == KVQ_OK && cfg->warm_codec; h++) {
+                if (!ly->wheads[h].kchan_bits)
+                    st = kvq__get_codec(c, cfg->warm_codec, &ly->wheads[h].kc);
+                if (st == KVQ_OK)
+                    st = kvq__get_codec(c, cfg->warm_codec, &ly->wheads[h].vc);
+            }
+        }
         if (st == KVQ_OK)
             kvq__layout_layer(c, ly);
     }
@@ -457,7 +494,10 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
 /* ---- pages and slots ---- */
 static void kvq__layer_release(kvq_cache *c, kvq__layer *ly) {
     for (size_t p = 0; p < ly->n_pages; p++) {
-        kvq__lfree(c, ly, ly->pages[p].block, ly->block_bytes, 0);
+        if (ly->pages[p].tier != KVQ__TIER_HOT)
+            kvq__tier_page_free(c, ly, p);
+        else
+            kvq__lfree(c, ly, ly->pages[p].block, ly->block_bytes, 0);
         kvq__lfree(c, ly, ly->pages[p].stage, ly->stage_bytes, 0);
     }
     kvq__lfree(c, ly, ly->pages, ly->pages_cap * sizeof *ly->pages, 1);
@@ -530,8 +570,15 @@ static void kvq__push_free(kvq__layer *ly, uint32_t slot) {
 /* Frees page p when it holds nothing (and is not the open channel page). */
 static void kvq__maybe_free_page(kvq_cache *c, kvq__layer *ly, size_t p) {
     kvq__page *pg = &ly->pages[p];
-    if (!pg->block || pg->n_valid || p == ly->open_page)
+    if ((!pg->block && pg->tier != KVQ__TIER_COLD) || pg->n_valid || p == ly->open_page)
         return;
+    if (pg->tier != KVQ__TIER_HOT) {
+        kvq__tier_page_free(c, ly, p);
+        memset(pg, 0, sizeof *pg);
+        ly->pages_alloc--;
+        return;
+    }
+    ly->tier_pages[KVQ__TIER_HOT]--;
     kvq__lfree(c, ly, pg->block, ly->block_bytes, 0);
     kvq__lfree(c, ly, pg->stage, ly->stage_bytes, 0);
     ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
@@ -557,6 +604,8 @@ static kvq_status kvq__page_alloc(kvq_cache *c, kvq__layer *ly, size_t p, int st
     pg->encoded = 0;
     ly->codec_meta_bytes += kvq__block_codec_meta(c, ly);
     ly->pages_alloc++;
+    ly->tier_pages[KVQ__TIER_HOT]++;
+    pg->tier = KVQ__TIER_HOT;
     for (size_t i = 0; i < c->P; i++) {
         ly->pos[p * c->P + i] = -1;
         ly->state[p * c->P + i] = KVQ__FREE;
@@ -593,7 +642,7 @@ static void kvq__maybe_free_stage(kvq_cache *c, kvq__layer *ly, size_t p) {
 }
 
 /* Removes the free-stack entries of page p (before the page is freed). */
-static void kvq__purge_free(kvq_cache *c, kvq__layer *ly, size_t p) {
+void kvq__purge_free(kvq_cache *c, kvq__layer *ly, size_t p) {
     size_t j = 0;
     for (size_t i = 0; i < ly->n_free; i++) {
         uint32_t s = ly->free_stack[i];
@@ -724,11 +773,6 @@ static void kvq__flush_window(kvq_cache *c, kvq__layer *ly) {
 
 
 /* ---- eviction ---- */
-typedef struct {
-    float key;
-    int32_t pos;
-    uint32_t slot;
-} kvq__cand;
 
 static int kvq__cand_cmp(const void *a, const void *b) {
     const kvq__cand *x = (const kvq__cand *)a, *y = (const kvq__cand *)b;
@@ -744,7 +788,7 @@ static int kvq__pos_cmp(const void *a, const void *b) {
     return (x->pos > y->pos) - (x->pos < y->pos);
 }
 
-static void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot) {
+void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot) {
     size_t p = slot / c->P;
     kvq__page *pg = &ly->pages[p];
     if (KVQ__STATE(ly->state[slot]) == KVQ__PEND)
@@ -754,7 +798,7 @@ static void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot) {
     pg->n_valid--;
     ly->n_tokens--;
     ly->evicted++;
-    if (!ly->chan_mode && pg->n_valid > 0)
+    if (!ly->chan_mode && pg->n_valid > 0 && pg->tier == KVQ__TIER_HOT)
         kvq__push_free(ly, slot);
     if (pg->n_valid == 0 && p != ly->open_page) {
         kvq__purge_free(c, ly, p);
@@ -765,13 +809,13 @@ static void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot) {
 }
 
 /* Valid slots sorted by position (caller frees). NULL on OOM. */
-static kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *n) {
+kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *n) {
     size_t cnt = 0;
     kvq__cand *v = (kvq__cand *)kvq__alloc(&c->alloc, (ly->n_tokens + 1) * sizeof *v);
     if (!v)
         return NULL;
     for (size_t s = 0; s < ly->n_pages * c->P; s++)
-        if (ly->pos[s] >= 0 && ly->pages[s / c->P].block) {
+        if (ly->pos[s] >= 0) {
             v[cnt].pos = ly->pos[s];
             v[cnt].slot = (uint32_t)s;
             v[cnt].key = 0;
@@ -865,7 +909,7 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
     size_t need_new = T > avail ? (T - avail + P - 1) / P : 0;
     size_t n_unalloc = 0;
     for (size_t p = 0; p < ly->n_pages; p++)
-        n_unalloc += ly->pages[p].block == NULL;
+        n_unalloc += !kvq__page_live(&ly->pages[p]);
     size_t reuse = KVQ__MIN(n_unalloc, need_new);
     kvq_status st = kvq__grow(c, ly, ly->n_pages + need_new - reuse);
     if (st != KVQ_OK)
@@ -880,7 +924,7 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
     float *newcenter = NULL;
     int stage_new = chan || R > 0;
     while (got < need_new && st == KVQ_OK) {
-        while (scan < ly->n_pages && ly->pages[scan].block)
+        while (scan < ly->n_pages && kvq__page_live(&ly->pages[scan]))
             scan++;
         size_t p = scan < ly->n_pages ? scan : ly->n_pages++;
         st = kvq__page_alloc(c, ly, p, stage_new);
@@ -937,6 +981,7 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
             kvq__lfree(c, ly, pg->stage, ly->stage_bytes, 0);
             ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
             ly->pages_alloc--;
+            ly->tier_pages[KVQ__TIER_HOT]--;
             memset(pg, 0, sizeof *pg);
         }
         for (size_t j = 0; j < n_staged_extra; j++) {
@@ -1066,6 +1111,8 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
         kvq__free(&c->alloc, newpages);
     if (c->cfg.policy != KVQ_POLICY_NONE && c->budget)
         (void)kvq__evict_to(c, ly, c->budget);
+    if (c->tiers)
+        (void)kvq__tier_enforce(c, layer); /* failures stay hot and are counted */
     kvq__track_total_peak(c);
     return KVQ_OK;
 }
@@ -1090,8 +1137,9 @@ typedef struct {
  * of a row's query (causal mask), get -inf. */
 static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, const uint8_t *cls,
                              int ne, int npd, size_t nr, kvq__work *w, float *sc, size_t ss) {
-    const kvq__head *hd = &ly->heads[h];
     const kvq__page *pg = &ly->pages[p];
+    const kvq__head *hd = kvq__page_heads(ly, pg) + h;
+    const uint8_t *qpk = pg->tier == KVQ__TIER_WARM && c->warm_distinct ? w->qpw : w->qpk;
     const int32_t *pos = ly->pos + p * c->P;
     size_t P = c->P, d = c->d;
     if (c->cfg.k_prerope) {
@@ -1133,7 +1181,7 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
         if (hd->kchan_bits)
             kvq__chan_score(pg->block + hd->k_off, d, P, hd->kchan_bits, w->qs, nr, sc, ss);
         else
-            hd->kc->k.score(hd->kc, sc, ss, w->qpk, nr, pg->block + hd->k_off, P);
+            hd->kc->k.score(hd->kc, sc, ss, qpk, nr, pg->block + hd->k_off, P);
         for (size_t r = 0; r < nr; r++)
             if (w->cdot[r] != 0.0f)
                 for (size_t i = 0; i < P; i++)
@@ -1165,9 +1213,12 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
     kvq_cache *c = jb->c;
     kvq__layer *ly = jb->ly;
     kvq__work *w = jb->w;
-    const kvq__head *hd = &ly->heads[h];
+    const kvq__head *hd = &ly->heads[h], *wd = &ly->wheads[h];
     size_t P = c->P, d = c->d, G = c->G, QH = c->QH, BW = c->block_pages * P;
-    size_t alen = hd->vc->acc_len, tile = c->rows_max / G;
+    size_t alen = hd->vc->acc_len, walen = wd->vc->acc_len, tile = c->rows_max / G;
+    /* warm pages need their own prepared query and accumulator only when the
+     * warm codecs differ; otherwise they share the hot ones (same sums) */
+    const int warm = ly->tier_pages[KVQ__TIER_WARM] > 0 && c->warm_distinct;
     const float scale = 1.0f / sqrtf((float)d);
     uint8_t *cls = w->cls;
     size_t *bp = w->bpages;
@@ -1197,8 +1248,12 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
         if (!c->cfg.k_prerope) {
             if (hd->kc)
                 kvq__codec_prep(hd->kc, w->qpk, w->qs, nr);
+            if (warm && wd->kc)
+                kvq__codec_prep(wd->kc, w->qpw, w->qs, nr);
             kvq__codec_prep(c->f16, w->qpf, w->qs, nr);
         }
+        if (warm)
+            memset(w->accw, 0, nr * walen * sizeof(float));
         memset(w->acc, 0, nr * alen * sizeof(float));
         memset(w->accs, 0, nr * d * sizeof(float));
         int any_pend = 0;
@@ -1209,7 +1264,7 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
             for (; p < ly->n_pages && nb < c->block_pages; p++) {
                 const kvq__page *pg = &ly->pages[p];
                 if (!pg->block || pg->min_pos > qmax)
-                    continue;
+                    continue; /* cold pages were promoted before attention when visible */
                 uint8_t *cl = cls + nb * P;
                 int ne = 0, npd = 0;
                 const int32_t *pos = ly->pos + p * P;
@@ -1254,6 +1309,9 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                     float f = expf(w->m[r] - mnew);
                     for (size_t i = 0; i < alen; i++)
                         w->acc[r * alen + i] *= f;
+                    if (warm)
+                        for (size_t i = 0; i < walen; i++)
+                            w->accw[r * walen + i] *= f;
                     if (any_pend)
                         for (size_t i = 0; i < d; i++)
                             w->accs[r * d + i] *= f;
@@ -1265,6 +1323,10 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
             for (size_t b = 0; b < nb; b++) {
                 const kvq__page *pg = &ly->pages[bp[b]];
                 const float *wb = w->sc + b * P;
+                const int pw = pg->tier == KVQ__TIER_WARM && c->warm_distinct;
+                const kvq__head *ph = pw ? wd : hd;
+                float *acc = pw ? w->accw : w->acc;
+                size_t al = pw ? walen : alen;
                 if (bnp[b] && vstaged) {
                     /* split the weights: encoded slots vs staged slots */
                     const uint8_t *cl = cls + b * P;
@@ -1277,12 +1339,12 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                     c->f16->k.accum(c->f16, w->accs, d, w->w2, P, nr,
                                     (const uint8_t *)kvq__stage_v(c, pg, h), P);
                     if (bne[b])
-                        hd->vc->k.accum(hd->vc, w->acc, alen, w->w, P, nr, pg->block + hd->v_off, P);
+                        ph->vc->k.accum(ph->vc, acc, al, w->w, P, nr, pg->block + ph->v_off, P);
                 } else {
-                    hd->vc->k.accum(hd->vc, w->acc, alen, wb, BW, nr, pg->block + hd->v_off, P);
+                    ph->vc->k.accum(ph->vc, acc, al, wb, BW, nr, pg->block + ph->v_off, P);
                 }
                 if (bne[b] || !vstaged)
-                    w->bytes_read += P * hd->vbytes;
+                    w->bytes_read += P * ph->vbytes;
             }
         }
         for (size_t tt = 0; tt < nt; tt++)
@@ -1295,6 +1357,13 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                 else
                     for (size_t i = 0; i < d; i++)
                         o[i] += w->acc[r * alen + i];
+                if (warm) {
+                    if (wd->vc->k.finish)
+                        wd->vc->k.finish(wd->vc, o, w->accw + r * walen);
+                    else
+                        for (size_t i = 0; i < d; i++)
+                            o[i] += w->accw[r * walen + i];
+                }
                 float inv = w->l[r] > 0.0f ? 1.0f / w->l[r] : 0.0f;
                 for (size_t i = 0; i < d; i++)
                     o[i] = (o[i] + (any_pend ? w->accs[r * d + i] : 0.0f)) * inv;
@@ -1346,6 +1415,14 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
         return KVQ_ERR_DST_TOO_SMALL;
     if (!kvq__all_finite(q, T * QH * d))
         return KVQ_ERR_NONFINITE;
+    if (c->tiers) {
+        int32_t qmax = INT32_MIN;
+        for (size_t t = 0; t < T; t++)
+            qmax = qpos[t] > qmax ? qpos[t] : qmax;
+        kvq_status tst = kvq__tier_before_attend(c, layer, qmax);
+        if (tst != KVQ_OK)
+            return tst;
+    }
     int want_attn = token_attn != NULL || c->cfg.policy == KVQ_POLICY_UTILITY;
     float *attn = NULL;
     kvq__cand *sorted = NULL;
@@ -1383,8 +1460,13 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
         if (jobs[i].st != KVQ_OK)
             st = jobs[i].st;
     }
-    for (size_t i = 0; i < nt; i++)
+    for (size_t i = 0; i < nt; i++) {
         ly->bytes_read += c->work[i].bytes_read;
+        for (int k = 0; k < 3; k++) {
+            c->ts.reads[k] += c->work[i].tier_reads[k];
+            c->work[i].tier_reads[k] = 0;
+        }
+    }
     if (st == KVQ_OK && attn) {
         if (token_attn)
             for (size_t h = 0; h < H; h++)
@@ -1404,6 +1486,8 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     }
     kvq__free(&c->alloc, attn);
     kvq__free(&c->alloc, sorted);
+    if (st == KVQ_OK && c->tiers)
+        (void)kvq__tier_enforce(c, layer);
     return st;
 }
 
@@ -1438,10 +1522,10 @@ kvq_status kvq_cache_positions(const kvq_cache *c, size_t layer, int32_t *positi
 
 /* Decodes one stored token of head h: key (centre added back) and value. */
 static void kvq__read_token(const kvq_cache *c, const kvq__layer *ly, size_t slot, size_t h,
-                            float *k, float *v) {
+                            const uint8_t *blk, float *k, float *v) {
     size_t p = slot / c->P, i = slot % c->P, d = c->d;
     const kvq__page *pg = &ly->pages[p];
-    const kvq__head *hd = &ly->heads[h];
+    const kvq__head *hd = kvq__page_heads(ly, pg) + h;
     int pend = KVQ__STATE(ly->state[slot]) == KVQ__PEND;
     if (pend && k && (!ly->chan_mode || hd->kchan_bits)) {
         c->f16->k.decode(c->f16, k, (const uint8_t *)(kvq__stage_k(c, pg, h) + i * d), 1);
@@ -1453,15 +1537,15 @@ static void kvq__read_token(const kvq_cache *c, const kvq__layer *ly, size_t slo
     }
     if (k) {
         if (hd->kchan_bits)
-            kvq__chan_decode_row(pg->block + hd->k_off, d, c->P, hd->kchan_bits, i, k);
+            kvq__chan_decode_row(blk + hd->k_off, d, c->P, hd->kchan_bits, i, k);
         else
-            hd->kc->k.decode(hd->kc, k, pg->block + hd->k_off + i * hd->kbytes, 1);
+            hd->kc->k.decode(hd->kc, k, blk + hd->k_off + i * hd->kbytes, 1);
         if (ly->center)
             for (size_t t = 0; t < d; t++)
                 k[t] += ly->center[h * d + t];
     }
     if (v)
-        hd->vc->k.decode(hd->vc, v, pg->block + hd->v_off + i * hd->vbytes, 1);
+        hd->vc->k.decode(hd->vc, v, blk + hd->v_off + i * hd->vbytes, 1);
 }
 
 kvq_status kvq_cache_get_kv(const kvq_cache *c, size_t layer, int kv_head, size_t first,
@@ -1480,16 +1564,31 @@ kvq_status kvq_cache_get_kv(const kvq_cache *c, size_t layer, int kv_head, size_
     kvq__cand *sorted = kvq__sorted_tokens(c, ly, &n);
     if (!sorted)
         return KVQ_ERR_NOMEM;
-    for (size_t r = 0; r < count; r++) {
+    kvq_status st = KVQ_OK;
+    uint8_t *tmp = NULL;
+    size_t tmp_page = SIZE_MAX;
+    for (size_t r = 0; r < count && st == KVQ_OK; r++) {
         uint32_t slot = sorted[first + r].slot;
-        for (size_t j = 0; j < nh; j++) {
+        size_t p = slot / c->P;
+        const uint8_t *blk = ly->pages[p].block;
+        if (ly->pages[p].tier == KVQ__TIER_COLD) { /* read the record, leave the page cold */
+            if (tmp_page != p) {
+                kvq__free(&c->alloc, tmp);
+                tmp = NULL;
+                st = kvq__tier_peek(c, ly, p, &tmp);
+                tmp_page = p;
+            }
+            blk = tmp;
+        }
+        for (size_t j = 0; j < nh && st == KVQ_OK; j++) {
             size_t h = kv_head < 0 ? j : (size_t)kv_head;
             size_t off = (r * nh + j) * c->d;
-            kvq__read_token(c, ly, slot, h, k ? k + off : NULL, v ? v + off : NULL);
+            kvq__read_token(c, ly, slot, h, blk, k ? k + off : NULL, v ? v + off : NULL);
         }
     }
+    kvq__free(&c->alloc, tmp);
     kvq__free(&c->alloc, sorted);
-    return KVQ_OK;
+    return st;
 }
 
 /* ---- precision switching ---- */
@@ -1504,6 +1603,9 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
     for (size_t l = 0; l < c->L && !is_value; l++)
         if (c->layers[l].chan_mode && (layer < 0 || (size_t)layer == l))
             return KVQ_ERR_UNSUPPORTED;
+    for (size_t l = 0; l < c->L; l++)
+        if (c->layers[l].tier_pages[KVQ__TIER_WARM] || c->layers[l].tier_pages[KVQ__TIER_COLD])
+            return KVQ_ERR_UNSUPPORTED; /* warm and cold pages keep the layout they left with */
     kvq_codec *nc = NULL;
     kvq_status st = kvq__get_codec(c, spec, &nc);
     if (st != KVQ_OK)
@@ -1727,7 +1829,7 @@ kvq_status kvq_cache_stats_json(const kvq_cache *c, char *dst, size_t cap, size_
     if (!c || !written)
         return KVQ_ERR_INVALID_ARG;
     /* render into a scratch buffer large enough for any layer count */
-    size_t need = 600 * (c->L + 1) + 64;
+    size_t need = 600 * (c->L + 1) + 1200;
     char *buf = (char *)kvq__alloc(&c->alloc, need);
     if (!buf)
         return KVQ_ERR_NOMEM;
@@ -1743,7 +1845,35 @@ kvq_status kvq_cache_stats_json(const kvq_cache *c, char *dst, size_t cap, size_
             n += (size_t)snprintf(buf + n, need - n, ", ");
         n += kvq__stats_obj(buf + n, need - n, &s);
     }
-    n += (size_t)snprintf(buf + n, need - n, "]}");
+    n += (size_t)snprintf(buf + n, need - n, "]");
+    if (c->tiers) {
+        kvq_tier_stats t;
+        kvq_cache_tier_stats(c, &t);
+        static const char *names[3] = {"hot", "warm", "cold"};
+        uint64_t reads = t.reads[0] + t.reads[1] + t.reads[2];
+        n += (size_t)snprintf(buf + n, need - n, ", \"tiers\": {");
+        for (int k = 0; k < 3; k++)
+            n += (size_t)snprintf(buf + n, need - n,
+                                  "\"%s\": {\"pages\": %llu, \"tokens\": %llu, \"bytes\": %llu, "
+                                  "\"reads\": %llu, \"hit_rate\": %.6g}, ",
+                                  names[k], (unsigned long long)t.pages[k],
+                                  (unsigned long long)t.tokens[k], (unsigned long long)t.bytes[k],
+                                  (unsigned long long)t.reads[k],
+                                  reads ? (double)t.reads[k] / (double)reads : 0.0);
+        n += (size_t)snprintf(
+            buf + n, need - n,
+            "\"demotions\": %llu, \"promotions\": %llu, \"demotion_failures\": %llu, "
+            "\"dropped_pages\": %llu, \"bytes_moved\": {\"hot_to_warm\": %llu, \"warm_to_hot\": "
+            "%llu, \"to_cold\": %llu, \"from_cold\": %llu}, \"modeled_transfer_ms\": %.6g, "
+            "\"measured_transfer_ms\": %.6g, \"lost_pages\": %llu, \"verify_mismatches\": %llu}",
+            (unsigned long long)t.demotions, (unsigned long long)t.promotions,
+            (unsigned long long)t.demotion_failures, (unsigned long long)t.dropped_pages,
+            (unsigned long long)t.bytes_hot_to_warm, (unsigned long long)t.bytes_warm_to_hot,
+            (unsigned long long)t.bytes_to_cold, (unsigned long long)t.bytes_from_cold,
+            t.modeled_transfer_ms, t.measured_transfer_ms, (unsigned long long)t.lost_pages,
+            (unsigned long long)t.verify_mismatches);
+    }
+    n += (size_t)snprintf(buf + n, need - n, "}");
     kvq_status st = KVQ_OK;
     if (dst) {
         if (cap < n + 1)

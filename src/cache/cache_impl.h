@@ -33,8 +33,10 @@ typedef struct kvq__head {
     size_t k_hdr;        /* channel layout: bytes of the per-page header (scales + mins) */
 } kvq__head;
 
+enum { KVQ__TIER_HOT = 0, KVQ__TIER_WARM = 1, KVQ__TIER_COLD = 2 };
+
 typedef struct kvq__page {
-    uint8_t *block;  /* NULL when the page is not allocated */
+    uint8_t *block;  /* NULL when the page is not allocated or is cold */
     uint16_t *stage; /* f16 staging [K|V][head][slot][d], or NULL */
     uint32_t n_valid;   /* encoded + pending slots */
     uint32_t n_pending;
@@ -42,10 +44,23 @@ typedef struct kvq__page {
     int encoded;        /* channel layout: keys of the page are encoded */
     uint64_t last_seq;  /* arrival index of the newest token placed in the page */
     int32_t min_pos;    /* lower bound of the positions in the page (exact until evictions) */
+    uint8_t tier;       /* KVQ__TIER_*: hot (primary arena), warm (warm arena, warm layout) or
+                           cold (in the store; block NULL) */
+    uint8_t cold_warm;  /* cold page written from the warm layout */
+    uint8_t has_record; /* a record of this page's current block is in the store (cold_gen,
+                           written from the layout cold_warm says): demoting it again only
+                           drops the memory */
+    uint32_t crc;       /* verify_tiers: CRC32C of the block when it was demoted */
+    uint64_t cold_gen;  /* store key generation of the page's record */
+    size_t record_bytes; /* size of that record */
 } kvq__page;
 
 typedef struct kvq__layer {
     kvq__head *heads;
+    kvq__head *wheads;     /* layout of warm pages (a copy of heads without a warm codec) */
+    size_t wblock_bytes;
+    size_t tier_pages[3], tier_tokens[3];
+    uint64_t tier_bytes_cold; /* bytes of this layer's records in the store */
     int chan_mode; /* a head has channel-layout keys: those keys wait in f16 until the page is
                       full; everything else is encoded on arrival */
     size_t block_bytes, stage_bytes;
@@ -75,7 +90,9 @@ typedef struct kvq__layer {
 
 typedef struct kvq__work {
     float *qs, *sc, *sc2, *w, *w2, *acc, *accs, *m, *l, *cdot, *scratch, *outh;
-    uint8_t *qpk, *qpf;
+    uint8_t *qpk, *qpf, *qpw; /* prepared queries: hot K codec, f16 staging, warm K codec */
+    float *accw;              /* accumulator in the warm V codec's domain */
+    uint64_t tier_reads[3];
     uint8_t *cls;          /* slot classes of the current block */
     size_t *bpages;        /* pages of the current block */
     int *bne, *bnp;        /* their encoded / pending visible counts */
@@ -103,7 +120,46 @@ struct kvq_cache {
     size_t rows_max;                        /* query rows per tile (a multiple of G) */
     float (*exp_block)(float *x, size_t n, float m);
     size_t total_peak;
+    /* residency tiers */
+    int tiers;                 /* some capacity is set */
+    int warm_distinct;         /* warm pages use other codecs than hot ones */
+    kvq_allocator warm_alloc;
+    struct kvq_store *cold;
+    uint64_t cache_id;         /* namespace of this cache's records in the store */
+    uint64_t gen;              /* record key generations */
+    kvq_tier_stats ts;         /* counters (per-tier page/token/byte figures are recomputed) */
 };
+
+static inline const kvq__head *kvq__page_heads(const kvq__layer *ly, const kvq__page *pg) {
+    return pg->tier == KVQ__TIER_WARM || (pg->tier == KVQ__TIER_COLD && pg->cold_warm) ? ly->wheads
+                                                                                      : ly->heads;
+}
+
+/* cache.c internals shared with cache_tier.c */
+typedef struct {
+    float key;
+    int32_t pos;
+    uint32_t slot;
+} kvq__cand;
+void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot);
+void kvq__purge_free(kvq_cache *c, kvq__layer *ly, size_t p);
+kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *n);
+void *kvq__lalloc(kvq_cache *c, kvq__layer *ly, size_t size, int meta);
+void kvq__lfree(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int meta);
+size_t kvq__block_codec_meta(const kvq_cache *c, const kvq__layer *ly);
+
+static inline int kvq__page_live(const kvq__page *pg) {
+    return pg->block != NULL || pg->tier == KVQ__TIER_COLD;
+}
+
+/* cache_tier.c */
+/* A copy of cold page p's block (caller frees with the cache allocator). */
+kvq_status kvq__tier_peek(const kvq_cache *c, const kvq__layer *ly, size_t p, uint8_t **block);
+kvq_status kvq__tier_before_attend(kvq_cache *c, size_t layer, int32_t qmax);
+kvq_status kvq__tier_enforce(kvq_cache *c, size_t layer);
+void kvq__tier_page_free(kvq_cache *c, kvq__layer *ly, size_t p); /* frees a warm/cold page's storage */
+void *kvq__lalloc_tier(kvq_cache *c, kvq__layer *ly, size_t size, int warm);
+void kvq__lfree_tier(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int warm);
 
 /* channel-layout key pages (cache_chan.c) */
 size_t kvq__chan_header_bytes(size_t d);

@@ -32,6 +32,7 @@
 
 #define KVQ__F16_MAXF 65504.0f
 #define KVQ__MAX_NG8 (KVQ__MAX_HEAD_DIM / 8 + 8) /* groups of >= 8 values, padded */
+#define KVQ__UNROLL4 _Pragma("GCC unroll 4")
 
 /* ---- small helpers ---- */
 
@@ -121,121 +122,230 @@ static inline void kvq__store8_s8(uint8_t *p, __m256i v) {
 
 /* ---- encode ---- */
 
-static void kvq__int_encode_one_avx2(const kvq_codec *c, uint8_t *dst, const float *x) {
-    const size_t d = c->d, g = c->group, ng = c->ngroups;
-    const int bits = c->bits;
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+/* Lane k of the result = max (min) over the 8 lanes of v[k]: a transpose
+ * with unpacks and immediate shuffles, cheaper than 8 horizontal maxima. */
+#define KVQ__HRED8X8(NAME, OP)                                                                     \
+    static inline __m256 NAME(const __m256 *v) {                                                   \
+        __m256 ab = OP(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));            \
+        __m256 cd = OP(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));            \
+        __m256 ef = OP(_mm256_unpacklo_ps(v[4], v[5]), _mm256_unpackhi_ps(v[4], v[5]));            \
+        __m256 gh = OP(_mm256_unpacklo_ps(v[6], v[7]), _mm256_unpackhi_ps(v[6], v[7]));            \
+        __m256 s0 = OP(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xee));          \
+        __m256 s1 = OP(_mm256_shuffle_ps(ef, gh, 0x44), _mm256_shuffle_ps(ef, gh, 0xee));          \
+        return OP(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));     \
+    }
+KVQ__HRED8X8(kvq__hmax8x8, _mm256_max_ps)
+KVQ__HRED8X8(kvq__hmin8x8, _mm256_min_ps)
+
+/* Group parameters of F groups at once (F <= KVQ__ENC_MAXF), eight lanes
+ * at a time: ra = absmax (int8) or min, rb = max; out: fp16 scale (and
+ * minimum) bits, float minimum and 1/scale. Bit-exact with the reference:
+ * div, min/max clamps and F16C on values already within +-65504. */
+#define KVQ__ENC_MAXF 136
+static void kvq__int_group_params(int bits, size_t F, const float *ra, const float *rb,
+                                  uint16_t *sh, uint16_t *mh, float *mf, float *invf) {
     const __m256 zero = _mm256_setzero_ps(), lim = _mm256_set1_ps(KVQ__F16_MAXF);
     const __m256 nlim = _mm256_set1_ps(-KVQ__F16_MAXF), one = _mm256_set1_ps(1.0f);
-    _Alignas(32) float ra[KVQ__MAX_NG8], rb[KVQ__MAX_NG8];
-    _Alignas(32) float mf[KVQ__MAX_NG8], invf[KVQ__MAX_NG8];
-    _Alignas(32) uint8_t qb[KVQ__MAX_HEAD_DIM];
-    const size_t ng8 = (ng + 7) & ~(size_t)7;
-
-    /* group reductions (exact: min/max are order independent up to the sign
-     * of zero, which is folded below) */
-    for (size_t gi = 0; gi < ng; gi++) {
-        const float *xg = x + gi * g;
-        if (bits == 8) {
-            __m256 a = _mm256_and_ps(_mm256_loadu_ps(xg), absmask);
-            for (size_t t = 8; t < g; t += 8)
-                a = _mm256_max_ps(a, _mm256_and_ps(_mm256_loadu_ps(xg + t), absmask));
-            ra[gi] = kvq__hmax256(a);
-        } else {
-            __m256 v = _mm256_loadu_ps(xg), lo = v, hi = v;
-            for (size_t t = 8; t < g; t += 8) {
-                v = _mm256_loadu_ps(xg + t);
-                lo = _mm256_min_ps(lo, v);
-                hi = _mm256_max_ps(hi, v);
-            }
-            ra[gi] = kvq__hmin256(lo);
-            rb[gi] = kvq__hmax256(hi);
-        }
-    }
-    for (size_t gi = ng; gi < ng8; gi++)
-        ra[gi] = rb[gi] = 0.0f;
-
-    /* group parameters, eight groups at a time */
-    for (size_t k = 0; k < ng; k += 8) {
-        const size_t cnt = KVQ__MIN(8, ng - k);
+    for (size_t k = 0; k < F; k += 8) {
         __m256 r;
         if (bits == 8) {
             r = _mm256_min_ps(_mm256_div_ps(_mm256_load_ps(ra + k), _mm256_set1_ps(127.0f)), lim);
         } else {
-            __m256 mn = _mm256_add_ps(_mm256_load_ps(ra + k), zero);
+            __m256 mn = _mm256_add_ps(_mm256_load_ps(ra + k), zero); /* -0 -> +0 */
             __m256 mx = _mm256_add_ps(_mm256_load_ps(rb + k), zero);
             mn = _mm256_min_ps(_mm256_max_ps(mn, nlim), lim);
-            __m128i mh = _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT);
-            __m256 m = _mm256_cvtph_ps(mh);
+            __m128i m16 = _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT);
+            __m256 m = _mm256_cvtph_ps(m16);
             r = _mm256_div_ps(_mm256_sub_ps(mx, m), _mm256_set1_ps(bits == 4 ? 15.0f : 3.0f));
             r = _mm256_min_ps(_mm256_max_ps(r, zero), lim);
             _mm256_store_ps(mf + k, m);
-            kvq__store_halves(dst + 2 * ng + 2 * k, mh, cnt);
+            _mm_store_si128((__m128i *)(void *)(mh + k), m16);
         }
-        __m128i sh = _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT);
-        __m256 s = _mm256_cvtph_ps(sh);
-        __m256 inv = _mm256_and_ps(_mm256_div_ps(one, s), _mm256_cmp_ps(s, zero, _CMP_GT_OQ));
-        _mm256_store_ps(invf + k, inv);
-        kvq__store_halves(dst + 2 * k, sh, cnt);
-    }
-
-    /* codes; clamping before rounding equals rounding before clamping */
-    if (bits == 8) {
-        const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-        uint8_t *codes = dst + 2 * ng;
-        for (size_t gi = 0; gi < ng; gi++) {
-            const __m256 iv = _mm256_set1_ps(invf[gi]);
-            for (size_t t = gi * g; t < (gi + 1) * g; t += 8) {
-                __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + t), iv);
-                y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
-                kvq__store8_s8(codes + t, _mm256_cvtps_epi32(y));
-            }
-        }
-        return;
-    }
-    const __m256 hi = _mm256_set1_ps(bits == 4 ? 15.0f : 3.0f);
-    for (size_t gi = 0; gi < ng; gi++) {
-        const __m256 iv = _mm256_set1_ps(invf[gi]), mv = _mm256_set1_ps(mf[gi]);
-        for (size_t t = gi * g; t < (gi + 1) * g; t += 8) {
-            __m256 y = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + t), mv), iv);
-            y = _mm256_min_ps(_mm256_max_ps(y, zero), hi);
-            kvq__store8_s8(qb + t, _mm256_cvtps_epi32(y));
-        }
-    }
-    uint8_t *codes = dst + 4 * ng;
-    size_t t = 0;
-    if (bits == 4) {
-        const __m256i c116 = _mm256_set1_epi16(0x1001); /* bytes 1, 16 */
-        for (; t + 64 <= d; t += 64) {
-            __m256i w0 = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)(qb + t)), c116);
-            __m256i w1 =
-                _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)(qb + t + 32)), c116);
-            __m256i o = _mm256_permute4x64_epi64(_mm256_packus_epi16(w0, w1), 0xd8);
-            _mm256_storeu_si256((__m256i *)(void *)(codes + t / 2), o);
-        }
-        for (; t < d; t += 2)
-            codes[t / 2] = (uint8_t)(qb[t] | (qb[t + 1] << 4));
-    } else {
-        const __m256i c14 = _mm256_set1_epi16(0x0401), c116 = _mm256_set1_epi32(0x00100001);
-        for (; t + 128 <= d; t += 128) {
-            __m256i p[4];
-            for (int k = 0; k < 4; k++)
-                p[k] = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)(qb + t + 32 * k)),
-                                         c14),
-                    c116);
-            _mm256_storeu_si256((__m256i *)(void *)(codes + t / 4),
-                                kvq__pack32(p[0], p[1], p[2], p[3], 1));
-        }
-        for (; t < d; t += 4)
-            codes[t / 4] =
-                (uint8_t)(qb[t] | (qb[t + 1] << 2) | (qb[t + 2] << 4) | (qb[t + 3] << 6));
+        __m128i s16 = _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT);
+        __m256 s = _mm256_cvtph_ps(s16);
+        _mm256_store_ps(invf + k,
+                        _mm256_and_ps(_mm256_div_ps(one, s), _mm256_cmp_ps(s, zero, _CMP_GT_OQ)));
+        _mm_store_si128((__m128i *)(void *)(sh + k), s16);
     }
 }
 
+/* The codes of 32 values from x as 32 bytes in value order, each group's
+ * parameters broadcast from iv/mv (per run of 8 values): int8 clamp(rint(
+ * x*inv), -127, 127); int4/int2 clamp(rint((x - m)*inv), 0, L). Only the
+ * upper clamp is done in float; the lower one comes from saturating packs
+ * (cvtps_epi32 gives INT_MIN below -2^31, which saturates the same way). */
+static inline __attribute__((always_inline)) __m256i
+kvq__quant32(const float *x, const float *iv, const float *mv, const uint8_t *gv, int bits) {
+    const __m256 hi = _mm256_set1_ps(bits == 8 ? 127.0f : bits == 4 ? 15.0f : 3.0f);
+    __m256 y0 = _mm256_loadu_ps(x), y1 = _mm256_loadu_ps(x + 8);
+    __m256 y2 = _mm256_loadu_ps(x + 16), y3 = _mm256_loadu_ps(x + 24);
+    if (bits != 8) {
+        y0 = _mm256_sub_ps(y0, _mm256_broadcast_ss(mv + gv[0]));
+        y1 = _mm256_sub_ps(y1, _mm256_broadcast_ss(mv + gv[1]));
+        y2 = _mm256_sub_ps(y2, _mm256_broadcast_ss(mv + gv[2]));
+        y3 = _mm256_sub_ps(y3, _mm256_broadcast_ss(mv + gv[3]));
+    }
+    __m256i q0 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(y0, _mm256_broadcast_ss(iv + gv[0])), hi));
+    __m256i q1 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(y1, _mm256_broadcast_ss(iv + gv[1])), hi));
+    __m256i q2 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(y2, _mm256_broadcast_ss(iv + gv[2])), hi));
+    __m256i q3 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(y3, _mm256_broadcast_ss(iv + gv[3])), hi));
+    __m256i ab = _mm256_packs_epi32(q0, q1), cd = _mm256_packs_epi32(q2, q3);
+    __m256i r = bits == 8 ? _mm256_max_epi8(_mm256_packs_epi16(ab, cd), _mm256_set1_epi8(-127))
+                          : _mm256_packus_epi16(ab, cd);
+    return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* The same for 8 values, into 8 bytes at p. */
+static inline void kvq__quant8(uint8_t *p, const float *x, float iv, float mv, int bits) {
+    __m256 y = _mm256_loadu_ps(x);
+    if (bits != 8)
+        y = _mm256_sub_ps(y, _mm256_set1_ps(mv));
+    y = _mm256_min_ps(_mm256_mul_ps(y, _mm256_set1_ps(iv)),
+                      _mm256_set1_ps(bits == 8 ? 127.0f : bits == 4 ? 15.0f : 3.0f));
+    __m256i q = _mm256_cvtps_epi32(y);
+    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+    __m128i b = bits == 8 ? _mm_max_epi8(_mm_packs_epi16(w, w), _mm_set1_epi8(-127))
+                          : _mm_packus_epi16(w, w);
+    _mm_storel_epi64((__m128i *)(void *)p, b);
+}
+
+/* nb vectors (nb * ng <= KVQ__ENC_MAXF - 8) of one batch; gv[t/8] is the
+ * group of value t. */
+static void kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
+                                  const uint8_t *gv) {
+    const size_t d = c->d, g = c->group, ng = c->ngroups, bytes = c->bytes;
+    const int bits = c->bits;
+    const size_t F = nb * ng;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    _Alignas(32) float ra[KVQ__ENC_MAXF], rb[KVQ__ENC_MAXF], mf[KVQ__ENC_MAXF], invf[KVQ__ENC_MAXF];
+    _Alignas(32) uint16_t sh[KVQ__ENC_MAXF], mh[KVQ__ENC_MAXF];
+    _Alignas(32) uint8_t qb[KVQ__MAX_HEAD_DIM];
+
+    /* group reductions, 8 groups at a time (exact: order independent up to
+     * the sign of zero, which the parameters fold) */
+    for (size_t f0 = 0, j = 0, gi = 0; f0 < F; f0 += 8) {
+        __m256 lo[8], hi[8];
+        for (size_t k = 0; k < 8; k++) {
+            if (f0 + k >= F) {
+                lo[k] = hi[k] = _mm256_setzero_ps();
+                continue;
+            }
+            const float *xg = src + j * d + gi * g;
+            if (++gi == ng) {
+                gi = 0;
+                j++;
+            }
+            if (bits == 8) {
+                __m256 a0 = _mm256_and_ps(_mm256_loadu_ps(xg), absmask), a1 = a0;
+                size_t t = 8;
+                for (; t + 16 <= g; t += 16) {
+                    a0 = _mm256_max_ps(a0, _mm256_and_ps(_mm256_loadu_ps(xg + t), absmask));
+                    a1 = _mm256_max_ps(a1, _mm256_and_ps(_mm256_loadu_ps(xg + t + 8), absmask));
+                }
+                if (t < g)
+                    a0 = _mm256_max_ps(a0, _mm256_and_ps(_mm256_loadu_ps(xg + t), absmask));
+                hi[k] = _mm256_max_ps(a0, a1);
+            } else {
+                __m256 v = _mm256_loadu_ps(xg), lo0 = v, hi0 = v, lo1 = v, hi1 = v;
+                size_t t = 8;
+                for (; t + 16 <= g; t += 16) {
+                    __m256 v0 = _mm256_loadu_ps(xg + t), v1 = _mm256_loadu_ps(xg + t + 8);
+                    lo0 = _mm256_min_ps(lo0, v0);
+                    hi0 = _mm256_max_ps(hi0, v0);
+                    lo1 = _mm256_min_ps(lo1, v1);
+                    hi1 = _mm256_max_ps(hi1, v1);
+                }
+                if (t < g) {
+                    v = _mm256_loadu_ps(xg + t);
+                    lo0 = _mm256_min_ps(lo0, v);
+                    hi0 = _mm256_max_ps(hi0, v);
+                }
+                lo[k] = _mm256_min_ps(lo0, lo1);
+                hi[k] = _mm256_max_ps(hi0, hi1);
+            }
+        }
+        if (bits == 8) {
+            _mm256_store_ps(ra + f0, kvq__hmax8x8(hi));
+        } else {
+            _mm256_store_ps(ra + f0, kvq__hmin8x8(lo));
+            _mm256_store_ps(rb + f0, kvq__hmax8x8(hi));
+        }
+    }
+    kvq__int_group_params(bits, F, ra, rb, sh, mh, mf, invf);
+
+    for (size_t j = 0; j < nb; j++) {
+        const float *x = src + j * d;
+        uint8_t *v = dst + j * bytes;
+        const float *iv = invf + j * ng, *mv = mf + j * ng;
+        for (size_t gi = 0; gi < ng; gi++) {
+            kvq__st16(v + 2 * gi, sh[j * ng + gi]);
+            if (bits != 8)
+                kvq__st16(v + 2 * ng + 2 * gi, mh[j * ng + gi]);
+        }
+        uint8_t *codes = v + (bits == 8 ? 2 : 4) * ng;
+        size_t t = 0;
+        if (bits == 8) {
+            for (; t + 32 <= d; t += 32)
+                _mm256_storeu_si256((__m256i *)(void *)(codes + t),
+                                    kvq__quant32(x + t, iv, iv, gv + t / 8, 8));
+            for (; t < d; t += 8)
+                kvq__quant8(codes + t, x + t, iv[gv[t / 8]], 0.0f, 8);
+            continue;
+        }
+        if (bits == 4) {
+            const __m256i c116 = _mm256_set1_epi16(0x1001); /* bytes 1, 16 */
+            for (; t + 64 <= d; t += 64) {
+                __m256i b0 = _mm256_maddubs_epi16(kvq__quant32(x + t, iv, mv, gv + t / 8, 4), c116);
+                __m256i b1 =
+                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32, iv, mv, gv + t / 8 + 4, 4), c116);
+                _mm256_storeu_si256((__m256i *)(void *)(codes + t / 2),
+                                    _mm256_permute4x64_epi64(_mm256_packus_epi16(b0, b1), 0xd8));
+            }
+        } else {
+            const __m256i c14 = _mm256_set1_epi16(0x0401), c116 = _mm256_set1_epi32(0x00100001);
+            for (; t + 128 <= d; t += 128) {
+                __m256i b[4];
+                KVQ__UNROLL4 for (int h = 0; h < 4; h++) b[h] = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32 * (size_t)h, iv, mv, gv + t / 8 + 4 * (size_t)h, 2), c14),
+                    c116);
+                _mm256_storeu_si256((__m256i *)(void *)(codes + t / 4),
+                                    kvq__pack32(b[0], b[1], b[2], b[3], 1));
+            }
+        }
+        /* the tail (fewer values than one packing unit) through bytes */
+        if (t < d) {
+            const size_t t0 = t;
+            for (; t < d; t += 8)
+                kvq__quant8(qb + t, x + t, iv[gv[t / 8]], mv[gv[t / 8]], bits);
+            for (t = t0; t < d; t += 8) {
+                const uint8_t *q = qb + t;
+                if (bits == 4) {
+                    for (int k = 0; k < 4; k++)
+                        codes[t / 2 + (size_t)k] = (uint8_t)(q[2 * k] | (q[2 * k + 1] << 4));
+                } else {
+                    codes[t / 4] = (uint8_t)(q[0] | (q[1] << 2) | (q[2] << 4) | (q[3] << 6));
+                    codes[t / 4 + 1] = (uint8_t)(q[4] | (q[5] << 2) | (q[6] << 4) | (q[7] << 6));
+                }
+            }
+        }
+    }
+}
+
+/* Batches of vectors share the group-parameter pass (8 groups per lane set;
+ * with ng < 8 groups per vector, several vectors fill it). */
 static void kvq__int_encode_avx2(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
-    for (size_t j = 0; j < n; j++)
-        kvq__int_encode_one_avx2(c, dst + j * c->bytes, src + j * c->d);
+    const size_t ng = c->ngroups;
+    const size_t batch = ng >= 8 ? 1 : 8 / ng;
+    uint8_t gv[KVQ__MAX_HEAD_DIM / 8];
+    for (size_t v = 0, gi = 0, left = c->group; v < c->d / 8; v++) {
+        gv[v] = (uint8_t)gi;
+        if ((left -= 8) == 0) {
+            gi++;
+            left = c->group;
+        }
+    }
+    for (size_t j = 0; j < n; j += batch)
+        kvq__int_encode_batch(c, dst + j * c->bytes, src + j * c->d, KVQ__MIN(batch, n - j), gv);
 }
 
 /* ---- code unpacking (decode, accumulate) ---- */
@@ -600,8 +710,6 @@ kvq__chunk_dot(const kvq__planes *k, const int8_t *qc, const int BITS) {
     return _mm256_madd_epi16(s, ones);
 }
 
-#define KVQ__UNROLL4 _Pragma("GCC unroll 4")
-
 /* int4, chunks ci and ci+1 together (needs g % 32 == 0): the two int16
  * product vectors are folded into one before madd, so int32 lane l holds
  * block 2ci + h + 2*(l%4 >= 2), h = l/4 the 128-bit half, i.e. lanes
@@ -617,11 +725,99 @@ kvq__pair_dot4(const kvq__planes *k0, const kvq__planes *k1, const int8_t *qc) {
     return _mm256_madd_epi16(S, _mm256_set1_epi16(1));
 }
 
+/* The per-key steps below work on acc/acc2 (two accumulation chains, for
+ * latency) and swap them after each step, the same way for every NQ, so a
+ * query's score does not depend on how many queries share the call. */
+#define KVQ__QC(b, ci) ((const int8_t *)(qp + (b) * qpb) + (ci) * (256 / BITS))
+#define KVQ__QS(b, ci) _mm256_load_ps((const float *)(const void *)(qp + (b) * qpb + p->off_qs) + 8 * (ci))
+#define KVQ__CHUNK(ci)                                                                             \
+    kvq__key_planes(kvq__load_chunk(codes + 32 * (ci), (ci) + 1 == nch ? last_nb : 32), BITS)
+
+/* Mode S: chunk ci (or the int4 pair ci, ci+1); returns the chunks used. */
+static inline __attribute__((always_inline)) size_t
+kvq__int_step_s(const kvq__int_plan *p, const uint8_t *key, const uint8_t *codes,
+                const uint8_t *qp, size_t qpb, size_t ci, size_t nch, size_t last_nb, size_t ng,
+                size_t gpc, __m128i kmask, __m256 *acc, __m256 *acc2, const int BITS,
+                const int NQ) {
+    const size_t g0 = ci * gpc, set = g0 / 4; /* first group; its set of 4 */
+    const int pair = BITS == 4 && gpc == 2 && ci + 1 < nch;
+    __m256 K;
+    if (gpc == 8) {
+        __m128i sh = _mm_loadu_si128((const __m128i *)(const void *)(key + 16 * ci));
+        K = _mm256_cvtph_ps(ci + 1 == nch ? _mm_and_si128(sh, kmask) : sh);
+    } else {
+        __m128i sh = _mm_loadl_epi64((const __m128i *)(const void *)(key + 8 * set));
+        if (set == (ng - 1) / 4)
+            sh = _mm_and_si128(sh, kmask);
+        if (pair) { /* lanes s0 s0 s2 s2 | s1 s1 s3 s3 */
+            K = _mm256_cvtph_ps(
+                _mm_shuffle_epi8(sh, _mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 2, 3, 2, 3, 6, 7, 6, 7)));
+        } else {
+            const __m256 X = _mm256_cvtph_ps(_mm_shuffle_epi8(
+                sh, gpc == 2 ? _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 2, 3, 0, 1, 6, 7, 4, 5)
+                             : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 0, 1, 2, 3)));
+            if (gpc == 4)
+                K = _mm256_shuffle_ps(X, X, 0x50);
+            else if (g0 % 4 == 0)
+                K = _mm256_shuffle_ps(X, X, 0x00);
+            else
+                K = _mm256_shuffle_ps(X, X, 0xaa);
+        }
+    }
+    if (pair) {
+        kvq__planes k0 = KVQ__CHUNK(ci), k1 = KVQ__CHUNK(ci + 1);
+        KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
+            __m256 F = _mm256_mul_ps(
+                _mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))), KVQ__QS(b, ci));
+            __m256 t = _mm256_fmadd_ps(F, K, acc[b]);
+            acc[b] = acc2[b];
+            acc2[b] = t;
+        }
+        return 2;
+    }
+    kvq__planes kp = KVQ__CHUNK(ci);
+    KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
+        __m256 F = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)), KVQ__QS(b, ci));
+        __m256 t = _mm256_fmadd_ps(F, K, acc[b]);
+        acc[b] = acc2[b];
+        acc2[b] = t;
+    }
+    return 1;
+}
+
+/* Mode U: chunk ci (or the int4 pair ci, ci+1 when both are in the group)
+ * into the group sums g1/g2; returns the chunks used. */
+static inline __attribute__((always_inline)) size_t
+kvq__int_step_u(const kvq__int_plan *p, const uint8_t *codes, const uint8_t *qp, size_t qpb,
+                size_t ci, size_t left, size_t nch, size_t last_nb, __m256 *g1, __m256 *g2,
+                const int BITS, const int NQ) {
+    if (BITS == 4 && left >= 2) {
+        kvq__planes k0 = KVQ__CHUNK(ci), k1 = KVQ__CHUNK(ci + 1);
+        KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
+            __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))),
+                                       KVQ__QS(b, ci), g1[b]);
+            g1[b] = g2[b];
+            g2[b] = t;
+        }
+        return 2;
+    }
+    kvq__planes kp = KVQ__CHUNK(ci);
+    KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
+        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)),
+                                   KVQ__QS(b, ci), g1[b]);
+        g1[b] = g2[b];
+        g2[b] = t;
+    }
+    return 1;
+}
+#undef KVQ__QC
+#undef KVQ__QS
+#undef KVQ__CHUNK
+
 /* One key against NQ prepared queries: r[b] gets 8 partial sums whose total
- * is the score. D and G are compile-time shapes (0: read them from the
- * plan). Successive steps (a chunk or an int4 pair) alternate between two
- * accumulators (for latency), the same way for every NQ, so a query's
- * score does not depend on how many queries share the call. */
+ * is the score. D and G are compile-time shapes (then every loop unrolls);
+ * 0 reads them from the plan. */
 static inline __attribute__((always_inline)) void
 kvq__int_score_key(const kvq__int_plan *p, const uint8_t *key, const uint8_t *qp, size_t qpb,
                    __m256 *r, const int BITS, const int MODE, const int NQ, const size_t D,
@@ -632,122 +828,63 @@ kvq__int_score_key(const kvq__int_plan *p, const uint8_t *key, const uint8_t *qp
     const size_t nch = D ? (D + V - 1) / V : p->nch;
     const size_t last_nb = D ? (D - (nch - 1) * V) * (size_t)BITS / 8 : p->last_nb;
     const uint8_t *codes = key + (ASYM ? 4 : 2) * ng;
-#define KVQ__QC(b, ci) ((const int8_t *)(qp + (b) * qpb) + (ci) * V)
-#define KVQ__QS(b, ci) _mm256_load_ps((const float *)(const void *)(qp + (b) * qpb + p->off_qs) + 8 * (ci))
-#define KVQ__CHUNK(ci)                                                                             \
-    kvq__key_planes(kvq__load_chunk(codes + 32 * (ci), (ci) + 1 == nch ? last_nb : 32), BITS)
     __m256 acc[4], acc2[4];
     KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc[b] = acc2[b] = _mm256_setzero_ps();
 
-    if (ASYM) { /* minimum term */
+    if (ASYM) { /* minimum term, into acc2 */
         const uint8_t *mins = key + 2 * ng;
         const size_t nlast = D ? (ng <= 4 ? ng : ng - 8 * ((ng - 1) / 8)) : 0;
         const __m128i mmask =
             D ? _mm_cmpgt_epi16(_mm_set1_epi16((short)nlast), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7))
               : _mm_loadu_si128((const __m128i *)(const void *)p->mmask);
+        const float *ql = (const float *)(const void *)(qp + p->off_ql);
         if (ng <= 4) {
             const __m128 m = _mm_cvtph_ps(
                 _mm_and_si128(_mm_loadl_epi64((const __m128i *)(const void *)mins), mmask));
-            KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc2[b] = _mm256_zextps128_ps256(
-                _mm_mul_ps(m, _mm_load_ps((const float *)(const void *)(qp + b * qpb + p->off_ql))));
+            KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc2[b] =
+                _mm256_zextps128_ps256(_mm_mul_ps(m, _mm_load_ps(ql + b * (qpb / 4))));
         } else {
             for (size_t w = 0; w < ng; w += 8) {
                 __m128i mh = _mm_loadu_si128((const __m128i *)(const void *)(mins + 2 * w));
                 const __m256 m = _mm256_cvtph_ps(w + 8 >= ng ? _mm_and_si128(mh, mmask) : mh);
-                KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc2[b] = _mm256_fmadd_ps(
-                    m, _mm256_load_ps((const float *)(const void *)(qp + b * qpb + p->off_ql) + w),
-                    acc2[b]);
+                KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc2[b] =
+                    _mm256_fmadd_ps(m, _mm256_load_ps(ql + b * (qpb / 4) + w), acc2[b]);
             }
         }
     }
 
     if (MODE == KVQ__MODE_S) {
-        const size_t gpc = D ? V / G : p->gpc;
+        const size_t gpc = D ? 256 / (size_t)BITS / G : p->gpc;
         const __m128i kmask =
             D ? _mm_cmpgt_epi16(_mm_set1_epi16((short)(gpc == 8 ? (D - (nch - 1) * V) / G
                                                                : ng - 4 * ((ng - 1) / 4))),
                                 _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7))
               : _mm_loadu_si128((const __m128i *)(const void *)p->kmask);
+        if (D) {
 #pragma GCC unroll 8
-        for (size_t ci = 0; ci < nch; ci++) {
-            const size_t g0 = ci * gpc, set = g0 / 4; /* first group; its set of 4 */
-            const int pair = BITS == 4 && gpc == 2 && ci + 1 < nch;
-            __m256 K;
-            if (gpc == 8) {
-                __m128i sh = _mm_loadu_si128((const __m128i *)(const void *)(key + 16 * ci));
-                K = _mm256_cvtph_ps(ci + 1 == nch ? _mm_and_si128(sh, kmask) : sh);
-            } else {
-                __m128i sh = _mm_loadl_epi64((const __m128i *)(const void *)(key + 8 * set));
-                if (set == (ng - 1) / 4)
-                    sh = _mm_and_si128(sh, kmask);
-                if (pair) /* lanes s0 s0 s2 s2 | s1 s1 s3 s3 */
-                    K = _mm256_cvtph_ps(_mm_shuffle_epi8(
-                        sh, _mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 2, 3, 2, 3, 6, 7, 6, 7)));
-                else {
-                    const __m256 X = _mm256_cvtph_ps(_mm_shuffle_epi8(
-                        sh, gpc == 2 ? _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 2, 3, 0, 1, 6, 7, 4, 5)
-                                     : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 0, 1, 2, 3)));
-                    if (gpc == 4)
-                        K = _mm256_shuffle_ps(X, X, 0x50);
-                    else if (g0 % 4 == 0)
-                        K = _mm256_shuffle_ps(X, X, 0x00);
-                    else
-                        K = _mm256_shuffle_ps(X, X, 0xaa);
-                }
-            }
-            if (pair) {
-                kvq__planes k0 = KVQ__CHUNK(ci), k1 = KVQ__CHUNK(ci + 1);
-                KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-                    __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))),
-                                             KVQ__QS(b, ci));
-                    acc[b] = _mm256_fmadd_ps(F, K, acc[b]);
-                    __m256 t = acc[b];
-                    acc[b] = acc2[b];
-                    acc2[b] = t;
-                }
-                ci++;
-                continue;
-            }
-            kvq__planes kp = KVQ__CHUNK(ci);
-            KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-                __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)),
-                                         KVQ__QS(b, ci));
-                acc[b] = _mm256_fmadd_ps(F, K, acc[b]);
-                __m256 t = acc[b];
-                acc[b] = acc2[b];
-                acc2[b] = t;
-            }
+            for (size_t ci = 0; ci < nch;)
+                ci += kvq__int_step_s(p, key, codes, qp, qpb, ci, nch, last_nb, ng, gpc, kmask, acc,
+                                      acc2, BITS, NQ);
+        } else {
+            for (size_t ci = 0; ci < nch;)
+                ci += kvq__int_step_s(p, key, codes, qp, qpb, ci, nch, last_nb, ng, gpc, kmask, acc,
+                                      acc2, BITS, NQ);
         }
     } else {
         const size_t cpg = D ? (ng == 1 ? nch : G / V) : p->cpg;
-        size_t ci = 0;
-#pragma GCC unroll 4
-        for (size_t gi = 0; gi < ng; gi++) {
+        for (size_t gi = 0, ci = 0; gi < ng; gi++) {
             __m256 g1[4], g2[4];
             KVQ__UNROLL4 for (int b = 0; b < NQ; b++) g1[b] = g2[b] = _mm256_setzero_ps();
+            const size_t end = ci + cpg;
+            if (D) {
 #pragma GCC unroll 8
-            for (size_t e = 0; e < cpg; e++, ci++) {
-                if (BITS == 4 && e + 1 < cpg) {
-                    kvq__planes k0 = KVQ__CHUNK(ci), k1 = KVQ__CHUNK(ci + 1);
-                    KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-                        g1[b] = _mm256_fmadd_ps(
-                            _mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))),
-                            KVQ__QS(b, ci), g1[b]);
-                        __m256 t = g1[b];
-                        g1[b] = g2[b];
-                        g2[b] = t;
-                    }
-                    e++, ci++;
-                    continue;
-                }
-                kvq__planes kp = KVQ__CHUNK(ci);
-                KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-                    g1[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)),
-                                            KVQ__QS(b, ci), g1[b]);
-                    __m256 t = g1[b];
-                    g1[b] = g2[b];
-                    g2[b] = t;
-                }
+                while (ci < end)
+                    ci += kvq__int_step_u(p, codes, qp, qpb, ci, end - ci, nch, last_nb, g1, g2,
+                                          BITS, NQ);
+            } else {
+                while (ci < end)
+                    ci += kvq__int_step_u(p, codes, qp, qpb, ci, end - ci, nch, last_nb, g1, g2,
+                                          BITS, NQ);
             }
             const __m256 s = _mm256_cvtph_ps(_mm_set1_epi16((short)kvq__ld16(key + 2 * gi)));
             KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc[b] =
@@ -755,9 +892,6 @@ kvq__int_score_key(const kvq__int_plan *p, const uint8_t *key, const uint8_t *qp
         }
     }
     KVQ__UNROLL4 for (int b = 0; b < NQ; b++) r[b] = _mm256_add_ps(acc[b], acc2[b]);
-#undef KVQ__QC
-#undef KVQ__QS
-#undef KVQ__CHUNK
 }
 
 /* Lane sums of four vectors, lane i = sum of the i-th; unpacks and
@@ -770,38 +904,45 @@ static inline __m128 kvq__sum4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
 }
 
 /* Scores of NQ prepared queries against n keys; four keys' partial sums are
- * reduced together. */
+ * reduced together. Fixed shapes score the four keys in one unrolled block
+ * (the core overlaps their dependency chains). */
 static inline __attribute__((always_inline)) void
 kvq__int_score_body(const kvq_codec *c, const kvq__int_plan *p, float *out, size_t ostride,
                     const uint8_t *qp, const uint8_t *keys, size_t n, const int BITS,
                     const int MODE, const int NQ, const size_t D, const size_t G) {
     const size_t bytes = c->bytes, qpb = c->qp_bytes;
     _Alignas(32) float part[4][4][8];
-    for (size_t j0 = 0; j0 < n; j0 += 4) {
+    size_t j0 = 0;
+    if (D) {
+        for (; j0 + 4 <= n; j0 += 4) {
+            __m256 r0[4], r1[4], r2[4], r3[4];
+            kvq__int_score_key(p, keys + j0 * bytes, qp, qpb, r0, BITS, MODE, NQ, D, G);
+            kvq__int_score_key(p, keys + (j0 + 1) * bytes, qp, qpb, r1, BITS, MODE, NQ, D, G);
+            kvq__int_score_key(p, keys + (j0 + 2) * bytes, qp, qpb, r2, BITS, MODE, NQ, D, G);
+            kvq__int_score_key(p, keys + (j0 + 3) * bytes, qp, qpb, r3, BITS, MODE, NQ, D, G);
+            KVQ__UNROLL4 for (int b = 0; b < NQ; b++) _mm_storeu_ps(
+                out + (size_t)b * ostride + j0, kvq__sum4x8(r0[b], r1[b], r2[b], r3[b]));
+        }
+    }
+    for (; j0 < n; j0 += 4) {
         const size_t nk = KVQ__MIN(4, n - j0);
         for (size_t kk = 0; kk < 4; kk++) {
             __m256 r[4];
             if (kk < nk) {
                 kvq__int_score_key(p, keys + (j0 + kk) * bytes, qp, qpb, r, BITS, MODE, NQ, D, G);
             } else {
-                KVQ__UNROLL4 for (int b = 0; b < NQ; b++)
+                for (int b = 0; b < NQ; b++)
                     r[b] = _mm256_setzero_ps();
             }
-            KVQ__UNROLL4 for (int b = 0; b < NQ; b++)
+            for (int b = 0; b < NQ; b++)
                 _mm256_store_ps(part[b][kk], r[b]);
         }
-        KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-            __m128 s = kvq__sum4x8(_mm256_load_ps(part[b][0]), _mm256_load_ps(part[b][1]),
-                                   _mm256_load_ps(part[b][2]), _mm256_load_ps(part[b][3]));
-            float *o = out + (size_t)b * ostride + j0;
-            if (nk == 4) {
-                _mm_storeu_ps(o, s);
-            } else {
-                float tmp[4];
-                _mm_storeu_ps(tmp, s);
-                for (size_t kk = 0; kk < nk; kk++)
-                    o[kk] = tmp[kk];
-            }
+        for (int b = 0; b < NQ; b++) {
+            float tmp[4];
+            _mm_storeu_ps(tmp, kvq__sum4x8(_mm256_load_ps(part[b][0]), _mm256_load_ps(part[b][1]),
+                                           _mm256_load_ps(part[b][2]), _mm256_load_ps(part[b][3])));
+            for (size_t kk = 0; kk < nk; kk++)
+                out[(size_t)b * ostride + j0 + kk] = tmp[kk];
         }
     }
 }

