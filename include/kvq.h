@@ -364,6 +364,30 @@ typedef struct kvq_stats {
     double fragmentation;     /* free slots in allocated pages / all slots in allocated pages */
 } kvq_stats;
 
+/* Snapshots: saves every page of the cache (all tiers) holding tokens at
+ * positions < prefix_end (INT32_MAX: all) as page records named
+ * "<name>/l<layer>/p<page>" in the store, then a checksummed manifest
+ * "<name>/manifest" (written last: a save cut short leaves no manifest). Load
+ * restores such a snapshot into an empty cache with the same configuration:
+ * the encoded pages come back bit for bit, so attention gives identical
+ * outputs. */
+KVQ_API kvq_status kvq_cache_save(kvq_cache *cache, struct kvq_store *store, const char *name,
+                                  int32_t prefix_end);
+KVQ_API kvq_status kvq_cache_load(kvq_cache *cache, struct kvq_store *store, const char *name);
+
+/* Prefix caching (as vLLM's): the full pages of a sequence whose tokens are
+ * ids[0..n) are published under the hash of the token ids up to the end of
+ * each page (and a hash of the cache configuration); prefix_get loads into
+ * an empty cache the longest run of leading pages found for every layer, at
+ * most n - 1 tokens, and reports how many tokens it loaded, so the model only
+ * runs the rest. Needs the token layout, and either no key centring or given
+ * centre values (an estimated centre depends on the prompt). Pages that are
+ * not a clean run of positions 0.. (evictions, pending tokens) are skipped. */
+KVQ_API kvq_status kvq_cache_prefix_put(kvq_cache *cache, struct kvq_store *store,
+                                        const int32_t *ids, size_t n);
+KVQ_API kvq_status kvq_cache_prefix_get(kvq_cache *cache, struct kvq_store *store,
+                                        const int32_t *ids, size_t n, size_t *n_loaded);
+
 /* Residency figures of the whole cache. */
 KVQ_API kvq_status kvq_cache_tier_stats(const kvq_cache *cache, kvq_tier_stats *st);
 

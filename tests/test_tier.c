@@ -202,6 +202,106 @@ static void test_warm_codec_and_drop(tu_rng *r) {
     kvq_cache_free(ref);
 }
 
+/* Snapshots restore bit-identical pages (same K/V, same attention); a
+ * prefix of the tokens restores only those; prefix caching loads the
+ * leading full pages of a matching token sequence. */
+static void test_snapshot_prefix(const char *url, tu_rng *r) {
+    kvq_store *s = NULL;
+    char err[256] = "";
+    CHECK_OK(kvq_store_open(&s, url, NULL, err, sizeof err));
+    if (!s)
+        return;
+    const char *kvs[][2] = {{"int8", "tq3"}, {"tq4", "int4"}};
+    for (int ci = 0; ci < 2; ci++) {
+        for (int recent = 0; recent < 2; recent++) {
+            kvq_cache_config cfg;
+            kvq_cache_config_init(&cfg);
+            cfg.n_layers = 2, cfg.n_kv_heads = H, cfg.n_q_heads = QH, cfg.head_dim = D;
+            cfg.max_tokens = N + 100, cfg.k_codec = kvs[ci][0], cfg.v_codec = kvs[ci][1];
+            cfg.recent_window = recent ? 24 : 0;
+            kvq_cache *a = NULL, *b = NULL, *pfx = NULL;
+            CHECK_OK(kvq_cache_create(&a, &cfg));
+            CHECK_OK(kvq_cache_create(&b, &cfg));
+            CHECK_OK(kvq_cache_create(&pfx, &cfg));
+            for (size_t l = 0; l < 2; l++)
+                CHECK_OK(kvq_cache_append(a, l, K, V, NULL, 203));
+            CHECK_OK(kvq_cache_save(a, s, "snap1", INT32_MAX));
+            CHECK_OK(kvq_cache_load(b, s, "snap1"));
+            compare_kv(b, a);
+            float q[QH * D], o1[QH * D], o2[QH * D];
+            tu_fill_gauss(r, q, QH * D, 1.0f);
+            int32_t qp = 1000;
+            for (size_t l = 0; l < 2; l++) {
+                CHECK_OK(kvq_cache_attend(a, l, q, &qp, 1, o1, QH * D, NULL, 0));
+                CHECK_OK(kvq_cache_attend(b, l, q, &qp, 1, o2, QH * D, NULL, 0));
+                CHECK(memcmp(o1, o2, sizeof o1) == 0);
+            }
+            /* both continue identically */
+            for (size_t l = 0; l < 2; l++) {
+                CHECK_OK(kvq_cache_append(a, l, K + 203 * H * D, V + 203 * H * D, NULL, 40));
+                CHECK_OK(kvq_cache_append(b, l, K + 203 * H * D, V + 203 * H * D, NULL, 40));
+            }
+            compare_kv(b, a);
+            /* a prefix of 100 tokens */
+            CHECK_OK(kvq_cache_save(a, s, "snap2", 100));
+            CHECK_OK(kvq_cache_load(pfx, s, "snap2"));
+            size_t n;
+            kvq_cache_tokens(pfx, 1, &n);
+            CHECK_EQ(n, 100);
+            /* loading into a non-empty cache, or a missing snapshot, fails */
+            CHECK_STATUS(kvq_cache_load(b, s, "snap1"), KVQ_ERR_MISMATCH);
+            kvq_cache *e = NULL;
+            CHECK_OK(kvq_cache_create(&e, &cfg));
+            CHECK(kvq_cache_load(e, s, "nope") != KVQ_OK);
+            /* a corrupt manifest is refused and leaves the cache empty */
+            void *md;
+            size_t ms;
+            CHECK_OK(kvq_store_get(s, "snap1/manifest", &md, &ms));
+            ((unsigned char *)md)[ms / 2] ^= 1;
+            CHECK_OK(kvq_store_put(s, "snapX/manifest", md, ms));
+            kvq_store_free_buf(s, md);
+            CHECK_STATUS(kvq_cache_load(e, s, "snapX"), KVQ_ERR_CORRUPT);
+            kvq_cache_tokens(e, 0, &n);
+            CHECK_EQ(n, 0);
+            kvq_cache_free(e);
+            kvq_cache_free(a);
+            kvq_cache_free(b);
+            kvq_cache_free(pfx);
+        }
+    }
+    /* prefix caching */
+    int32_t ids[300];
+    for (int i = 0; i < 300; i++)
+        ids[i] = (i * 37) % 500;
+    kvq_cache_config cfg;
+    kvq_cache_config_init(&cfg);
+    cfg.n_layers = 2, cfg.n_kv_heads = H, cfg.n_q_heads = QH, cfg.head_dim = D;
+    cfg.max_tokens = N + 100, cfg.k_codec = "int8", cfg.v_codec = "int8";
+    kvq_cache *a = NULL, *b = NULL, *c2 = NULL;
+    CHECK_OK(kvq_cache_create(&a, &cfg));
+    CHECK_OK(kvq_cache_create(&b, &cfg));
+    CHECK_OK(kvq_cache_create(&c2, &cfg));
+    for (size_t l = 0; l < 2; l++)
+        CHECK_OK(kvq_cache_append(a, l, K, V, NULL, 200));
+    CHECK_OK(kvq_cache_prefix_put(a, s, ids, 200));
+    size_t got = 0;
+    CHECK_OK(kvq_cache_prefix_get(b, s, ids, 250, &got));
+    CHECK_EQ(got, 192); /* 12 full pages of 16 */
+    for (size_t l = 0; l < 2; l++) {
+        CHECK_OK(kvq_cache_append(b, l, K + got * H * D, V + got * H * D, NULL, 200 - got));
+    }
+    compare_kv(b, a);
+    int32_t other[300];
+    memcpy(other, ids, sizeof other);
+    other[40] = 7; /* diverges in page 2 */
+    CHECK_OK(kvq_cache_prefix_get(c2, s, other, 250, &got));
+    CHECK_EQ(got, 32);
+    kvq_cache_free(a);
+    kvq_cache_free(b);
+    kvq_cache_free(c2);
+    kvq_store_close(s);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     tu_rng r;
@@ -223,6 +323,9 @@ int main(int argc, char **argv) {
     else
         printf("SKIP redis: KVQ_TEST_REDIS is not set\n");
     test_warm_codec_and_drop(&r);
+    test_snapshot_prefix(url, &r);
+    if (redis && *redis)
+        test_snapshot_prefix(redis, &r);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)

@@ -513,7 +513,7 @@ static void kvq__layer_release(kvq_cache *c, kvq__layer *ly) {
 
 /* Grows the page table and per-slot arrays to hold at least n_pages pages.
  * All-or-nothing. */
-static kvq_status kvq__grow(kvq_cache *c, kvq__layer *ly, size_t n_pages) {
+kvq_status kvq__grow_pages(kvq_cache *c, kvq__layer *ly, size_t n_pages) {
     if (n_pages <= ly->pages_cap)
         return KVQ_OK;
     size_t cap = KVQ__MAX(n_pages, ly->pages_cap * 2);
@@ -560,7 +560,7 @@ static kvq_status kvq__grow(kvq_cache *c, kvq__layer *ly, size_t n_pages) {
     return KVQ_OK;
 }
 
-static void kvq__push_free(kvq__layer *ly, uint32_t slot) {
+void kvq__push_free_slot(kvq__layer *ly, uint32_t slot) {
     if (ly->state[slot] & KVQ__INSTACK)
         return;
     ly->state[slot] |= KVQ__INSTACK;
@@ -799,7 +799,7 @@ void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot) {
     ly->n_tokens--;
     ly->evicted++;
     if (!ly->chan_mode && pg->n_valid > 0 && pg->tier == KVQ__TIER_HOT)
-        kvq__push_free(ly, slot);
+        kvq__push_free_slot(ly, slot);
     if (pg->n_valid == 0 && p != ly->open_page) {
         kvq__purge_free(c, ly, p);
         kvq__maybe_free_page(c, ly, p);
@@ -911,7 +911,7 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
     for (size_t p = 0; p < ly->n_pages; p++)
         n_unalloc += !kvq__page_live(&ly->pages[p]);
     size_t reuse = KVQ__MIN(n_unalloc, need_new);
-    kvq_status st = kvq__grow(c, ly, ly->n_pages + need_new - reuse);
+    kvq_status st = kvq__grow_pages(c, ly, ly->n_pages + need_new - reuse);
     if (st != KVQ_OK)
         return st;
     size_t newp[64], *newpages = newp;

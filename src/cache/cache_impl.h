@@ -143,6 +143,8 @@ typedef struct {
 } kvq__cand;
 void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot);
 void kvq__purge_free(kvq_cache *c, kvq__layer *ly, size_t p);
+kvq_status kvq__grow_pages(kvq_cache *c, kvq__layer *ly, size_t n_pages);
+void kvq__push_free_slot(kvq__layer *ly, uint32_t slot);
 kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *n);
 void *kvq__lalloc(kvq_cache *c, kvq__layer *ly, size_t size, int meta);
 void kvq__lfree(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int meta);

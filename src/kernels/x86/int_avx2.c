@@ -504,6 +504,164 @@ static void kvq__int_accum_avx2(const kvq_codec *c, float *acc, size_t astride, 
                             KVQ__MIN(4, nq - i), vals, n);
 }
 
+/* 16 codes from value t on (t % 16 == 0) as two float vectors: int8 and
+ * int2 in value order (a: t..t+7, b: t+8..t+15), int4 as the even (a) and
+ * odd (b) values of t..t+15. */
+static inline __attribute__((always_inline)) void
+kvq__codes16_f32(const uint8_t *codes, size_t t, const int BITS, __m256 *a, __m256 *b) {
+    if (BITS == 8) {
+        *a = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(codes + t))));
+        *b = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(codes + t + 8))));
+    } else if (BITS == 4) {
+        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(codes + t / 2)));
+        *a = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+        *b = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+    } else {
+        __m256i v = _mm256_set1_epi32((int)kvq__ldu32(codes + t / 4));
+        const __m256i m = _mm256_set1_epi32(3);
+        *a = _mm256_cvtepi32_ps(
+            _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), m));
+        *b = _mm256_cvtepi32_ps(_mm256_and_si256(
+            _mm256_srlv_epi32(v, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30)), m));
+    }
+}
+
+#define KVQ__ACC_WS 256 /* w*s products per weight row and key block */
+
+/* One column tile (np 16-value pieces from t0) of NQ weight rows over the
+ * nb keys of a block: the sums stay in registers, then are added to acc. */
+static inline __attribute__((always_inline)) void
+kvq__int_accum_tile(const kvq_codec *c, float *acc, size_t astride, const uint8_t *vals,
+                    size_t nb, const float (*ws)[KVQ__ACC_WS + 8], size_t t0, size_t np,
+                    const int NQ, const int BITS) {
+    const size_t g = c->group, ng = c->ngroups, bytes = c->bytes;
+    const size_t pbytes = (BITS == 8 ? 2 : 4) * ng;
+    size_t gp[4] = {0, 0, 0, 0}; /* group of each piece (np <= 4) */
+    __m256 A[4][8];
+    KVQ__UNROLL4 for (size_t pc = 0; pc < np; pc++) gp[pc] = (t0 + 16 * pc) / g;
+    KVQ__UNROLL4 for (int r = 0; r < NQ; r++) {
+        for (int k = 0; k < 8; k++)
+            A[r][k] = _mm256_setzero_ps();
+    }
+    for (size_t j = 0; j < nb; j++) {
+        const uint8_t *codes = vals + j * bytes + pbytes;
+        KVQ__UNROLL4 for (size_t pc = 0; pc < np; pc++) {
+            __m256 f0, f1;
+            kvq__codes16_f32(codes, t0 + 16 * pc, BITS, &f0, &f1);
+            KVQ__UNROLL4 for (int r = 0; r < NQ; r++) {
+                const __m256 b = _mm256_broadcast_ss(&ws[r][j * ng + gp[pc]]);
+                A[r][2 * pc] = _mm256_fmadd_ps(b, f0, A[r][2 * pc]);
+                A[r][2 * pc + 1] = _mm256_fmadd_ps(b, f1, A[r][2 * pc + 1]);
+            }
+        }
+    }
+    KVQ__UNROLL4 for (int r = 0; r < NQ; r++) {
+        KVQ__UNROLL4 for (size_t pc = 0; pc < np; pc++) {
+            float *a = acc + (size_t)r * astride + t0 + 16 * pc;
+            __m256 n0 = A[r][2 * pc], n1 = A[r][2 * pc + 1];
+            if (BITS == 4) { /* even/odd back to value order */
+                __m256 lo = _mm256_unpacklo_ps(n0, n1), hi = _mm256_unpackhi_ps(n0, n1);
+                n0 = _mm256_permute2f128_ps(lo, hi, 0x20);
+                n1 = _mm256_permute2f128_ps(lo, hi, 0x31);
+            }
+            _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), n0));
+            _mm256_storeu_ps(a + 8, _mm256_add_ps(_mm256_loadu_ps(a + 8), n1));
+        }
+    }
+}
+
+/* NQ (1, 2 or 4) weight rows; tiles of 64/NQ values keep 8 sums in
+ * registers. Needs d % 16 == 0 and g % 16 == 0. Keys go in blocks whose
+ * w*s products are computed first; sum_j w_j m_g is added at the end. */
+static inline __attribute__((always_inline)) void
+kvq__int_accum_nq(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                  size_t wstride, const uint8_t *vals, size_t n, const int NQ, const int BITS) {
+    const size_t d = c->d, g = c->group, ng = c->ngroups, bytes = c->bytes;
+    const size_t ng8 = (ng + 7) & ~(size_t)7, T = 64 / (size_t)NQ;
+    const size_t kb = KVQ__MAX(1, KVQ__MIN(32, KVQ__ACC_WS / ng));
+    _Alignas(32) float ws[4][KVQ__ACC_WS + 8];
+    _Alignas(32) float tm[4][KVQ__MAX_NG8];
+    _Alignas(32) float sf[KVQ__MAX_NG8], mf[KVQ__MAX_NG8];
+    for (int r = 0; r < NQ; r++)
+        for (size_t k = 0; k < ng8; k++)
+            tm[r][k] = 0.0f;
+    for (size_t j0 = 0; j0 < n; j0 += kb) {
+        const size_t nb = KVQ__MIN(kb, n - j0);
+        for (size_t j = 0; j < nb; j++) {
+            const uint8_t *v = vals + (j0 + j) * bytes;
+            kvq__halves_to_f32(sf, v, ng);
+            if (BITS != 8)
+                kvq__halves_to_f32(mf, v + 2 * ng, ng);
+            KVQ__UNROLL4 for (int r = 0; r < NQ; r++) {
+                const __m256 wv = _mm256_set1_ps(w[(size_t)r * wstride + j0 + j]);
+                for (size_t k = 0; k < ng; k += 8) {
+                    _mm256_storeu_ps(&ws[r][j * ng + k], _mm256_mul_ps(wv, _mm256_load_ps(sf + k)));
+                    if (BITS != 8)
+                        _mm256_store_ps(tm[r] + k, _mm256_fmadd_ps(wv, _mm256_load_ps(mf + k),
+                                                                   _mm256_load_ps(tm[r] + k)));
+                }
+            }
+        }
+        const uint8_t *vb = vals + j0 * bytes;
+        size_t t0 = 0;
+        for (; t0 + T <= d; t0 += T)
+            kvq__int_accum_tile(c, acc, astride, vb, nb, (const float(*)[KVQ__ACC_WS + 8])ws, t0,
+                                T / 16, NQ, BITS);
+        if (t0 < d)
+            kvq__int_accum_tile(c, acc, astride, vb, nb, (const float(*)[KVQ__ACC_WS + 8])ws, t0,
+                                (d - t0) / 16, NQ, BITS);
+    }
+    if (BITS == 8)
+        return;
+    for (int r = 0; r < NQ; r++)
+        for (size_t gi = 0; gi < ng; gi++) {
+            const __m256 m = _mm256_set1_ps(tm[r][gi]);
+            for (size_t t = gi * g; t < (gi + 1) * g; t += 8) {
+                float *a = acc + (size_t)r * astride + t;
+                _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), m));
+            }
+        }
+}
+
+#define KVQ__INT_ACC_FN(B, Q)                                                                      \
+    static void kvq__int_accum_##B##_##Q(const kvq_codec *c, float *acc, size_t astride,          \
+                                         const float *w, size_t wstride, const uint8_t *vals,      \
+                                         size_t n) {                                               \
+        kvq__int_accum_nq(c, acc, astride, w, wstride, vals, n, Q, B);                             \
+    }
+KVQ__INT_ACC_FN(8, 1)
+KVQ__INT_ACC_FN(8, 2)
+KVQ__INT_ACC_FN(8, 4)
+KVQ__INT_ACC_FN(4, 1)
+KVQ__INT_ACC_FN(4, 2)
+KVQ__INT_ACC_FN(4, 4)
+KVQ__INT_ACC_FN(2, 1)
+KVQ__INT_ACC_FN(2, 2)
+KVQ__INT_ACC_FN(2, 4)
+
+typedef void (*kvq__int_accum_fn)(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                                  size_t wstride, const uint8_t *vals, size_t n);
+static const kvq__int_accum_fn kvq__int_accum_tab[3][3] = {
+    {kvq__int_accum_8_1, kvq__int_accum_8_2, kvq__int_accum_8_4},
+    {kvq__int_accum_4_1, kvq__int_accum_4_2, kvq__int_accum_4_4},
+    {kvq__int_accum_2_1, kvq__int_accum_2_2, kvq__int_accum_2_4},
+};
+
+/* Rows in blocks of 4, then 2, then 1 (each block reads the values once). */
+static void kvq__int_accum_tiled(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                                 size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
+    const kvq__int_accum_fn *fns = kvq__int_accum_tab[c->bits == 8 ? 0 : c->bits == 4 ? 1 : 2];
+    size_t i = 0;
+    for (; i + 4 <= nq; i += 4)
+        fns[2](c, acc + i * astride, astride, w + i * wstride, wstride, vals, n);
+    for (; i + 2 <= nq; i += 2)
+        fns[1](c, acc + i * astride, astride, w + i * wstride, wstride, vals, n);
+    for (; i < nq; i++)
+        fns[0](c, acc + i * astride, astride, w + i * wstride, wstride, vals, n);
+}
+
 /* ---- score ---- */
 
 enum { KVQ__MODE_U = 1, KVQ__MODE_S = 2 };
@@ -1013,7 +1171,7 @@ void kvq__int_avx2_select(kvq_codec *c) {
     if (c->group % 8 == 0) {
         c->k.encode = kvq__int_encode_avx2;
         c->k.decode = kvq__int_decode_avx2;
-        c->k.accum = kvq__int_accum_avx2;
+        c->k.accum = c->group % 16 == 0 ? kvq__int_accum_tiled : kvq__int_accum_avx2;
     }
     kvq__int_plan p;
     if (kvq__int_plan_make(c, &p)) {
