@@ -50,7 +50,7 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_HELP := $(filter-out $(TEST_SRC) tests/inspect_demo.c,$(wildcard tests/*.c))
 
-.PHONY: all check check-run check-san bench demo install clean python-test fuzz
+.PHONY: all check check-run check-run-inner check-san bench demo install clean python-test fuzz
 
 all: $(BUILD)/libkvq.a $(BUILD)/libkvq.so $(BUILD)/kvq
 
@@ -79,7 +79,12 @@ $(BUILD)/tests/%: tests/%.c $(TEST_HELP) tests/testutil.h $(BUILD)/libkvq.a
 	$(CC) $(CFLAGS_ALL) -Isrc -o $@ $< $(TEST_HELP) $(BUILD)/libkvq.a $(LDLIBS)
 
 # Runs every test binary of $(BUILD); fails at the end if any failed.
+# Every test of one build, with a private redis-server when one is installed
+# (tests/with_redis.sh exports KVQ_TEST_REDIS for the tier tests).
 check-run: $(TEST_BIN) $(BUILD)/kvq $(BUILD)/tests/inspect_demo
+	@sh tests/with_redis.sh $(MAKE) --no-print-directory check-run-inner BUILD=$(BUILD) SAN=$(SAN)
+
+check-run-inner:
 	@fail=0; for t in $(TEST_BIN); do \
 	  echo "== $$t"; KVQ_DATA=$(DATA) $$t --data $(DATA) || fail=1; \
 	done; \

@@ -70,6 +70,14 @@ PYEOF
 [ "$(wc -l < "$TMP/sw/sweep.csv")" -eq 4 ] && ok || bad "sweep.csv rows"
 grep -q "<svg" "$TMP/sw/sweep.svg" && [ "$(grep -c "<circle" "$TMP/sw/sweep.svg")" -eq 3 ] && ok || bad "sweep.svg points"
 
+# prefix caching: the second run loads the prompt's full pages and prints the same text
+P="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends and her dog."
+"$KVQ" generate --model "$M" --tokenizer "$T" --temperature 0 --steps 100 --prompt "$P" --k-codec int8 --v-codec int8 > "$TMP/g0.txt" 2>/dev/null
+"$KVQ" generate --model "$M" --tokenizer "$T" --temperature 0 --steps 100 --prompt "$P" --k-codec int8 --v-codec int8 --prefix-store "file:$TMP/pfx" > "$TMP/g1.txt" 2>"$TMP/e1"
+"$KVQ" generate --model "$M" --tokenizer "$T" --temperature 0 --steps 100 --prompt "$P" --k-codec int8 --v-codec int8 --prefix-store "file:$TMP/pfx" > "$TMP/g2.txt" 2>"$TMP/e2"
+cmp -s "$TMP/g0.txt" "$TMP/g1.txt" && cmp -s "$TMP/g0.txt" "$TMP/g2.txt" && ok || bad "prefix-store changes the generated text"
+grep -q "prefix store: 0 of" "$TMP/e1" && grep -q "prefix store: 32 of" "$TMP/e2" && ok || bad "prefix-store did not load the prompt pages: $(cat "$TMP/e2")"
+
 "$KVQ" eval --model "$M" --tokenizer "$T" > /dev/null 2>&1; [ $? -eq 2 ] && ok || bad "eval without --text exits 2"
 "$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --k-codec nope > /dev/null 2>"$TMP/err"; [ $? -ne 0 ] && grep -q "unknown codec" "$TMP/err" && ok || bad "eval with a bad codec"
 "$KVQ" eval --model /nonexistent --tokenizer "$T" --text "$TMP/two.txt" > /dev/null 2>&1; [ $? -eq 1 ] && ok || bad "eval with a missing model"

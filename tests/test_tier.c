@@ -167,6 +167,32 @@ static void run_store(const char *url, const char *name, tu_rng *r) {
     }
     kvq_cache_free(c);
     kvq_cache_free(ref);
+
+    /* 4. a dropped connection (a Redis restart) fails one call cleanly; the
+     * next call reconnects and everything is still there */
+    c = mk(s, 64, 0, NULL, NULL);
+    ref = mk(NULL, 0, 0, NULL, NULL);
+    fst = 0;
+    drive(c, ref, r, &fst);
+    fs = kvq_store_inject_fault(s, KVQ_FAULT_DISCONNECT, 0);
+    if (fs == KVQ_OK) {
+        float q[QH * D], o1[QH * D], o2[QH * D];
+        tu_fill_gauss(r, q, QH * D, 1.0f);
+        int32_t qp = 10000;
+        kvq_status as = kvq_cache_attend(c, 1, q, &qp, 1, o1, QH * D, NULL, 0);
+        TU_REPORT(as == KVQ_ERR_CONN, "%s: attend over a dropped connection gave %s", name,
+                  kvq_strerror(as));
+        CHECK_OK(kvq_cache_attend(c, 1, q, &qp, 1, o1, QH * D, NULL, 0));
+        CHECK_OK(kvq_cache_attend(ref, 1, q, &qp, 1, o2, QH * D, NULL, 0));
+        CHECK(rel(o1, o2, QH * D) == 0.0);
+        compare_kv(c, ref);
+        CHECK_OK(kvq_cache_tier_stats(c, &ts));
+        CHECK_EQ(ts.lost_pages, 0);
+    } else {
+        printf("%s: no DISCONNECT fault injection (%s)\n", name, kvq_strerror(fs));
+    }
+    kvq_cache_free(c);
+    kvq_cache_free(ref);
     kvq_store_close(s);
 }
 

@@ -17,6 +17,8 @@ void kvqt_cacheopts_init(kvqt_cacheopts *o) {
 }
 
 void kvqt_cacheopts_free(kvqt_cacheopts *o) {
+    kvq_store_close(o->prefix_store);
+    o->prefix_store = NULL;
     free(o->center_values);
     o->center_values = NULL;
     for (size_t i = 0; i < o->n_ovr; i++) {
@@ -50,7 +52,7 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
     }
     static const char *valued[] = {"--k-codec", "--v-codec", "--k-layout", "--alloc",  "--policy",
                                    "--budget",  "--budget-ratio", "--window", "--sinks", "--page",
-                                   "--threads", "--recent"};
+                                   "--threads", "--recent", "--prefix-store"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
         known |= !strcmp(a, valued[k]);
@@ -71,6 +73,14 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
             return -1;
         }
         o->k_layout_channel = !strcmp(v, "channel");
+    } else if (!strcmp(a, "--prefix-store")) {
+        char err[256] = "";
+        kvq_store_close(o->prefix_store);
+        o->prefix_store = NULL;
+        if (kvq_store_open(&o->prefix_store, v, NULL, err, sizeof err) != KVQ_OK) {
+            fprintf(stderr, "kvq %s: --prefix-store %s: %s\n", cmd, v, err);
+            return -1;
+        }
     } else if (!strcmp(a, "--alloc")) {
         o->alloc_path = v;
         char err[256];
@@ -137,7 +147,8 @@ void kvqt_cacheopts_usage(FILE *f) {
     fprintf(f, "cache options: --k-codec C --v-codec C (f32) --k-layout token|channel --k-prerope\n"
                "  --k-center --alloc FILE --policy none|window|fifo|utility --budget N\n"
                "  --budget-ratio R --window N (protected recent, 128) --sinks N (4) --page N (16)\n"
-               "  --recent N (f16 recent window, 0) --threads N (1)\n");
+               "  --recent N (f16 recent window, 0) --threads N (1)\n"
+               "  --prefix-store file:DIR|redis://HOST:PORT (reuse pages of shared prompt prefixes)\n");
 }
 
 void kvqt_cacheopts_describe(const kvqt_cacheopts *o, char *buf, size_t size) {

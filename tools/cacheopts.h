@@ -26,6 +26,7 @@ typedef struct kvqt_cacheopts {
     unsigned char *ovr_state[KVQT_MAX_OVR]; /* owned state blobs (nuq tables) */
     size_t n_ovr;
     float *center_values; /* from --alloc, or NULL */
+    kvq_store *prefix_store;  /* --prefix-store URL, or NULL */
     size_t center_count;
 } kvqt_cacheopts;
 

@@ -149,9 +149,23 @@ int kvqt_eval_run(const kvq_model *m, const kvq_tokenizer *tok, char **lines, si
             rc = -1;
             break;
         }
-        kvq_status st = kvq_model_forward(m, c, tk, n, 0, lg, S * V, 0);
+        /* with a prefix store, the leading pages of an earlier sequence with
+         * the same tokens are loaded instead of computed; only the rest runs
+         * (and only its predictions are scored) */
+        size_t n0 = 0;
+        kvq_status st = KVQ_OK;
+        if (o->prefix_store) {
+            st = kvq_cache_prefix_get(c, o->prefix_store, tk, n, &n0);
+            if (st != KVQ_OK)
+                fprintf(stderr, "kvq eval: prefix store: %s\n", kvq_strerror(st));
+        }
+        if (st == KVQ_OK)
+            st = kvq_model_forward(m, c, tk + n0, n - n0, (int32_t)n0, lg, S * V, 0);
         if (st == KVQ_OK)
             st = kvq_model_forward(m, r, tk, n, 0, lr, S * V, 0);
+        if (st == KVQ_OK && o->prefix_store)
+            st = kvq_cache_prefix_put(c, o->prefix_store, tk, n);
+        res->prefix_tokens += n0;
         if (st != KVQ_OK) {
             fprintf(stderr, "kvq eval: forward: %s\n", kvq_strerror(st));
             kvq_cache_free(c);
@@ -159,8 +173,8 @@ int kvqt_eval_run(const kvq_model *m, const kvq_tokenizer *tok, char **lines, si
             rc = -1;
             break;
         }
-        for (size_t t = 0; t + 1 < n; t++) {
-            kvqt_softmax(lg + t * V, V, p);
+        for (size_t t = n0; t + 1 < n; t++) {
+            kvqt_softmax(lg + (t - n0) * V, V, p);
             kvqt_softmax(lr + t * V, V, pr);
             int32_t next = tk[t + 1];
             res->nll += -log(fmax(p[next], 1e-300));
@@ -275,10 +289,21 @@ int kvq_tool_generate(int argc, char **argv) {
     double t0 = kvqb_now();
     size_t produced = 0;
     int32_t prev = tk[0];
-    /* feed the prompt (all but its last token) in one prefill */
+    /* feed the prompt (all but its last token) in one prefill; leading pages
+     * found in the prefix store are loaded instead of computed */
     kvq_status st = KVQ_OK;
-    if (n > 1)
-        st = kvq_model_forward(m, c, tk, n - 1, 0, NULL, 0, 0);
+    size_t n0 = 0;
+    if (o.prefix_store && n > 1) {
+        st = kvq_cache_prefix_get(c, o.prefix_store, tk, n - 1, &n0);
+        if (st != KVQ_OK)
+            fprintf(stderr, "kvq generate: prefix store: %s\n", kvq_strerror(st));
+    }
+    if (st == KVQ_OK && n - 1 > n0)
+        st = kvq_model_forward(m, c, tk + n0, n - 1 - n0, (int32_t)n0, NULL, 0, 0);
+    if (st == KVQ_OK && o.prefix_store && n > 1)
+        st = kvq_cache_prefix_put(c, o.prefix_store, tk, n - 1);
+    if (o.prefix_store)
+        fprintf(stderr, "prefix store: %zu of %zu prompt tokens loaded\n", n0, n ? n - 1 : 0);
     size_t pos = n - 1;
     int32_t cur = tk[n - 1];
     char buf[8];
@@ -390,9 +415,12 @@ int kvq_tool_eval(int argc, char **argv) {
     if (rc == 0) {
         if (json) {
             printf("{\"nll_f32\": %.6f, \"nll\": %.6f, \"ppl_f32\": %.6f, \"ppl\": %.6f, \"kl\": %.6g, "
-                   "\"top1_agree\": %.6f, \"bits_per_value\": %.4f, \"tokens\": %zu}\n",
+                   "\"top1_agree\": %.6f, \"bits_per_value\": %.4f, \"tokens\": %zu",
                    r.nll_f32, r.nll, exp(r.nll_f32), exp(r.nll), r.kl, r.top1, r.bits_per_value,
                    r.tokens);
+            if (o.prefix_store)
+                printf(", \"prefix_tokens\": %zu", r.prefix_tokens);
+            printf("}\n");
         } else {
             char desc[256];
             kvqt_cacheopts_describe(&o, desc, sizeof desc);

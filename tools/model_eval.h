@@ -7,7 +7,7 @@
 
 typedef struct kvqt_eval_result {
     double nll, nll_f32, kl, top1, bits_per_value, total_bits_per_value, total_bits;
-    size_t tokens, sequences;
+    size_t tokens, sequences, prefix_tokens;
 } kvqt_eval_result;
 
 int kvqt_model_open(const char *model_path, const char *tok_path, kvq_model **m, kvq_tokenizer **t,
