@@ -40,7 +40,9 @@ static double nmse_bound(const char *spec, size_t d) {
     }
     if (!strncmp(spec, "nuq", 3)) {
         int b = atoi(spec + 3);
-        return b == 1 ? 0.45 : b == 2 ? 0.15 : b == 3 ? 0.05 : b == 4 ? 0.015 : 1e-4;
+        /* fitted on 512 samples, measured on others: held-out error, not the
+         * training optimum (nuq8 has 256 levels per channel) */
+        return b == 1 ? 0.45 : b == 2 ? 0.15 : b == 3 ? 0.05 : b == 4 ? 0.02 : 0.005;
     }
     return 0.0;
 }
@@ -278,9 +280,8 @@ static void check_codec(const char *spec, size_t d, kvq_isa isa, tu_rng *rng) {
         size_t differ = 0;
         for (size_t i = 0; i < n * vb; i++)
             differ += enc[i] != enc2[i];
-        int exact = strncmp(spec, "tq", 2) != 0; /* tq rotations round differently per path */
-        TU_REPORT(exact ? differ == 0 : differ <= n * vb / 50, "%s d=%zu %s: %zu encoded bytes "
-                  "differ from the scalar reference", spec, d, kvq_isa_name(isa), differ);
+        TU_REPORT(differ == 0, "%s d=%zu %s: %zu encoded bytes differ from the scalar reference",
+                  spec, d, kvq_isa_name(isa), differ);
         float *y2 = malloc(sizeof(float) * n * d);
         CHECK_OK(kvq_codec_decode(r, y2, n * d, enc, n * vb));
         double md = 0;

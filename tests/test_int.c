@@ -482,12 +482,12 @@ static void compare_paths(const char *spec, size_t d, tu_rng *r, score_stats *st
         for (size_t t = 0; t < nq * d; t += 13)
             q[t] *= 8.0f;
         CHECK_OK(kvq_codec_score(cs, ss, nq * n, q, nq, es, n * vb));
-        CHECK_OK(kvq_codec_score(cv, sv, nq * n, q, nq, es, n * vb));
+        CHECK_OK(kvq_codec_score(cv, sv, nq * n, q, nq, ev, n * vb)); /* misaligned keys */
         int bad_s = 0, bad_v = 0, bad_cs = 0, bad_1 = 0;
         double worst = 0;
         for (size_t i = 0; i < nq; i++) {
             /* one query at a time gives the same bits as a block of queries */
-            CHECK_OK(kvq_codec_score(cv, s1, n, q + i * d, 1, es, n * vb));
+            CHECK_OK(kvq_codec_score(cv, s1, n, q + i * d, 1, ev, n * vb));
             for (size_t j = 0; j < n; j++) {
                 score_ref sr = score_reference(q + i * d, ys + j * d, es + j * vb, bits, d, g);
                 double es_ = fabs(ss[i * n + j] - sr.dot), ev_ = fabs(sv[i * n + j] - sr.dot);

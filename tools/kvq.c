@@ -19,6 +19,7 @@ static void usage(FILE *f) {
             "  kvq eval         NLL/KL/top-1 of a compressed cache against f32 (--help)\n"
             "  kvq calibrate    per-head bit allocation for a target bits/value (--help)\n"
             "  kvq sweep        eval over many cache configurations, CSV + SVG plot\n"
+            "  kvq inspect      keys, sizes and page records of a store (DIR or redis://)\n"
             "  kvq codecs       list the codecs with their bits per value\n"
             "  kvq version\n",
             kvq_version_string());
@@ -49,6 +50,8 @@ int main(int argc, char **argv) {
         return kvq_tool_sweep(argc - 1, argv + 1);
     if (strcmp(cmd, "simulate") == 0)
         return kvq_tool_simulate(argc - 1, argv + 1);
+    if (strcmp(cmd, "inspect") == 0)
+        return kvq_tool_inspect(argc - 1, argv + 1);
     if (strcmp(cmd, "codecs") == 0)
         return kvq_tool_list_codecs(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

@@ -12,5 +12,6 @@ int kvq_tool_generate(int argc, char **argv);
 int kvq_tool_eval(int argc, char **argv);
 int kvq_tool_calibrate(int argc, char **argv);
 int kvq_tool_sweep(int argc, char **argv);
+int kvq_tool_inspect(int argc, char **argv);
 
 #endif

@@ -23,8 +23,9 @@
  *
  * The reference prepared query is the float query followed by the float sum
  * of each group (the minimum term of int4/int2 is m_g * sum of q over g).
- * qp_bytes also covers the AVX2 layout (src/kernels/x86/int_avx2.c), which
- * needs at most 3*d + 96 bytes.
+ * qp_bytes also covers the AVX2 layout (src/kernels/x86/int_avx2.c: query
+ * codes <= d + 96, block scales <= d, group sums <= d/2 + 28 bytes; the
+ * AVX2 path is not selected when its layout would not fit).
  */
 #include "codec_impl.h"
 
@@ -197,7 +198,7 @@ static kvq_status kvq__int_init(kvq_codec *c, char *err, size_t err_size) {
     const size_t d = c->d, ng = c->ngroups;
     c->bytes = kvq__int_param_bytes(c->bits, ng) + kvq__int_code_bytes(c->bits, d);
     size_t ref_qp = (d + ng) * sizeof(float);
-    size_t simd_qp = 3 * d + 96;
+    size_t simd_qp = 3 * d + 128;
     c->qp_bytes = kvq__round64(KVQ__MAX(ref_qp, simd_qp));
     c->acc_len = d;
     c->ref.encode = kvq__int_encode;

@@ -1,30 +1,34 @@
 /*
  * int_avx2.c - AVX2 kernels of int8/int4/int2 (format and reference in
- * src/codec/int.c).
+ * src/codec/int.c). Tuned on a core that splits 256-bit operations (Zen 1):
+ * lane-crossing and variable permutes and hadd are avoided in hot loops.
  *
- * encode  bit-exact with the reference: the group parameters are computed
- *         eight groups at a time with the same correctly rounded operations
- *         (div, min/max clamps, F16C conversion of values already clamped to
- *         +-65504, which rounds like kvq__f16_from_f32), and codes use
+ * encode  bit-exact with the reference: group parameters for up to 8 groups
+ *         (of one or several vectors) at once with the same correctly
+ *         rounded operations (div, min/max clamps, F16C on values already
+ *         within +-65504, which rounds like kvq__f16_from_f32); codes with
  *         cvtps_epi32 (round to nearest even under the default MXCSR, like
  *         nearbyintf). Needs g % 8 == 0.
  * decode  bit-exact too (one multiply, then one add). Needs g % 8 == 0.
- * accum   acc += (w*s_g) * q for every value; the minimum term is summed per
- *         group (sum_j w_j m_g) and added once at the end. Needs g % 8 == 0.
+ * accum   acc += (w*s_g) * q, with the w*s_g products made once per key and
+ *         column tiles of 64/32/16 values for 1/2/4 weight rows kept in
+ *         registers over a block of keys; sum_j w_j m_g is added once per
+ *         group at the end. Needs g % 16 == 0 (g % 8: a simpler loop).
  * score   the query is quantized to int8 in prep, one fp32 scale per block
  *         of 32 values (|error| <= scale/2 per value), and dotted with the
  *         codes by maddubs (u8 x s8; int8 keys use |k| and sign(q, k)) and
- *         madd; the per-group key scale, the query block scale and the
- *         minimum term (exact float query sums) are applied in float. Needs
- *         d % 32 == 0 and groups that line up with the 8 int32 lanes of a
- *         chunk (see kvq__int_plan_make).
- * Prepared query (score), per 32-byte code chunk ci of V values (V = 32, 64,
- * 128 for int8, int4, int2):
- *   [nch x V int8 query codes, plane order: plane p byte j is the value
- *    held by bits p of code byte j of the chunk]
- *   [nch x 8 f32 query block scale for each int32 lane]
- *   int4/int2 only: mode S [nch x 8 f32 query sum over each lane's values]
- *                   mode U [ng  x 8 f32 {query sum over the group, 0...}]
+ *         madd; key scale, query block scale and minimum term (exact float
+ *         query sums) are applied in float. Needs d % 32 == 0 and groups
+ *         that line up with the 8 int32 lanes of a chunk (kvq__int_plan_make).
+ *         The common d = 128 shapes have fully unrolled instances.
+ * Prepared query (score), for code chunks ci of 32 bytes = V values (V = 32,
+ * 64, 128 for int8, int4, int2), 64-byte aligned:
+ *   [nch x V int8 query codes in plane order: plane p byte j is the value
+ *    held by bit field p of code byte j of the chunk]
+ *   [nch x 8 f32: the query block scale for each int32 lane of the chunk's
+ *    dot product (for an int4 chunk pair, see kvq__pair_dot4, in the pair's
+ *    lane order at the first chunk)]
+ *   int4/int2: [ng f32 query sums per group, zero padded to a multiple of 8]
  * Values past d are zero, so partial last chunks need no special case.
  */
 #include "../kernels.h"
@@ -42,20 +46,13 @@ static inline float kvq__hmax256(__m256 v) {
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
 }
-static inline float kvq__hmin256(__m256 v) {
-    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_min_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
 static inline uint32_t kvq__ldu32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
     return v;
 }
 
-/* cnt (< 8) fp16 values at p, exactly, into the low lanes (rest zero). */
+/* min(cnt, 8) fp16 values at p into the low lanes (rest zero); reads no further. */
 static inline __m128i kvq__load_halves(const uint8_t *p, size_t cnt) {
     if (cnt >= 8)
         return _mm_loadu_si128((const __m128i *)(const void *)p);
@@ -79,27 +76,6 @@ static inline __m128i kvq__load_halves(const uint8_t *p, size_t cnt) {
     }
 }
 
-/* Stores the low cnt fp16 lanes of v at p, exactly. */
-static inline void kvq__store_halves(uint8_t *p, __m128i v, size_t cnt) {
-    if (cnt >= 8) {
-        _mm_storeu_si128((__m128i *)(void *)p, v);
-        return;
-    }
-    if (cnt & 4) {
-        _mm_storel_epi64((__m128i *)(void *)p, v);
-        v = _mm_srli_si128(v, 8);
-        p += 8;
-    }
-    if (cnt & 2) {
-        uint32_t u = (uint32_t)_mm_cvtsi128_si32(v);
-        memcpy(p, &u, 4);
-        v = _mm_srli_si128(v, 4);
-        p += 4;
-    }
-    if (cnt & 1)
-        kvq__st16(p, (uint16_t)_mm_cvtsi128_si32(v));
-}
-
 /* ng fp16 values at p to floats in f[0 .. ng rounded up to 8). */
 static inline void kvq__halves_to_f32(float *f, const uint8_t *p, size_t ng) {
     for (size_t k = 0; k < ng; k += 8)
@@ -112,12 +88,6 @@ static inline __m256i kvq__pack32(__m256i a, __m256i b, __m256i c, __m256i d, in
     __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
     __m256i r = is_unsigned ? _mm256_packus_epi16(ab, cd) : _mm256_packs_epi16(ab, cd);
     return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* 8 int32 in [-128, 127] to 8 bytes at p. */
-static inline void kvq__store8_s8(uint8_t *p, __m256i v) {
-    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    _mm_storel_epi64((__m128i *)(void *)p, _mm_packs_epi16(w, w));
 }
 
 /* ---- encode ---- */
@@ -902,10 +872,11 @@ kvq__int_step_s(const kvq__int_plan *p, const uint8_t *key, const uint8_t *codes
     __m256 K;
     if (gpc == 8) {
         __m128i sh = _mm_loadu_si128((const __m128i *)(const void *)(key + 16 * ci));
-        K = _mm256_cvtph_ps(ci + 1 == nch ? _mm_and_si128(sh, kmask) : sh);
+        /* the last chunk may hold fewer than 8 groups */
+        K = _mm256_cvtph_ps(ci + 1 == nch && last_nb < 32 ? _mm_and_si128(sh, kmask) : sh);
     } else {
         __m128i sh = _mm_loadl_epi64((const __m128i *)(const void *)(key + 8 * set));
-        if (set == (ng - 1) / 4)
+        if (ng % 4 != 0 && set == (ng - 1) / 4) /* a partial last set */
             sh = _mm_and_si128(sh, kmask);
         if (pair) { /* lanes s0 s0 s2 s2 | s1 s1 s3 s3 */
             K = _mm256_cvtph_ps(
@@ -997,14 +968,15 @@ kvq__int_score_key(const kvq__int_plan *p, const uint8_t *key, const uint8_t *qp
               : _mm_loadu_si128((const __m128i *)(const void *)p->mmask);
         const float *ql = (const float *)(const void *)(qp + p->off_ql);
         if (ng <= 4) {
-            const __m128 m = _mm_cvtph_ps(
-                _mm_and_si128(_mm_loadl_epi64((const __m128i *)(const void *)mins), mmask));
+            __m128i mh = _mm_loadl_epi64((const __m128i *)(const void *)mins);
+            const __m128 m = _mm_cvtph_ps(ng < 4 ? _mm_and_si128(mh, mmask) : mh);
             KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc2[b] =
                 _mm256_zextps128_ps256(_mm_mul_ps(m, _mm_load_ps(ql + b * (qpb / 4))));
         } else {
             for (size_t w = 0; w < ng; w += 8) {
                 __m128i mh = _mm_loadu_si128((const __m128i *)(const void *)(mins + 2 * w));
-                const __m256 m = _mm256_cvtph_ps(w + 8 >= ng ? _mm_and_si128(mh, mmask) : mh);
+                const __m256 m =
+                    _mm256_cvtph_ps(w + 8 > ng ? _mm_and_si128(mh, mmask) : mh); /* partial */
                 KVQ__UNROLL4 for (int b = 0; b < NQ; b++) acc2[b] =
                     _mm256_fmadd_ps(m, _mm256_load_ps(ql + b * (qpb / 4) + w), acc2[b]);
             }
