@@ -40,9 +40,9 @@ static int kvq_fuzz_visit(void *ctx, const kvq__seg_entry *e) {
     const uint8_t *p = w->m->p;
     kvq__seg_hdr h;
     if (e->off < w->next_min || e->off > w->m->size || e->len > w->m->size - e->off ||
-        e->len != (uint64_t)KVQ__SEG_HDR + e->klen + e->vlen || !kvq__seg_hdr_read(p + e->off, &h) ||
-        h.op != e->op || h.klen != e->klen || h.vlen != e->vlen ||
-        memcmp(e->key, p + e->off + KVQ__SEG_HDR, e->klen) != 0) {
+        e->len != (uint64_t)KVQ__SEG_HDR + e->klen + e->vlen ||
+        !kvq__seg_hdr_read(p + e->off, &h) || h.op != e->op || h.klen != e->klen ||
+        h.vlen != e->vlen || memcmp(e->key, p + e->off + KVQ__SEG_HDR, e->klen) != 0) {
         w->bad = 1;
         return 0;
     }

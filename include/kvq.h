@@ -398,6 +398,10 @@ KVQ_API kvq_status kvq_cache_stats(const kvq_cache *cache, int layer, kvq_stats 
 KVQ_API kvq_status kvq_cache_stats_json(const kvq_cache *cache, char *dst, size_t capacity,
                                         size_t *written);
 
+/* The detailed message of the last failed call that has one (codec errors
+ * of set_precision); "" otherwise. Never NULL; valid until the next call. */
+KVQ_API const char *kvq_cache_last_error(const kvq_cache *cache);
+
 /* Returns a copy of the cache's configuration (pointer fields NULL). */
 KVQ_API kvq_status kvq_cache_get_config(const kvq_cache *cache, kvq_cache_config *cfg);
 
@@ -520,13 +524,16 @@ KVQ_API kvq_status kvq_store_stats(kvq_store *s, kvq_store_metrics *st);
  * call on the store. */
 KVQ_API const char *kvq_store_last_error(kvq_store *s);
 
-/* EXPERIMENTAL (tests): arm a fault. File store: NOSPACE and WRITE_IO make
- * writes fail (ENOSPC / EIO) once `after` more bytes are written, SYNC fails
- * the fdatasync after `after` more successful ones (once), READ makes reads
- * fail with EIO after `after` more bytes. Redis: DISCONNECT drops the
- * connection after `after` more commands (once). Faults other than SYNC and
- * DISCONNECT stay armed until KVQ_FAULT_NONE clears them. A kind the store
- * does not support gives KVQ_ERR_UNSUPPORTED. */
+/* EXPERIMENTAL (tests): arm a fault. NOSPACE and WRITE_IO make writes fail
+ * (KVQ_ERR_NOSPACE / KVQ_ERR_IO) once `after` more bytes are written (file
+ * store: ENOSPC / EIO part-way through the entry, which is then cut off;
+ * Redis: a put of more bytes than are left is refused whole); READ makes
+ * gets fail with KVQ_ERR_IO once `after` more bytes are read. File store
+ * only: SYNC fails the fdatasync after `after` more successful ones (once).
+ * Redis only: DISCONNECT drops the connection after `after` more commands
+ * (once). Faults other than SYNC and DISCONNECT stay armed until
+ * KVQ_FAULT_NONE clears them. A kind the store does not support gives
+ * KVQ_ERR_UNSUPPORTED. */
 typedef enum {
     KVQ_FAULT_NONE = 0,
     KVQ_FAULT_NOSPACE = 1,

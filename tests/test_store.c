@@ -285,28 +285,28 @@ static void test_records(void) {
     /* version 2 with a valid CRC: KVQ_ERR_VERSION; other checks behind the CRC */
     CHECK_STATUS(decode_with(buf, n, 4, 2, 2), KVQ_ERR_VERSION);
     CHECK_STATUS(decode_with(buf, n, 4, 0, 2), KVQ_ERR_VERSION);
-    CHECK_STATUS(decode_with(buf, n, 6, 1, 2), KVQ_ERR_CORRUPT);                   /* flags */
-    CHECK_STATUS(decode_with(buf, n, 20, 0, 4), KVQ_ERR_CORRUPT);                  /* P = 0 */
-    CHECK_STATUS(decode_with(buf, n, 20, 4097, 4), KVQ_ERR_CORRUPT);               /* P big */
-    CHECK_STATUS(decode_with(buf, n, 20, 15, 4), KVQ_ERR_CORRUPT);                 /* lengths */
-    CHECK_STATUS(decode_with(buf, n, 24, 0, 4), KVQ_ERR_CORRUPT);                  /* heads */
-    CHECK_STATUS(decode_with(buf, n, 28, 0, 4), KVQ_ERR_CORRUPT);                  /* head_dim */
+    CHECK_STATUS(decode_with(buf, n, 6, 1, 2), KVQ_ERR_CORRUPT);     /* flags */
+    CHECK_STATUS(decode_with(buf, n, 20, 0, 4), KVQ_ERR_CORRUPT);    /* P = 0 */
+    CHECK_STATUS(decode_with(buf, n, 20, 4097, 4), KVQ_ERR_CORRUPT); /* P big */
+    CHECK_STATUS(decode_with(buf, n, 20, 15, 4), KVQ_ERR_CORRUPT);   /* lengths */
+    CHECK_STATUS(decode_with(buf, n, 24, 0, 4), KVQ_ERR_CORRUPT);    /* heads */
+    CHECK_STATUS(decode_with(buf, n, 28, 0, 4), KVQ_ERR_CORRUPT);    /* head_dim */
     CHECK_STATUS(decode_with(buf, n, 28, 1025, 4), KVQ_ERR_CORRUPT);
     CHECK_OK(decode_with(buf, n, 28, 1024, 4));
     CHECK_STATUS(decode_with(buf, n, 32, src.r.n_tokens + 1, 4), KVQ_ERR_CORRUPT); /* n_tokens */
     CHECK_STATUS(decode_with(buf, n, 32, 17, 4), KVQ_ERR_CORRUPT);
     CHECK_STATUS(decode_with(buf, n, 36, (uint32_t)(src.r.pos_min - 1), 4), KVQ_ERR_CORRUPT);
     CHECK_STATUS(decode_with(buf, n, 40, (uint32_t)(src.r.pos_max + 1), 4), KVQ_ERR_CORRUPT);
-    CHECK_STATUS(decode_with(buf, n, 44, 0xffffffffu, 4), KVQ_ERR_CORRUPT);        /* layout_len */
-    CHECK_STATUS(decode_with(buf, n, 56, 0xffffffffu, 4), KVQ_ERR_CORRUPT);        /* block_len */
-    CHECK_STATUS(decode_with(buf, n, 60, 0xffffffffu, 4), KVQ_ERR_CORRUPT);        /* overflow */
-    CHECK_STATUS(decode_with(buf, n, 64, (uint32_t)-2, 4), KVQ_ERR_CORRUPT);       /* pos -2 */
-    CHECK_STATUS(decode_with(buf, n, 64 + 4 * 3, 5, 4), KVQ_ERR_CORRUPT);          /* free->used */
-    CHECK_STATUS(decode_with(buf, n, 64 + 64 + 0, 3, 1), KVQ_ERR_CORRUPT);         /* state 3 */
-    CHECK_STATUS(decode_with(buf, n, 64 + 64 + 0, 0, 1), KVQ_ERR_CORRUPT);         /* used, free */
-    CHECK_OK(decode_with(buf, n, 64 + 64 + 0, 0x82, 1));                             /* flag bit */
-    CHECK_STATUS(decode_with(buf, n, 64 + 64 + 3, 1, 1), KVQ_ERR_CORRUPT);         /* free, used */
-    CHECK_STATUS(decode_with(buf, n, 64 + 80, 0x07, 1), KVQ_ERR_CORRUPT);          /* layout ctl */
+    CHECK_STATUS(decode_with(buf, n, 44, 0xffffffffu, 4), KVQ_ERR_CORRUPT);  /* layout_len */
+    CHECK_STATUS(decode_with(buf, n, 56, 0xffffffffu, 4), KVQ_ERR_CORRUPT);  /* block_len */
+    CHECK_STATUS(decode_with(buf, n, 60, 0xffffffffu, 4), KVQ_ERR_CORRUPT);  /* overflow */
+    CHECK_STATUS(decode_with(buf, n, 64, (uint32_t)-2, 4), KVQ_ERR_CORRUPT); /* pos -2 */
+    CHECK_STATUS(decode_with(buf, n, 64 + 4 * 3, 5, 4), KVQ_ERR_CORRUPT);    /* free->used */
+    CHECK_STATUS(decode_with(buf, n, 64 + 64 + 0, 3, 1), KVQ_ERR_CORRUPT);   /* state 3 */
+    CHECK_STATUS(decode_with(buf, n, 64 + 64 + 0, 0, 1), KVQ_ERR_CORRUPT);   /* used, free */
+    CHECK_OK(decode_with(buf, n, 64 + 64 + 0, 0x82, 1));                     /* flag bit */
+    CHECK_STATUS(decode_with(buf, n, 64 + 64 + 3, 1, 1), KVQ_ERR_CORRUPT);   /* free, used */
+    CHECK_STATUS(decode_with(buf, n, 64 + 80, 0x07, 1), KVQ_ERR_CORRUPT);    /* layout ctl */
 
     /* alignment: decode needs 4-byte alignment, check/inspect do not */
     uint8_t *mis = (uint8_t *)malloc(n + 1);
@@ -736,7 +736,7 @@ static void test_file_faults(void) {
         CHECK_STATUS(kvq_store_put(s, "k", v2, 3000), KVQ_ERR_NOSPACE);
         CHECK(strstr(kvq_store_last_error(s), "No space") != NULL);
         CHECK_STATUS(kvq_store_put(s, "new", v2, 100), KVQ_ERR_NOSPACE); /* stays full */
-        CHECK_EQ(file_size(seg), size0);                                  /* cut back */
+        CHECK_EQ(file_size(seg), size0);                                 /* cut back */
         CHECK(has_value(s, "k", v1, 3000));
         CHECK_STATUS(get_status(s, "new"), KVQ_ERR_RANGE);
     }
@@ -1229,7 +1229,21 @@ static void test_redis(void) {
     CHECK(has_value(s, "a", "uno", 3));
     CHECK_STATUS(get_status(s, "a"), KVQ_ERR_CONN);
     CHECK(has_value(s, "a", "uno", 3));
-    CHECK_STATUS(kvq_store_inject_fault(s, KVQ_FAULT_NOSPACE, 0), KVQ_ERR_UNSUPPORTED);
+    CHECK_STATUS(kvq_store_inject_fault(s, KVQ_FAULT_SYNC, 0), KVQ_ERR_UNSUPPORTED);
+    /* injected full store and read errors: old values stay, clearing heals */
+    CHECK_OK(kvq_store_inject_fault(s, KVQ_FAULT_NOSPACE, 5));
+    CHECK_OK(kvq_store_put(s, "f1", "abc", 3));
+    CHECK_STATUS(kvq_store_put(s, "a", "toolong", 7), KVQ_ERR_NOSPACE);
+    CHECK(has_value(s, "a", "uno", 3));
+    CHECK_OK(kvq_store_inject_fault(s, KVQ_FAULT_WRITE_IO, 0));
+    CHECK_STATUS(kvq_store_put(s, "a", "x", 1), KVQ_ERR_IO);
+    CHECK_OK(kvq_store_inject_fault(s, KVQ_FAULT_NONE, 0));
+    CHECK_OK(kvq_store_inject_fault(s, KVQ_FAULT_READ, 3));
+    CHECK(has_value(s, "f1", "abc", 3));
+    CHECK_STATUS(get_status(s, "a"), KVQ_ERR_IO);
+    CHECK_OK(kvq_store_inject_fault(s, KVQ_FAULT_NONE, 0));
+    CHECK(has_value(s, "a", "uno", 3));
+    CHECK_OK(kvq_store_del(s, "f1"));
 
     /* the server goes away: calls fail with KVQ_ERR_CONN, no crash, no SIGPIPE */
     redis_kill(SIGKILL);

@@ -215,14 +215,14 @@ int kvq_tool_inspect(int argc, char **argv) {
                 ins_json_str(stdout, msg, strlen(msg));
             }
             if (have_info) {
-                printf(", \"record\": {\"version\": %u, \"cache_id\": \"0x%016llx\", \"layer\": %u, "
-                       "\"page_tokens\": %u, \"n_tokens\": %u, \"pos_min\": %d, \"pos_max\": %d, "
-                       "\"n_kv_heads\": %u, \"head_dim\": %u, \"block_bytes\": %zu, "
-                       "\"prefix_hash\": \"0x%016llx\", \"layout\": ",
-                       info.version, (unsigned long long)info.cache_id, info.layer,
-                       info.page_tokens, info.n_tokens, info.pos_min, info.pos_max,
-                       info.n_kv_heads, info.head_dim, info.block_len,
-                       (unsigned long long)info.prefix_hash);
+                printf(
+                    ", \"record\": {\"version\": %u, \"cache_id\": \"0x%016llx\", \"layer\": %u, "
+                    "\"page_tokens\": %u, \"n_tokens\": %u, \"pos_min\": %d, \"pos_max\": %d, "
+                    "\"n_kv_heads\": %u, \"head_dim\": %u, \"block_bytes\": %zu, "
+                    "\"prefix_hash\": \"0x%016llx\", \"layout\": ",
+                    info.version, (unsigned long long)info.cache_id, info.layer, info.page_tokens,
+                    info.n_tokens, info.pos_min, info.pos_max, info.n_kv_heads, info.head_dim,
+                    info.block_len, (unsigned long long)info.prefix_hash);
                 ins_json_str(stdout, info.layout, info.layout_len);
                 printf("}");
             }

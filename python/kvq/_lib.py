@@ -138,6 +138,18 @@ class kvq_cache_config(Structure):
         ("isa", c_int),
         ("err_msg", POINTER(c_char)),
         ("err_msg_size", c_size_t),
+        # residency tiers
+        ("hot_tokens", c_size_t),
+        ("hot_bytes", c_size_t),
+        ("warm_tokens", c_size_t),
+        ("warm_bytes", c_size_t),
+        ("warm_codec", c_char_p),
+        ("warm_allocator", POINTER(kvq_allocator)),
+        ("cold_store", c_void_p),
+        ("warm_promote", c_int),
+        ("verify_tiers", c_int),
+        ("link_gbps", c_double * 2),
+        ("link_latency_ms", c_double * 2),
     ]
 
 
@@ -219,6 +231,7 @@ _PROTOS = {
     "kvq_cache_positions": (c_int, [_P, _SZ, _P, _SZ]),
     "kvq_cache_get_kv": (c_int, [_P, _SZ, c_int, _SZ, _SZ, _P, _P, _SZ]),
     "kvq_cache_set_precision": (c_int, [_P, c_int, c_int, c_int, c_char_p, POINTER(c_double)]),
+    "kvq_cache_last_error": (c_char_p, [_P]),
     "kvq_cache_set_budget": (c_int, [_P, _SZ]),
     "kvq_cache_stats": (c_int, [_P, c_int, POINTER(kvq_stats)]),
     "kvq_cache_stats_json": (c_int, [_P, _P, _SZ, _SZP]),

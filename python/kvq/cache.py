@@ -211,7 +211,11 @@ class KVCache:
     def _check(self, st, where, detail=False):
         # err_msg is only filled by codec creation inside the cache (create,
         # set_precision); other calls never show its possibly stale text
-        self.lib.check(st, where, _lib.err_text(self._err) if st and detail else "")
+        text = ""
+        if st and detail:
+            text = _lib.err_text(self._err) or (self.lib.kvq_cache_last_error(self._h) or b"").decode(
+                "utf-8", "replace")
+        self.lib.check(st, where, text)
 
     def _layer(self, layer, where):
         if not 0 <= int(layer) < self.layers:

@@ -485,8 +485,11 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         kvq_cache_free(c);
         return st;
     }
-    c->cfg.err_msg = NULL; /* the caller's buffer is only valid during this call */
-    c->cfg.err_msg_size = 0;
+    /* the caller's buffer is only valid during this call; later detail goes
+     * to the cache's own (kvq_cache_last_error) */
+    c->errbuf[0] = 0;
+    c->cfg.err_msg = c->errbuf;
+    c->cfg.err_msg_size = sizeof c->errbuf;
     *out = c;
     return KVQ_OK;
 }
@@ -1596,6 +1599,7 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
                                    const char *spec, double *added_nmse) {
     if (!c || !spec)
         return KVQ_ERR_INVALID_ARG;
+    c->errbuf[0] = 0;
     if (layer >= (int)c->L || layer < -1 || kv_head >= (int)c->H || kv_head < -1)
         return KVQ_ERR_RANGE;
     if (!is_value && strncmp(spec, "chan:", 5) == 0)
@@ -1885,6 +1889,8 @@ kvq_status kvq_cache_stats_json(const kvq_cache *c, char *dst, size_t cap, size_
     kvq__free(&c->alloc, buf);
     return st;
 }
+
+const char *kvq_cache_last_error(const kvq_cache *c) { return c ? c->errbuf : ""; }
 
 kvq_status kvq_cache_get_config(const kvq_cache *c, kvq_cache_config *cfg) {
     if (!c || !cfg)

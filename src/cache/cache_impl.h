@@ -128,6 +128,7 @@ struct kvq_cache {
     uint64_t cache_id;         /* namespace of this cache's records in the store */
     uint64_t gen;              /* record key generations */
     kvq_tier_stats ts;         /* counters (per-tier page/token/byte figures are recomputed) */
+    char errbuf[256];          /* detail of the last failure (kvq_cache_last_error) */
 };
 
 static inline const kvq__head *kvq__page_heads(const kvq__layer *ly, const kvq__page *pg) {

@@ -23,14 +23,14 @@
 typedef struct kvq__record {
     uint64_t cache_id;
     uint32_t layer;
-    uint32_t page_tokens; /* P, 1..4096 */
-    uint32_t n_kv_heads;  /* 1..65536 */
-    uint32_t head_dim;    /* 1..1024 */
-    uint32_t n_tokens;    /* slots with a position >= 0 */
+    uint32_t page_tokens;     /* P, 1..4096 */
+    uint32_t n_kv_heads;      /* 1..65536 */
+    uint32_t head_dim;        /* 1..1024 */
+    uint32_t n_tokens;        /* slots with a position >= 0 */
     int32_t pos_min, pos_max; /* over those slots; both -1 when n_tokens == 0 */
     uint64_t prefix_hash;
-    const char *layout;   /* codec specs of the page, given by the cache; printable ASCII,
-                             not NUL-terminated; 0..65535 bytes */
+    const char *layout; /* codec specs of the page, given by the cache; printable ASCII,
+                           not NUL-terminated; 0..65535 bytes */
     size_t layout_len;
     const int32_t *positions; /* [page_tokens], -1 = free slot */
     const uint8_t *states;    /* [page_tokens]; & 0x7f in 0..2, 0 exactly on free slots */

@@ -772,8 +772,8 @@ static kvq_status fs_get(kvq_store *s, const char *key, size_t klen, void **data
         (e->vlen && fs_pread(f, sg->fd, v, e->vlen, e->off + KVQ__SEG_HDR + klen) != 0)) {
         int er = errno;
         kvq__free(&s->alloc, v);
-        kvq__store_err(s, "%s: reading '%.200s' (segment %u, offset %llu) failed: %s", f->dir,
-                       key, e->seg, (unsigned long long)e->off, strerror(er));
+        kvq__store_err(s, "%s: reading '%.200s' (segment %u, offset %llu) failed: %s", f->dir, key,
+                       e->seg, (unsigned long long)e->off, strerror(er));
         return KVQ_ERR_IO;
     }
     s->st.bytes_read += KVQ__SEG_HDR + klen + e->vlen;
@@ -781,8 +781,8 @@ static kvq_status fs_get(kvq_store *s, const char *key, size_t klen, void **data
     uint32_t crc = kvq__crc32c(0, hk, 12);
     crc = kvq__crc32c(crc, hk + KVQ__SEG_HDR, klen);
     crc = kvq__crc32c(crc, v, e->vlen);
-    if (!kvq__seg_hdr_read(hk, &h) || h.op != KVQ__SEG_PUT || h.klen != klen ||
-        h.vlen != e->vlen || h.crc != crc || memcmp(hk + KVQ__SEG_HDR, key, klen) != 0) {
+    if (!kvq__seg_hdr_read(hk, &h) || h.op != KVQ__SEG_PUT || h.klen != klen || h.vlen != e->vlen ||
+        h.crc != crc || memcmp(hk + KVQ__SEG_HDR, key, klen) != 0) {
         kvq__free(&s->alloc, v);
         s->st.corrupt_skipped++;
         kvq__store_err(s, "%s: the entry of '%.200s' (segment %u, offset %llu) fails its checksum",
@@ -878,7 +878,8 @@ static void fs_free(kvq_store *s, fs_store *f) {
 
 static void fs_close(kvq_store *s) { fs_free(s, FS(s)); }
 
-static const kvq__store_ops fs_ops = {fs_close, fs_put, fs_get, fs_del, fs_scan, fs_stats, fs_fault};
+static const kvq__store_ops fs_ops = {fs_close, fs_put,   fs_get,  fs_del,
+                                      fs_scan,  fs_stats, fs_fault};
 
 /* ---- open ---- */
 typedef struct fs_fdreader {
@@ -940,8 +941,10 @@ static kvq_status parse_options(kvq_store *s, fs_store *f, const char *opt) {
         else if (ok && kl == 11 && memcmp(opt, "compact_min", 11) == 0)
             f->compact_min = v;
         else {
-            kvq__store_err(s, "bad store option '%.*s' (known: readonly=0|1, segment_bytes=N >= 4096, "
-                           "compact_min=N)", (int)n, opt);
+            kvq__store_err(s,
+                           "bad store option '%.*s' (known: readonly=0|1, segment_bytes=N >= 4096, "
+                           "compact_min=N)",
+                           (int)n, opt);
             return KVQ_ERR_INVALID_ARG;
         }
         opt = amp ? amp + 1 : NULL;

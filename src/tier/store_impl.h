@@ -106,11 +106,11 @@ typedef struct kvq__seg_entry {
 } kvq__seg_entry;
 
 typedef struct kvq__seg_scan_result {
-    uint64_t end;      /* offset after the last entry scanned (good or skipped) */
-    uint64_t cut_at;   /* last segment: the torn tail starts here (== size when none) */
-    int appendable;    /* last segment: appends may continue at cut_at */
-    uint64_t torn;     /* torn tails found (0 or 1) */
-    uint64_t corrupt;  /* corrupt entries skipped, or an unreadable rest */
+    uint64_t end;     /* offset after the last entry scanned (good or skipped) */
+    uint64_t cut_at;  /* last segment: the torn tail starts here (== size when none) */
+    int appendable;   /* last segment: appends may continue at cut_at */
+    uint64_t torn;    /* torn tails found (0 or 1) */
+    uint64_t corrupt; /* corrupt entries skipped, or an unreadable rest */
 } kvq__seg_scan_result;
 
 /* Scans one segment from offset 0: good entries go to visit (a non-zero

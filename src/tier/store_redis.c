@@ -45,6 +45,10 @@ typedef struct rs_store {
     char prefix[RS_MAX_NS + 6]; /* "kvq:<ns>:" */
     size_t prefix_len;
     long disconnect_after; /* -1 = no fault armed */
+    int fault_write;       /* 0, or the status puts fail with once write_budget is spent */
+    long write_budget;
+    int fault_read; /* gets fail (KVQ_ERR_IO) once read_budget is spent */
+    long read_budget;
 } rs_store;
 
 static rs_store *RS(kvq_store *s) { return (rs_store *)s->impl; }
@@ -92,8 +96,7 @@ static kvq_status rs_run(kvq_store *s, rs_store *r, size_t n, const int *argc,
         if (r->disconnect_after == 0) {
             r->disconnect_after = -1;
             rs_drop(r);
-            kvq__store_err(s, "redis %s:%d: connection dropped (injected fault)", r->host,
-                           r->port);
+            kvq__store_err(s, "redis %s:%d: connection dropped (injected fault)", r->host, r->port);
             return KVQ_ERR_CONN;
         }
         r->disconnect_after--;
@@ -158,6 +161,15 @@ static kvq_status error_reply(kvq_store *s, rs_store *r, const char *what, redis
 static kvq_status rs_put(kvq_store *s, const char *key, size_t klen, const void *data,
                          size_t size) {
     rs_store *r = RS(s);
+    if (r->fault_write) {
+        if ((long)size > r->write_budget) {
+            r->write_budget = 0;
+            kvq__store_err(s, "redis %s:%d: SET failed (injected %s)", r->host, r->port,
+                           r->fault_write == KVQ_ERR_NOSPACE ? "full store" : "I/O error");
+            return (kvq_status)r->fault_write;
+        }
+        r->write_budget -= (long)size;
+    }
     char fk[RS_MAX_NS + 6 + KVQ__STORE_MAX_KEY];
     const char *argv[3] = {"SET", fk, size ? (const char *)data : ""};
     size_t argvlen[3] = {3, full_key(r, fk, key, klen), size};
@@ -184,8 +196,16 @@ static kvq_status rs_get(kvq_store *s, const char *key, size_t klen, void **data
         return st;
     if (rep->type == REDIS_REPLY_NIL) {
         st = KVQ_ERR_RANGE;
+    } else if (r->fault_read && (rep->type != REDIS_REPLY_STRING ||
+                                 (long long)rep->len > (long long)r->read_budget)) {
+        r->read_budget = 0;
+        st = KVQ_ERR_IO;
+        kvq__store_err(s, "redis %s:%d: GET '%.200s' failed (injected read error)", r->host,
+                       r->port, key);
     } else if (rep->type == REDIS_REPLY_STRING && rep->len <= KVQ__STORE_MAX_VALUE) {
         size_t n = (size_t)rep->len;
+        if (r->fault_read)
+            r->read_budget -= (long)n;
         void *v = kvq__alloc(&s->alloc, n ? n : 1);
         if (!v) {
             st = KVQ_ERR_NOMEM;
@@ -230,11 +250,9 @@ static kvq_status rs_del(kvq_store *s, const char *key, size_t klen) {
 
 /* One SCAN step over "kvq:<ns>:<prefix>*": calls add for every key found
  * (the part after "kvq:<ns>:") with its value size. */
-static kvq_status rs_scan_step(kvq_store *s, rs_store *r, const char *prefix, size_t plen,
-                               uint64_t *cursor,
-                               kvq_status (*add)(void *ctx, const char *key, size_t klen,
-                                                 size_t size),
-                               void *ctx) {
+static kvq_status
+rs_scan_step(kvq_store *s, rs_store *r, const char *prefix, size_t plen, uint64_t *cursor,
+             kvq_status (*add)(void *ctx, const char *key, size_t klen, size_t size), void *ctx) {
     /* the MATCH pattern, glob characters of the prefix escaped */
     char pat[RS_MAX_NS + 6 + 2 * KVQ__STORE_MAX_KEY + 2];
     size_t pl = r->prefix_len;
@@ -305,8 +323,7 @@ static kvq_status rs_scan_step(kvq_store *s, rs_store *r, const char *prefix, si
             redisReply *k = keys->element[i];
             if (k->type != REDIS_REPLY_STRING || k->len <= r->prefix_len ||
                 k->len - r->prefix_len > KVQ__STORE_MAX_KEY ||
-                memcmp(k->str, r->prefix, r->prefix_len) != 0 ||
-                memchr(k->str, 0, k->len) != NULL)
+                memcmp(k->str, r->prefix, r->prefix_len) != 0 || memchr(k->str, 0, k->len) != NULL)
                 continue; /* not a key this store can name */
             if (lens[i]->type != REDIS_REPLY_INTEGER)
                 continue; /* not a string value (WRONGTYPE): get() reports it */
@@ -368,13 +385,25 @@ static kvq_status rs_stats(kvq_store *s, kvq_store_metrics *st) {
 
 static kvq_status rs_fault(kvq_store *s, int kind, long after) {
     rs_store *r = RS(s);
-    if (kind == KVQ_FAULT_NONE) {
+    switch (kind) {
+    case KVQ_FAULT_NONE:
         r->disconnect_after = -1;
+        r->fault_write = r->fault_read = 0;
         return KVQ_OK;
-    }
-    if (kind == KVQ_FAULT_DISCONNECT) {
+    case KVQ_FAULT_DISCONNECT:
         r->disconnect_after = after;
         return KVQ_OK;
+    case KVQ_FAULT_NOSPACE:
+    case KVQ_FAULT_WRITE_IO:
+        r->fault_write = kind == KVQ_FAULT_NOSPACE ? KVQ_ERR_NOSPACE : KVQ_ERR_IO;
+        r->write_budget = after;
+        return KVQ_OK;
+    case KVQ_FAULT_READ:
+        r->fault_read = 1;
+        r->read_budget = after;
+        return KVQ_OK;
+    default:
+        break;
     }
     kvq__store_err(s, "the Redis store has no fault of kind %d", kind);
     return KVQ_ERR_UNSUPPORTED;
@@ -386,7 +415,8 @@ static void rs_close(kvq_store *s) {
     kvq__free(&s->alloc, r);
 }
 
-static const kvq__store_ops rs_ops = {rs_close, rs_put, rs_get, rs_del, rs_scan, rs_stats, rs_fault};
+static const kvq__store_ops rs_ops = {rs_close, rs_put,   rs_get,  rs_del,
+                                      rs_scan,  rs_stats, rs_fault};
 
 static int ns_char(char ch) {
     return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
