@@ -221,8 +221,23 @@ void kvqt_calib_free(kvqt_calib *cb) {
     free(cb);
 }
 
+/* 1 when spec is in the comma-separated list (NULL: every candidate). */
+static int cal_allowed(const char *list, const char *spec) {
+    if (!list)
+        return 1;
+    size_t n = strlen(spec);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, spec, n))
+            return 1;
+        p += len + (e ? 1 : 0);
+    }
+    return 0;
+}
+
 kvqt_calib *kvqt_calib_prepare(const kvq_model *m, const kvq_tokenizer *tk, char **lines, size_t nl,
-                               size_t max_tokens, size_t page, int progress) {
+                               size_t max_tokens, size_t page, int progress, const char *only) {
     kvqt_calib *cb = calloc(1, sizeof *cb);
     if (!cb)
         return NULL;
@@ -311,7 +326,15 @@ kvqt_calib *kvqt_calib_prepare(const kvq_model *m, const kvq_tokenizer *tk, char
                 const char **list = isv ? vc : kc;
                 size_t nc = isv ? sizeof vc / sizeof vc[0] : sizeof kc / sizeof kc[0];
                 for (size_t c = 0; c < nc; c++)
-                    cal_add(u, list[c], d, smp, nkv, page);
+                    if (cal_allowed(only, list[c]))
+                        cal_add(u, list[c], d, smp, nkv, page);
+                if (u->n_cand == 0) {
+                    fprintf(stderr, "kvq calibrate: --codecs leaves no candidate for %s\n",
+                            isv ? "values" : "keys");
+                    free(K), free(Vv);
+                    kvqt_calib_free(cb);
+                    return NULL;
+                }
             }
     free(K), free(Vv);
     /* sensitivities: KL with only one unit compressed */
@@ -465,9 +488,12 @@ int kvq_tool_calibrate(int argc, char **argv) {
     double target = 0;
     size_t max_tokens = 1024, page = 32;
     int json = 0;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (i + 1 < argc && !strcmp(a, "--model"))
+        if (i + 1 < argc && !strcmp(a, "--codecs"))
+            only = argv[++i];
+        else if (i + 1 < argc && !strcmp(a, "--model"))
             model = argv[++i];
         else if (i + 1 < argc && !strcmp(a, "--tokenizer"))
             tokp = argv[++i];
@@ -491,7 +517,11 @@ int kvq_tool_calibrate(int argc, char **argv) {
     }
     if (!model || !tokp || !text || !outp || !(target > 0) || max_tokens < 16 || page < 1) {
         fprintf(stderr, "usage: kvq calibrate --model M --tokenizer T --text FILE --target-bits B "
-                        "-o alloc.json [--json] [--max-tokens N (1024)] [--page N (32)]\n");
+                        "-o alloc.json [--json] [--max-tokens N (1024)] [--page N (32)]\n"
+                        "  [--codecs LIST (restrict the candidates, e.g. nuq4 or chan:int3,tq3:norm=8)]\n"
+                        "  candidates: keys chan:int2 chan:int3 chan:int4 nuq2 nuq3 nuq4 tq3:norm=8\n"
+                        "  tq4:norm=8 chan:int8 nuq8 f16; values nuq2 nuq3 nuq4 tq2:norm=8 tq3:norm=8\n"
+                        "  tq4:norm=8 int4 int8 nuq8 f16\n");
         return 2;
     }
     kvq_model *m;
@@ -508,7 +538,7 @@ int kvq_tool_calibrate(int argc, char **argv) {
     }
     double t0 = kvqb_now();
     int rc = 1;
-    kvqt_calib *cb = kvqt_calib_prepare(m, tk, lines, nl, max_tokens, page, !json && isatty(2));
+    kvqt_calib *cb = kvqt_calib_prepare(m, tk, lines, nl, max_tokens, page, !json && isatty(2), only);
     kvqt_calib_result r;
     if (cb)
         rc = kvqt_calib_allocate(cb, target, outp, &r);

@@ -25,7 +25,7 @@ typedef struct kvqt_calib_result {
     size_t tokens;
 } kvqt_calib_result;
 kvqt_calib *kvqt_calib_prepare(const kvq_model *m, const kvq_tokenizer *tk, char **lines, size_t nl,
-                               size_t max_tokens, size_t page, int progress);
+                               size_t max_tokens, size_t page, int progress, const char *only);
 int kvqt_calib_allocate(kvqt_calib *cb, double target, const char *outp, kvqt_calib_result *res);
 void kvqt_calib_free(kvqt_calib *cb);
 

@@ -183,7 +183,7 @@ int kvq_tool_sweep(int argc, char **argv) {
         if (!strncmp(spec, "calib:", 6)) {
             double bits = strtod(spec + 6, NULL);
             if (!cb)
-                cb = kvqt_calib_prepare(m, tk, lines, nl, calib_tokens, 32, progress);
+                cb = kvqt_calib_prepare(m, tk, lines, nl, calib_tokens, 32, progress, NULL);
             char path[4096];
             snprintf(path, sizeof path, "%s/alloc-%s.json", dir, spec + 6);
             kvqt_calib_result cr;

@@ -637,6 +637,10 @@ static kvq_status compact(kvq_store *s, fs_store *f, int *did) {
             goto fail;
         }
     }
+    /* room to adopt the new segments next to the old ones, before anything changes */
+    st = segs_reserve(s, f, f->n_segs + n_ns);
+    if (st != KVQ_OK)
+        goto fail;
     /* Rename in id order; a crash leaves old segments + a prefix of the new ones: same keys. */
     for (size_t i = 0; i < n_ns; i++) {
         char from[32], to[32];
@@ -671,16 +675,7 @@ static kvq_status compact(kvq_store *s, fs_store *f, int *did) {
         (void)sync_dir(f);
         f->n_segs = 0;
     }
-    /* adopt the new segments (after the old ones when those were kept) */
-    if (segs_reserve(s, f, f->n_segs + n_ns) != KVQ_OK) {
-        /* cannot track them: they are on disk and consistent; reopen finds them */
-        for (size_t i = 0; i < n_ns; i++)
-            close(ns[i].fd);
-        f->need_roll = 1;
-        f->next_id = id;
-        st = KVQ_ERR_NOMEM;
-        goto out;
-    }
+    /* adopt the new segments (after the old ones when those were kept; room reserved above) */
     f->total_bytes = 0;
     for (size_t i = 0; i < f->n_segs; i++)
         f->total_bytes += f->segs[i].size;
