@@ -143,7 +143,7 @@ install: all
 	install -m 755 $(BUILD)/libkvq.so $(DESTDIR)$(PREFIX)/lib/libkvq.so.0
 	ln -sf libkvq.so.0 $(DESTDIR)$(PREFIX)/lib/libkvq.so
 	install -m 755 $(BUILD)/kvq $(DESTDIR)$(PREFIX)/bin/kvq
-	sed -e 's|@PREFIX@|$(PREFIX)|' kvq.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS_PRIVATE@|$(LDLIBS)|' kvq.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc
 
 clean:
 	rm -rf build build-san

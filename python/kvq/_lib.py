@@ -43,6 +43,8 @@ class Status(enum.IntEnum):
     ERR_ORDER = -17
     ERR_RANGE = -18
     ERR_MISMATCH = -19
+    ERR_NOSPACE = -20
+    ERR_CONN = -21
 
 
 class KvqError(Exception):

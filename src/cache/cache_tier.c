@@ -230,6 +230,8 @@ static kvq_status kvq__to_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
         r.pos_min = q < r.pos_min ? q : r.pos_min;
         r.pos_max = q > r.pos_max ? q : r.pos_max;
     }
+    if (!r.n_tokens)
+        r.pos_min = r.pos_max = -1;
     r.layout = layout;
     r.layout_len = kvq__layout_string(c, hs, layout, sizeof layout);
     r.positions = ly->pos + p * P;
