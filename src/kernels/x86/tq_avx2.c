@@ -799,8 +799,68 @@ KVQ__BMI KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t os
     }
 }
 
+/* Several queries (a GQA group, a prefill tile): each key is decoded once
+ * to its scaled centroids in the rotated domain, then dotted with every
+ * rotated query in registers; the per-query lookup tables (16.9 KB each for
+ * tq3 at d=128) would not stay in L1 for a group. */
+KVQ__AI void kvq__tq_score_mq_kb(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                                 size_t nq, const uint8_t *keys, size_t n, int kb) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d, qs = c->qp_bytes / 4, so = kvq__round64(d * 4) / 4, ng = d / 8;
+    const size_t oi = t->off_idx;
+    uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
+    _Alignas(32) float z[KVQ__MAX_HEAD_DIM];
+    kvq__tq_lut l;
+    kvq__tq_lut_init(&l, t);
+    const float *q = (const float *)qp;
+    for (size_t k = 0; k < n; k++) {
+        const uint8_t *p = kvq__tq_vec(c, keys, k, n, pad);
+        for (size_t g = 0; g < ng; g++)
+            _mm256_store_ps(z + 8 * g, kvq__tq_cent8(&l, p + oi + g * (size_t)kb, kb));
+        float scale = kvq__tq_norm_avx2(t, &t->ns, p);
+        float rk = t->sketch ? kvq__tq_norm_avx2(t, &t->nr, p + t->off_rnorm) * t->sk_scale : 0.0f;
+        for (size_t i0 = 0; i0 < nq; i0 += 4) {
+            size_t m = KVQ__MIN(4, nq - i0);
+            const float *q0 = q + i0 * qs, *q1 = q0 + (m > 1 ? qs : 0), *q2 = q0 + (m > 2 ? 2 * qs : 0),
+                        *q3 = q0 + (m > 3 ? 3 * qs : 0);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t g = 0; g < ng; g++) {
+                __m256 cz = _mm256_load_ps(z + 8 * g);
+                a0 = _mm256_fmadd_ps(cz, _mm256_load_ps(q0 + 8 * g), a0);
+                a1 = _mm256_fmadd_ps(cz, _mm256_load_ps(q1 + 8 * g), a1);
+                a2 = _mm256_fmadd_ps(cz, _mm256_load_ps(q2 + 8 * g), a2);
+                a3 = _mm256_fmadd_ps(cz, _mm256_load_ps(q3 + 8 * g), a3);
+            }
+            float r[4];
+            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, a2, a3));
+            for (size_t i = 0; i < m; i++) {
+                float sc = r[i] * scale;
+                if (t->sketch)
+                    sc += rk * kvq__tq_sign_dot(q + (i0 + i) * qs + so, p + t->off_sign, d);
+                out[(i0 + i) * ostride + k] = sc;
+            }
+        }
+    }
+}
+
 KVQ__BMI static void kvq__tq_score_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
                                size_t nq, const uint8_t *keys, size_t n) {
+    if (nq > 1) {
+        switch (((const kvq__tq *)c->state)->kb) {
+        case 1:
+            kvq__tq_score_mq_kb(c, out, ostride, qp, nq, keys, n, 1);
+            return;
+        case 2:
+            kvq__tq_score_mq_kb(c, out, ostride, qp, nq, keys, n, 2);
+            return;
+        case 3:
+            kvq__tq_score_mq_kb(c, out, ostride, qp, nq, keys, n, 3);
+            return;
+        default:
+            kvq__tq_score_mq_kb(c, out, ostride, qp, nq, keys, n, 4);
+            return;
+        }
+    }
     switch (((const kvq__tq *)c->state)->kb) {
     case 1:
         kvq__tq_score_kb(c, out, ostride, qp, nq, keys, n, 1);
@@ -875,16 +935,22 @@ KVQ__AI void kvq__tq_accum_kb(const kvq_codec *c, float *acc, size_t astride, co
     uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
     kvq__tq_lut l;
     kvq__tq_lut_init(&l, t);
+    _Alignas(32) float z[KVQ__MAX_HEAD_DIM];
     for (size_t k = 0; k < n; k++) {
         const uint8_t *p = kvq__tq_vec(c, vals, k, n, pad);
         float scale = kvq__tq_get_norm(t, &t->ns, p);
         float rn = t->sketch ? kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) : 0.0f;
+        /* decode the value once for all weight rows */
+        for (size_t g = 0; g < ng; g++)
+            _mm256_store_ps(z + 8 * g, kvq__tq_cent8(&l, p + oi + g * kb, kb));
         for (size_t i = 0; i < nq; i++) {
             float wk = w[i * wstride + k];
+            if (wk == 0.0f)
+                continue; /* masked or underflowed weight: nothing to add */
             float *a = acc + i * astride;
             __m256 ws = _mm256_set1_ps(wk * scale);
             for (size_t g = 0; g < ng; g++)
-                _mm256_storeu_ps(a + 8 * g, _mm256_fmadd_ps(ws, kvq__tq_cent8(&l, p + oi + g * kb, kb),
+                _mm256_storeu_ps(a + 8 * g, _mm256_fmadd_ps(ws, _mm256_load_ps(z + 8 * g),
                                                             _mm256_loadu_ps(a + 8 * g)));
             if (t->sketch) {
                 __m256 wr = _mm256_set1_ps(wk * rn);
