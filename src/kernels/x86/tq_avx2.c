@@ -927,34 +927,64 @@ static void kvq__tq_finish_avx2(const kvq_codec *c, float *out, const float *acc
 }
 
 /* ---- accumulate ---- */
+/* Register-blocked accumulate: for each group of 8 coordinates, up to 4
+ * weight rows stay in registers over a chunk of values, so the accumulator
+ * rows are loaded and stored once per chunk instead of once per value; each
+ * value's centroids are decoded once per 4 rows. The QJL sketch part of tqp
+ * follows value by value. */
 KVQ__AI void kvq__tq_accum_kb(const kvq_codec *c, float *acc, size_t astride, const float *w,
                               size_t wstride, size_t nq, const uint8_t *vals, size_t n, int kb) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t d = c->d, ng = d / 8, oi = t->off_idx;
     const __m256 sm = kvq__tq_signmask();
+    enum { CH = 64 };
     uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
     kvq__tq_lut l;
     kvq__tq_lut_init(&l, t);
-    _Alignas(32) float z[KVQ__MAX_HEAD_DIM];
-    for (size_t k = 0; k < n; k++) {
-        const uint8_t *p = kvq__tq_vec(c, vals, k, n, pad);
-        float scale = kvq__tq_get_norm(t, &t->ns, p);
-        float rn = t->sketch ? kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm) : 0.0f;
-        /* decode the value once for all weight rows */
-        for (size_t g = 0; g < ng; g++)
-            _mm256_store_ps(z + 8 * g, kvq__tq_cent8(&l, p + oi + g * kb, kb));
-        for (size_t i = 0; i < nq; i++) {
-            float wk = w[i * wstride + k];
-            if (wk == 0.0f)
-                continue; /* masked or underflowed weight: nothing to add */
-            float *a = acc + i * astride;
-            __m256 ws = _mm256_set1_ps(wk * scale);
-            for (size_t g = 0; g < ng; g++)
-                _mm256_storeu_ps(a + 8 * g, _mm256_fmadd_ps(ws, _mm256_load_ps(z + 8 * g),
-                                                            _mm256_loadu_ps(a + 8 * g)));
-            if (t->sketch) {
+    const uint8_t *ptr[CH];
+    float sw[4][CH];
+    for (size_t k0 = 0; k0 < n; k0 += CH) {
+        size_t kn = KVQ__MIN((size_t)CH, n - k0);
+        for (size_t kk = 0; kk < kn; kk++)
+            ptr[kk] = kvq__tq_vec(c, vals, k0 + kk, n, pad);
+        for (size_t i0 = 0; i0 < nq; i0 += 4) {
+            size_t m = KVQ__MIN(4, nq - i0);
+            for (size_t r = 0; r < 4; r++)
+                for (size_t kk = 0; kk < kn; kk++)
+                    sw[r][kk] = r < m ? w[(i0 + r) * wstride + k0 + kk] *
+                                            kvq__tq_get_norm(t, &t->ns, ptr[kk])
+                                      : 0.0f;
+            float *a0 = acc + i0 * astride;
+            float *a1 = m > 1 ? a0 + astride : a0, *a2 = m > 2 ? a0 + 2 * astride : a0,
+                  *a3 = m > 3 ? a0 + 3 * astride : a0;
+            for (size_t g = 0; g < ng; g++) {
+                __m256 x0 = _mm256_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
+                for (size_t kk = 0; kk < kn; kk++) {
+                    __m256 cz = kvq__tq_cent8(&l, ptr[kk] + oi + g * (size_t)kb, kb);
+                    x0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sw[0][kk]), cz, x0);
+                    x1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sw[1][kk]), cz, x1);
+                    x2 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sw[2][kk]), cz, x2);
+                    x3 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sw[3][kk]), cz, x3);
+                }
+                float *rows[4] = {a0, a1, a2, a3};
+                __m256 xs[4] = {x0, x1, x2, x3};
+                for (size_t r = 0; r < m; r++)
+                    _mm256_storeu_ps(rows[r] + 8 * g,
+                                     _mm256_add_ps(_mm256_loadu_ps(rows[r] + 8 * g), xs[r]));
+            }
+        }
+        if (!t->sketch)
+            continue;
+        for (size_t kk = 0; kk < kn; kk++) {
+            const uint8_t *p = ptr[kk];
+            float rn = kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm);
+            const uint8_t *sg = p + t->off_sign;
+            for (size_t i = 0; i < nq; i++) {
+                float wk = w[i * wstride + k0 + kk];
+                if (wk == 0.0f)
+                    continue;
+                float *a = acc + i * astride;
                 __m256 wr = _mm256_set1_ps(wk * rn);
-                const uint8_t *sg = p + t->off_sign;
                 for (size_t g = 0; g < ng; g++) {
                     __m256 v = _mm256_xor_ps(wr, _mm256_andnot_ps(kvq__tq_bitmask8(sg[g]), sm));
                     _mm256_storeu_ps(a + d + 8 * g, _mm256_add_ps(_mm256_loadu_ps(a + d + 8 * g), v));
