@@ -832,9 +832,80 @@ kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *
 /* Evicts down to target tokens by the policy, never touching sinks or the
  * protected recent window. Returns KVQ_ERR_NOMEM only before changing
  * anything. */
+/* The k-th smallest of a[0..n) (k < n); reorders a. Deterministic
+ * quickselect (middle pivot, three-way partition). */
+static int32_t kvq__select(int32_t *a, size_t n, size_t k) {
+    size_t lo = 0, hi = n;
+    for (;;) {
+        int32_t piv = a[lo + (hi - lo) / 2];
+        size_t lt = lo, i = lo, gt = hi;
+        while (i < gt) {
+            if (a[i] < piv) {
+                int32_t x = a[lt];
+                a[lt++] = a[i];
+                a[i++] = x;
+            } else if (a[i] > piv) {
+                int32_t x = a[--gt];
+                a[gt] = a[i];
+                a[i] = x;
+            } else {
+                i++;
+            }
+        }
+        if (k < lt)
+            hi = lt;
+        else if (k >= gt)
+            lo = gt;
+        else
+            return piv;
+    }
+}
+
+/* Decode-time eviction of a few tokens in O(n): the protected window's
+ * threshold by selection, then linear scans for the lowest (key, position)
+ * among the evictable tokens; the same choice as the sorting path. */
+static kvq_status kvq__evict_few(kvq_cache *c, kvq__layer *ly, size_t m) {
+    size_t slots = ly->n_pages * c->P, n = 0;
+    int32_t *a = (int32_t *)kvq__alloc(&c->alloc, (ly->n_tokens + 1) * sizeof(int32_t));
+    if (!a)
+        return KVQ_ERR_NOMEM;
+    for (size_t s = 0; s < slots; s++)
+        if (ly->pos[s] >= 0)
+            a[n++] = ly->pos[s];
+    size_t protect = c->cfg.protect_recent;
+    int32_t thr = INT32_MAX; /* positions >= thr are in the protected window */
+    if (protect >= n)
+        thr = INT32_MIN;
+    else if (protect > 0)
+        thr = kvq__select(a, n, n - protect);
+    kvq__free(&c->alloc, a);
+    int util = c->cfg.policy == KVQ_POLICY_UTILITY;
+    for (size_t e = 0; e < m; e++) {
+        size_t best = SIZE_MAX;
+        for (size_t s = 0; s < slots; s++) {
+            int32_t q = ly->pos[s];
+            if (q < 0 || q >= thr || (ly->n_sinks_seen && q <= ly->sink_until))
+                continue;
+            if (best == SIZE_MAX)
+                best = s;
+            else {
+                float ks = util ? ly->score[s] : 0.0f, kb = util ? ly->score[best] : 0.0f;
+                if (ks < kb || (ks == kb && q < ly->pos[best]))
+                    best = s;
+            }
+        }
+        if (best == SIZE_MAX)
+            break;
+        kvq__evict_slot(c, ly, (uint32_t)best);
+    }
+    return KVQ_OK;
+}
+
 static kvq_status kvq__evict_to(kvq_cache *c, kvq__layer *ly, size_t target) {
     if (ly->n_tokens <= target || c->cfg.policy == KVQ_POLICY_NONE)
         return KVQ_OK;
+    if (ly->n_tokens - target <= 4)
+        return kvq__evict_few(c, ly, ly->n_tokens - target);
     size_t n;
     kvq__cand *v = kvq__sorted_tokens(c, ly, &n);
     if (!v)
