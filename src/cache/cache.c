@@ -962,9 +962,7 @@ kvq_status kvq_cache_append(kvq_cache *c, size_t layer, const float *k, const fl
         return KVQ_ERR_NONFINITE;
     int32_t prev = ly->appended ? ly->last_pos : -1;
     for (size_t t = 0; t < T; t++) {
-        int32_t p = positions ? positions[t] : (int32_t)(prev + 1 + (int32_t)0);
-        if (!positions)
-            p = prev + 1;
+        int32_t p = positions ? positions[t] : prev + 1;
         if (p <= prev || p < 0 || p == INT32_MAX)
             return KVQ_ERR_ORDER;
         prev = p;
@@ -1761,12 +1759,9 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
                 kvq__head *o = &oh[h], *n = &nh[h];
                 int target = kv_head < 0 || (size_t)kv_head == h;
                 /* keys */
-                if (o->kchan_bits || (!is_value && target) == 0) {
-                    size_t kb = o->kchan_bits ? o->k_hdr + o->kbytes * P : o->kbytes * P;
-                    memcpy(nb[p] + n->k_off, pg->block + o->k_off, kb);
-                }
-                if (is_value || !target)
-                    ;
+                int rekey = !is_value && target && !o->kchan_bits;
+                if (!rekey)
+                    memcpy(nb[p] + n->k_off, pg->block + o->k_off, o->k_hdr + o->kbytes * P);
                 else
                     for (size_t i = 0; i < P; i++) {
                         size_t s = p * P + i;
