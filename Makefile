@@ -50,7 +50,7 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_HELP := $(filter-out $(TEST_SRC) tests/inspect_demo.c,$(wildcard tests/*.c))
 
-.PHONY: all check check-run check-run-inner check-san bench demo install clean python-test fuzz
+.PHONY: all check check-run check-run-inner check-san check-valgrind bench demo install clean python-test fuzz
 
 all: $(BUILD)/libkvq.a $(BUILD)/libkvq.so $(BUILD)/kvq
 
@@ -102,6 +102,14 @@ check: all
 	$(MAKE) check-run
 	$(MAKE) python-test
 	$(MAKE) check-san
+	$(MAKE) check-valgrind
+
+# A short run under valgrind (memcheck, leaks included) when it is installed.
+check-valgrind: $(BUILD)/tests/test_cache $(BUILD)/tests/test_tier
+	@if command -v valgrind >/dev/null 2>&1; then \
+	  for t in test_cache test_tier; do echo "== valgrind $$t"; \
+	    valgrind -q --error-exitcode=9 --leak-check=full $(BUILD)/tests/$$t --data $(DATA) || exit 1; done; \
+	else echo "valgrind not installed: skipping the valgrind run"; fi
 
 # libFuzzer targets (clang): the decoders of untrusted bytes with ASan+UBSan,
 # the library sources they need compiled in. Run e.g.
