@@ -286,8 +286,38 @@ static void kvq__tq_destroy(kvq_codec *c) {
     kvq__free(&c->alloc, t->sflip);
     kvq__free(&c->alloc, t->rot);
     kvq__free(&c->alloc, t->skm);
+    kvq__free(&c->alloc, t->xtab);
     kvq__free(&c->alloc, t);
     c->state = NULL;
+}
+
+void kvq__tq_xtab_fill(kvq__tq *t) {
+    const float *c = t->cent;
+    float *x = t->xtab;
+    switch (t->kb) {
+    case 1:
+        for (unsigned b = 0; b < 256; b++)
+            for (unsigned i = 0; i < 8; i++)
+                x[8 * b + i] = c[(b >> i) & 1];
+        break;
+    case 2:
+        for (unsigned b = 0; b < 256; b++)
+            for (unsigned i = 0; i < 4; i++)
+                x[4 * b + i] = c[(b >> (2 * i)) & 3];
+        break;
+    case 3:
+        for (unsigned v = 0; v < 64; v++) {
+            x[2 * v] = c[v & 7];
+            x[2 * v + 1] = c[v >> 3];
+        }
+        break;
+    default:
+        for (unsigned b = 0; b < 256; b++) {
+            x[2 * b] = c[b & 15];
+            x[2 * b + 1] = c[b >> 4];
+        }
+        break;
+    }
 }
 
 static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
@@ -332,6 +362,13 @@ static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
     t->sk_scale = (float)(sqrt(2.0 * atan(1.0)) / (double)d); /* sqrt(pi/2) / d */
     kvq__tq_ncode_set(&t->ns, KVQ__TQ_LOG_LO, KVQ__TQ_LOG_HI);
     kvq__tq_ncode_set(&t->nr, KVQ__TQ_LOG_LO, KVQ__TQ_LOG_HI);
+    t->xtab = (float *)kvq__alloc(&c->alloc, KVQ__TQ_XTAB_FLOATS * sizeof(float));
+    if (!t->xtab) {
+        if (err && err_size)
+            snprintf(err, err_size, "out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    kvq__tq_xtab_fill(t);
     kvq_status st = kvq__tq_rotation_init(&c->alloc, t, d, c->seed);
     if (st != KVQ_OK) {
         if (err && err_size)

@@ -58,6 +58,9 @@ typedef struct kvq__tq {
     float *skm;      /* tqp: d x d row-major Gaussian sketch S */
     float sk_scale;  /* sqrt(pi/2) / d */
 
+    float *xtab;      /* decode table of the AVX2 attention kernels (2048 floats): packed
+                         index bits -> centroids (tq1: 1 byte -> 8, tq2: 1 byte -> 4,
+                         tq3: 6 bits -> 2, tq4: 1 byte -> 2); built once per codec */
     kvq__tq_ncode ns; /* scale code (norm=8) */
     kvq__tq_ncode nr; /* tqp residual norm code (norm=8) */
 } kvq__tq;
@@ -106,6 +109,9 @@ static inline size_t kvq__tq_lut_floats(int kb, size_t d) {
 }
 
 /* ---- tq.c ---- */
+#define KVQ__TQ_XTAB_FLOATS 2048
+/* Fills t->xtab from t->cent for t->kb. */
+void kvq__tq_xtab_fill(kvq__tq *t);
 /* Scalar encoder of one vector; the AVX2 encoder falls back to it for
  * vectors whose norm is outside its fast range. */
 void kvq__tq_encode_one(const kvq_codec *c, uint8_t *dst, const float *x);

@@ -17,11 +17,13 @@
  *
  * score uses per-query lookup tables built by prep (tq_impl.h): one float
  * load and add per 1, 2 or 8 coordinates, with BMI1 bextr field extraction.
- * It is not bit-exact (other summation order). decode and accumulate expand
- * 8 indices at a time with a variable shift and a permute of the codebook
- * (two permutes and a blend for 16 entries); accumulate uses FMA. 3-bit
- * groups are read 4 or 8 bytes at a time; the last tq3 vector of a call is
- * copied to a padded buffer so no byte past the input is read.
+ * It is not bit-exact (other summation order). decode expands 8 indices at
+ * a time with a variable shift and a permute of the codebook (two permutes
+ * and a blend for 16 entries); 3-bit groups are read 4 or 8 bytes at a
+ * time, and the last tq3 vector of a call is copied to a padded buffer so
+ * no byte past the input is read. Score with several queries and
+ * accumulate (FMA) expand indices through per-thread tables instead, with
+ * plain loads of exactly the group's bytes.
  *
  * Costs on the development CPU (Zen 1, where 256-bit variable shifts and
  * permutes take ~4 cycles) shaped these choices: FWHT butterflies are split
@@ -268,6 +270,38 @@ KVQ__AI __m256 kvq__tq_bitmask8(unsigned b) {
     const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     __m256i v = _mm256_and_si256(_mm256_set1_epi32((int)b), sel);
     return _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, sel));
+}
+
+/* ---- expansion tables for score (several queries) and accumulate ----
+ * Centroids of packed indices by plain loads instead of variable shifts
+ * and permutes (slow on CPUs that split 256-bit operations): an entry maps
+ * one field of the index bits to consecutive floats, kb = 1: a byte -> 8,
+ * kb = 2: a byte -> 4, kb = 3: 6 bits (2 indices) -> 2, kb = 4: a byte -> 2.
+ * The table belongs to the codec (t->xtab, filled by tq.c at creation). */
+
+/* Two 2-float entries a, b of x -> (x[2a], x[2a+1], x[2b], x[2b+1]). */
+KVQ__AI __m128 kvq__tq_x2(const float *x, unsigned a, unsigned b) {
+    __m128 v = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(x + 2 * a)));
+    return _mm_loadh_pi(v, (const __m64 *)(const void *)(x + 2 * b));
+}
+
+KVQ__AI __m256 kvq__tq_x2x2(const float *x, unsigned a, unsigned b, unsigned c, unsigned d) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(kvq__tq_x2(x, a, b)), kvq__tq_x2(x, c, d), 1);
+}
+
+/* The 8 centroids of the group whose kb packed bytes start at p, through
+ * table x; reads exactly kb bytes. */
+KVQ__AI __m256 kvq__tq_xcent8(const float *x, const uint8_t *p, int kb) {
+    if (kb == 1)
+        return _mm256_load_ps(x + 8 * p[0]);
+    if (kb == 2)
+        return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_load_ps(x + 4 * p[0])),
+                                    _mm_load_ps(x + 4 * p[1]), 1);
+    if (kb == 3) {
+        uint32_t w = (uint32_t)kvq__ld16(p) | (uint32_t)p[2] << 16;
+        return kvq__tq_x2x2(x, w & 63, (w >> 6) & 63, (w >> 12) & 63, w >> 18);
+    }
+    return kvq__tq_x2x2(x, p[0], p[1], p[2], p[3]);
 }
 
 /* ---- encode ---- */
@@ -800,23 +834,52 @@ KVQ__BMI KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t os
 }
 
 /* Several queries (a GQA group, a prefill tile): each key is decoded once
- * to its scaled centroids in the rotated domain, then dotted with every
- * rotated query in registers; the per-query lookup tables (16.9 KB each for
- * tq3 at d=128) would not stay in L1 for a group. */
+ * to its centroids in the rotated domain (expansion table), then dotted
+ * with every rotated query in registers; the per-query lookup tables (16.9
+ * KB each for tq3 at d=128) would not stay in L1 for a group. The first 4
+ * queries take the centroids straight from the decode; z keeps them for
+ * the others. */
 KVQ__AI void kvq__tq_score_mq_kb(const kvq_codec *c, float *out, size_t ostride, const void *qp,
                                  size_t nq, const uint8_t *keys, size_t n, int kb) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t d = c->d, qs = c->qp_bytes / 4, so = kvq__round64(d * 4) / 4, ng = d / 8;
-    const size_t oi = t->off_idx;
-    uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
+    const size_t oi = t->off_idx, vb = c->bytes;
     _Alignas(32) float z[KVQ__MAX_HEAD_DIM];
-    kvq__tq_lut l;
-    kvq__tq_lut_init(&l, t);
+    const float *x = t->xtab;
     const float *q = (const float *)qp;
-    for (size_t k = 0; k < n; k++) {
-        const uint8_t *p = kvq__tq_vec(c, keys, k, n, pad);
-        for (size_t g = 0; g < ng; g++)
-            _mm256_store_ps(z + 8 * g, kvq__tq_cent8(&l, p + oi + g * (size_t)kb, kb));
+    const int keep = nq > 4;
+    size_t k = 0;
+    if (nq == 4 && !t->sketch) /* two keys at a time: 8 independent FMA chains */
+        for (; k + 2 <= n; k += 2) {
+            const uint8_t *p = keys + k * vb, *ix = p + oi, *iy = ix + vb;
+            const float *q0 = q, *q1 = q0 + qs, *q2 = q1 + qs, *q3 = q2 + qs;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (size_t g = 0; g < ng; g++) {
+                __m256 cz = kvq__tq_xcent8(x, ix + g * (size_t)kb, kb);
+                __m256 cy = kvq__tq_xcent8(x, iy + g * (size_t)kb, kb);
+                __m256 v0 = _mm256_load_ps(q0 + 8 * g), v1 = _mm256_load_ps(q1 + 8 * g);
+                a0 = _mm256_fmadd_ps(cz, v0, a0);
+                b0 = _mm256_fmadd_ps(cy, v0, b0);
+                a1 = _mm256_fmadd_ps(cz, v1, a1);
+                b1 = _mm256_fmadd_ps(cy, v1, b1);
+                __m256 v2 = _mm256_load_ps(q2 + 8 * g), v3 = _mm256_load_ps(q3 + 8 * g);
+                a2 = _mm256_fmadd_ps(cz, v2, a2);
+                b2 = _mm256_fmadd_ps(cy, v2, b2);
+                a3 = _mm256_fmadd_ps(cz, v3, a3);
+                b3 = _mm256_fmadd_ps(cy, v3, b3);
+            }
+            float r[4], s[4];
+            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, a2, a3));
+            _mm_storeu_ps(s, kvq__hsum4x256(b0, b1, b2, b3));
+            float sa = kvq__tq_norm_avx2(t, &t->ns, p), sb = kvq__tq_norm_avx2(t, &t->ns, p + vb);
+            for (size_t i = 0; i < 4; i++) {
+                out[i * ostride + k] = r[i] * sa;
+                out[i * ostride + k + 1] = s[i] * sb;
+            }
+        }
+    for (; k < n; k++) {
+        const uint8_t *p = keys + k * vb, *ix = p + oi;
         float scale = kvq__tq_norm_avx2(t, &t->ns, p);
         float rk = t->sketch ? kvq__tq_norm_avx2(t, &t->nr, p + t->off_rnorm) * t->sk_scale : 0.0f;
         for (size_t i0 = 0; i0 < nq; i0 += 4) {
@@ -825,7 +888,14 @@ KVQ__AI void kvq__tq_score_mq_kb(const kvq_codec *c, float *out, size_t ostride,
                         *q3 = q0 + (m > 3 ? 3 * qs : 0);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (size_t g = 0; g < ng; g++) {
-                __m256 cz = _mm256_load_ps(z + 8 * g);
+                __m256 cz;
+                if (i0 == 0) {
+                    cz = kvq__tq_xcent8(x, ix + g * (size_t)kb, kb);
+                    if (keep)
+                        _mm256_store_ps(z + 8 * g, cz);
+                } else {
+                    cz = _mm256_load_ps(z + 8 * g);
+                }
                 a0 = _mm256_fmadd_ps(cz, _mm256_load_ps(q0 + 8 * g), a0);
                 a1 = _mm256_fmadd_ps(cz, _mm256_load_ps(q1 + 8 * g), a1);
                 a2 = _mm256_fmadd_ps(cz, _mm256_load_ps(q2 + 8 * g), a2);
@@ -927,46 +997,72 @@ static void kvq__tq_finish_avx2(const kvq_codec *c, float *out, const float *acc
 }
 
 /* ---- accumulate ---- */
-/* Register-blocked accumulate: for each group of 8 coordinates, up to 4
- * weight rows stay in registers over a chunk of values, so the accumulator
- * rows are loaded and stored once per chunk instead of once per value; each
- * value's centroids are decoded once per 4 rows. The QJL sketch part of tqp
- * follows value by value. */
+/* Register-blocked accumulate: for each pair of 8-coordinate groups, up to
+ * 4 weight rows stay in registers over a chunk of values, so the
+ * accumulator rows are loaded and stored once per chunk instead of once per
+ * value; each value's centroids are decoded (expansion table) once per 4
+ * rows, and each broadcast weight serves two groups. The QJL sketch part of
+ * tqp follows value by value. */
 KVQ__AI void kvq__tq_accum_kb(const kvq_codec *c, float *acc, size_t astride, const float *w,
                               size_t wstride, size_t nq, const uint8_t *vals, size_t n, int kb) {
     const kvq__tq *t = (const kvq__tq *)c->state;
-    const size_t d = c->d, ng = d / 8, oi = t->off_idx;
+    const size_t d = c->d, ng = d / 8, oi = t->off_idx, vb = c->bytes;
     const __m256 sm = kvq__tq_signmask();
     enum { CH = 64 };
-    uint8_t pad[4 * KVQ__MAX_HEAD_DIM];
-    kvq__tq_lut l;
-    kvq__tq_lut_init(&l, t);
+    const float *x = t->xtab;
     const uint8_t *ptr[CH];
+    float nrm[CH];
     float sw[4][CH];
     for (size_t k0 = 0; k0 < n; k0 += CH) {
         size_t kn = KVQ__MIN((size_t)CH, n - k0);
-        for (size_t kk = 0; kk < kn; kk++)
-            ptr[kk] = kvq__tq_vec(c, vals, k0 + kk, n, pad);
+        for (size_t kk = 0; kk < kn; kk++) {
+            ptr[kk] = vals + (k0 + kk) * vb + oi;
+            nrm[kk] = kvq__tq_norm_avx2(t, &t->ns, vals + (k0 + kk) * vb);
+        }
         for (size_t i0 = 0; i0 < nq; i0 += 4) {
             size_t m = KVQ__MIN(4, nq - i0);
             for (size_t r = 0; r < 4; r++)
                 for (size_t kk = 0; kk < kn; kk++)
-                    sw[r][kk] = r < m ? w[(i0 + r) * wstride + k0 + kk] *
-                                            kvq__tq_get_norm(t, &t->ns, ptr[kk])
-                                      : 0.0f;
+                    sw[r][kk] = r < m ? w[(i0 + r) * wstride + k0 + kk] * nrm[kk] : 0.0f;
             float *a0 = acc + i0 * astride;
             float *a1 = m > 1 ? a0 + astride : a0, *a2 = m > 2 ? a0 + 2 * astride : a0,
                   *a3 = m > 3 ? a0 + 3 * astride : a0;
-            for (size_t g = 0; g < ng; g++) {
+            float *rows[4] = {a0, a1, a2, a3};
+            size_t g = 0;
+            for (; g + 2 <= ng; g += 2) {
+                __m256 x0 = _mm256_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
+                __m256 y0 = x0, y1 = x0, y2 = x0, y3 = x0;
+                const size_t off = g * (size_t)kb;
+                for (size_t kk = 0; kk < kn; kk++) {
+                    __m256 cz = kvq__tq_xcent8(x, ptr[kk] + off, kb);
+                    __m256 cy = kvq__tq_xcent8(x, ptr[kk] + off + (size_t)kb, kb);
+                    __m256 w0 = _mm256_broadcast_ss(&sw[0][kk]), w1 = _mm256_broadcast_ss(&sw[1][kk]);
+                    x0 = _mm256_fmadd_ps(w0, cz, x0);
+                    y0 = _mm256_fmadd_ps(w0, cy, y0);
+                    x1 = _mm256_fmadd_ps(w1, cz, x1);
+                    y1 = _mm256_fmadd_ps(w1, cy, y1);
+                    __m256 w2 = _mm256_broadcast_ss(&sw[2][kk]), w3 = _mm256_broadcast_ss(&sw[3][kk]);
+                    x2 = _mm256_fmadd_ps(w2, cz, x2);
+                    y2 = _mm256_fmadd_ps(w2, cy, y2);
+                    x3 = _mm256_fmadd_ps(w3, cz, x3);
+                    y3 = _mm256_fmadd_ps(w3, cy, y3);
+                }
+                __m256 xs[4] = {x0, x1, x2, x3}, ys[4] = {y0, y1, y2, y3};
+                for (size_t r = 0; r < m; r++) {
+                    float *ar = rows[r] + 8 * g;
+                    _mm256_storeu_ps(ar, _mm256_add_ps(_mm256_loadu_ps(ar), xs[r]));
+                    _mm256_storeu_ps(ar + 8, _mm256_add_ps(_mm256_loadu_ps(ar + 8), ys[r]));
+                }
+            }
+            if (g < ng) {
                 __m256 x0 = _mm256_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
                 for (size_t kk = 0; kk < kn; kk++) {
-                    __m256 cz = kvq__tq_cent8(&l, ptr[kk] + oi + g * (size_t)kb, kb);
+                    __m256 cz = kvq__tq_xcent8(x, ptr[kk] + g * (size_t)kb, kb);
                     x0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sw[0][kk]), cz, x0);
                     x1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sw[1][kk]), cz, x1);
                     x2 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sw[2][kk]), cz, x2);
                     x3 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sw[3][kk]), cz, x3);
                 }
-                float *rows[4] = {a0, a1, a2, a3};
                 __m256 xs[4] = {x0, x1, x2, x3};
                 for (size_t r = 0; r < m; r++)
                     _mm256_storeu_ps(rows[r] + 8 * g,
@@ -976,7 +1072,7 @@ KVQ__AI void kvq__tq_accum_kb(const kvq_codec *c, float *acc, size_t astride, co
         if (!t->sketch)
             continue;
         for (size_t kk = 0; kk < kn; kk++) {
-            const uint8_t *p = ptr[kk];
+            const uint8_t *p = vals + (k0 + kk) * vb;
             float rn = kvq__tq_get_norm(t, &t->nr, p + t->off_rnorm);
             const uint8_t *sg = p + t->off_sign;
             for (size_t i = 0; i < nq; i++) {
