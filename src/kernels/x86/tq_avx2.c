@@ -16,8 +16,9 @@
  * to the scalar encoder.
  *
  * score uses per-query lookup tables built by prep (tq_impl.h): one float
- * load and add per 1, 2 or 8 coordinates, with BMI1 bextr field extraction.
- * It is not bit-exact (other summation order). decode expands 8 indices at
+ * load and add per 1, 2 or 8 coordinates, with BMI1 bextr field extraction
+ * (tq3 and tq4: two keys at a time, sixteen independent sums). It is not
+ * bit-exact (other summation order). decode expands 8 indices at
  * a time with a variable shift and a permute of the codebook (two permutes
  * and a blend for 16 entries); 3-bit groups are read 4 or 8 bytes at a
  * time, and the last tq3 vector of a call is copied to a padded buffer so
@@ -801,6 +802,98 @@ KVQ__BMI KVQ__AI float kvq__tq_lut_dot(const float *lut, const uint8_t *ix, size
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
+/* Two keys' kvq__tq_lut_dot at once for kb = 3 and 4 (a and b are index
+ * areas; same reads as kvq__tq_lut_dot): sixteen independent sums, so the
+ * add latency of one key overlaps the other's instead of bounding the loop
+ * (on Zen 1 the out-of-order window does not reach the next key). */
+KVQ__BMI KVQ__AI void kvq__tq_lut_dot2(const float *lut, const uint8_t *a, const uint8_t *b, size_t d,
+                                       int kb, float *ra, float *rb) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
+    float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f, t4 = 0.0f, t5 = 0.0f, t6 = 0.0f, t7 = 0.0f;
+    const float *tb = lut;
+    if (kb == 4) {
+        size_t f = 0, nf = d;
+        for (; f + 16 <= nf; f += 16, tb += 256) {
+            uint64_t w = kvq__tq_ldu64(a + f / 2), v = kvq__tq_ldu64(b + f / 2);
+            s0 += tb[0 + (w & 15)];
+            t0 += tb[0 + (v & 15)];
+            s1 += tb[16 + (_bextr_u64(w, 4, 4))];
+            t1 += tb[16 + (_bextr_u64(v, 4, 4))];
+            s2 += tb[32 + (_bextr_u64(w, 8, 4))];
+            t2 += tb[32 + (_bextr_u64(v, 8, 4))];
+            s3 += tb[48 + (_bextr_u64(w, 12, 4))];
+            t3 += tb[48 + (_bextr_u64(v, 12, 4))];
+            s4 += tb[64 + (_bextr_u64(w, 16, 4))];
+            t4 += tb[64 + (_bextr_u64(v, 16, 4))];
+            s5 += tb[80 + (_bextr_u64(w, 20, 4))];
+            t5 += tb[80 + (_bextr_u64(v, 20, 4))];
+            s6 += tb[96 + (_bextr_u64(w, 24, 4))];
+            t6 += tb[96 + (_bextr_u64(v, 24, 4))];
+            s7 += tb[112 + (_bextr_u64(w, 28, 4))];
+            t7 += tb[112 + (_bextr_u64(v, 28, 4))];
+            s0 += tb[128 + (_bextr_u64(w, 32, 4))];
+            t0 += tb[128 + (_bextr_u64(v, 32, 4))];
+            s1 += tb[144 + (_bextr_u64(w, 36, 4))];
+            t1 += tb[144 + (_bextr_u64(v, 36, 4))];
+            s2 += tb[160 + (_bextr_u64(w, 40, 4))];
+            t2 += tb[160 + (_bextr_u64(v, 40, 4))];
+            s3 += tb[176 + (_bextr_u64(w, 44, 4))];
+            t3 += tb[176 + (_bextr_u64(v, 44, 4))];
+            s4 += tb[192 + (_bextr_u64(w, 48, 4))];
+            t4 += tb[192 + (_bextr_u64(v, 48, 4))];
+            s5 += tb[208 + (_bextr_u64(w, 52, 4))];
+            t5 += tb[208 + (_bextr_u64(v, 52, 4))];
+            s6 += tb[224 + (_bextr_u64(w, 56, 4))];
+            t6 += tb[224 + (_bextr_u64(v, 56, 4))];
+            s7 += tb[240 + (w >> 60)];
+            t7 += tb[240 + (v >> 60)];
+        }
+        for (; f < nf; f += 2, tb += 32) {
+            unsigned x = a[f / 2], y = b[f / 2];
+            s0 += tb[x & 15];
+            t0 += tb[y & 15];
+            s1 += tb[16 + (x >> 4)];
+            t1 += tb[16 + (y >> 4)];
+        }
+    } else { /* kb = 3 */
+        size_t f = 0, nf = d / 2;
+        const uint8_t *p = a, *q = b;
+        for (; f + 8 <= nf; f += 8, tb += 512, p += 6, q += 6) {
+            uint64_t w = kvq__tq_ldu64(p), v = kvq__tq_ldu64(q);
+            s0 += tb[0 + (w & 63)];
+            t0 += tb[0 + (v & 63)];
+            s1 += tb[64 + (_bextr_u64(w, 6, 6))];
+            t1 += tb[64 + (_bextr_u64(v, 6, 6))];
+            s2 += tb[128 + (_bextr_u64(w, 12, 6))];
+            t2 += tb[128 + (_bextr_u64(v, 12, 6))];
+            s3 += tb[192 + (_bextr_u64(w, 18, 6))];
+            t3 += tb[192 + (_bextr_u64(v, 18, 6))];
+            s4 += tb[256 + (_bextr_u64(w, 24, 6))];
+            t4 += tb[256 + (_bextr_u64(v, 24, 6))];
+            s5 += tb[320 + (_bextr_u64(w, 30, 6))];
+            t5 += tb[320 + (_bextr_u64(v, 30, 6))];
+            s6 += tb[384 + (_bextr_u64(w, 36, 6))];
+            t6 += tb[384 + (_bextr_u64(v, 36, 6))];
+            s7 += tb[448 + (_bextr_u64(w, 42, 6))];
+            t7 += tb[448 + (_bextr_u64(v, 42, 6))];
+        }
+        if (f < nf) {
+            uint32_t w = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
+            uint32_t v = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16;
+            s0 += tb[w & 63];
+            t0 += tb[v & 63];
+            s1 += tb[64 + ((w >> 6) & 63)];
+            t1 += tb[64 + ((v >> 6) & 63)];
+            s2 += tb[128 + ((w >> 12) & 63)];
+            t2 += tb[128 + ((v >> 12) & 63)];
+            s3 += tb[192 + (w >> 18)];
+            t3 += tb[192 + (v >> 18)];
+        }
+    }
+    *ra = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+    *rb = ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7));
+}
+
 /* A stored norm (F16C for fp16). */
 KVQ__AI float kvq__tq_norm_avx2(const kvq__tq *t, const kvq__tq_ncode *nc, const uint8_t *p) {
     return t->nb == 2 ? _cvtsh_ss(kvq__ld16(p)) : nc->tab[p[0]];
@@ -817,7 +910,16 @@ KVQ__BMI KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t os
     for (size_t i = 0; i < nq; i++) {
         const float *qb = (const float *)qp + i * qs;
         float *o = out + i * ostride;
-        for (size_t k = 0; k < n; k++) {
+        size_t k = 0;
+        if ((kb == 3 || kb == 4) && !t->sketch)
+            for (; k + 2 <= direct; k += 2) {
+                const uint8_t *p = keys + k * vb;
+                float sa, sb;
+                kvq__tq_lut_dot2(qb + lo, p + oi, p + vb + oi, d, kb, &sa, &sb);
+                o[k] = sa * kvq__tq_norm_avx2(t, &t->ns, p);
+                o[k + 1] = sb * kvq__tq_norm_avx2(t, &t->ns, p + vb);
+            }
+        for (; k < n; k++) {
             const uint8_t *p = keys + k * vb;
             if (k >= direct) {
                 memcpy(pad, p, vb);
