@@ -563,6 +563,16 @@ kvq_status kvq__grow_pages(kvq_cache *c, kvq__layer *ly, size_t n_pages) {
     return KVQ_OK;
 }
 
+/* The free slots of hot page p go on the free stack (token layout), in
+ * reverse so that they are handed out in ascending order. */
+void kvq__push_page_free(kvq_cache *c, kvq__layer *ly, size_t p) {
+    if (ly->chan_mode || ly->pages[p].tier != KVQ__TIER_HOT)
+        return;
+    for (size_t i = c->P; i-- > 0;)
+        if (ly->pos[p * c->P + i] < 0)
+            kvq__push_free_slot(ly, (uint32_t)(p * c->P + i));
+}
+
 void kvq__push_free_slot(kvq__layer *ly, uint32_t slot) {
     if (ly->state[slot] & KVQ__INSTACK)
         return;

@@ -146,6 +146,9 @@ void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot);
 void kvq__purge_free(kvq_cache *c, kvq__layer *ly, size_t p);
 kvq_status kvq__grow_pages(kvq_cache *c, kvq__layer *ly, size_t n_pages);
 void kvq__push_free_slot(kvq__layer *ly, uint32_t slot);
+void kvq__push_page_free(kvq_cache *c, kvq__layer *ly, size_t p);
+/* "k=<spec>,v=<spec>;..." for the heads' codecs (cache_tier.c); returns the length. */
+size_t kvq__heads_layout(const kvq_cache *c, const kvq__head *hs, char *buf, size_t n);
 kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *n);
 void *kvq__lalloc(kvq_cache *c, kvq__layer *ly, size_t size, int meta);
 void kvq__lfree(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int meta);

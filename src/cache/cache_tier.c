@@ -159,20 +159,14 @@ static kvq_status kvq__move_hw(kvq_cache *c, kvq__layer *ly, size_t p, int to_wa
     } else {
         c->ts.promotions++;
         c->ts.bytes_warm_to_hot += ob;
-        /* its free slots can take new tokens again */
-        for (size_t i = 0; i < c->P && !ly->chan_mode; i++)
-            if (ly->pos[p * c->P + i] < 0 && !(ly->state[p * c->P + i] & KVQ__INSTACK)) {
-                ly->state[p * c->P + i] |= KVQ__INSTACK;
-                ly->free_stack[ly->n_free++] = (uint32_t)(p * c->P + i);
-            }
+        kvq__push_page_free(c, ly, p); /* its free slots can take new tokens again */
     }
     kvq__model_transfer(c, 0, ob);
     c->ts.measured_transfer_ms += kvq__now_ms() - t0;
     return KVQ_OK;
 }
 
-/* The layout string of the heads a page is encoded with. */
-static size_t kvq__layout_string(const kvq_cache *c, const kvq__head *hs, char *buf, size_t n) {
+size_t kvq__heads_layout(const kvq_cache *c, const kvq__head *hs, char *buf, size_t n) {
     size_t at = 0;
     for (size_t h = 0; h < c->H && at < n; h++) {
         char ks[64];
@@ -233,7 +227,7 @@ static kvq_status kvq__to_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
     if (!r.n_tokens)
         r.pos_min = r.pos_max = -1;
     r.layout = layout;
-    r.layout_len = kvq__layout_string(c, hs, layout, sizeof layout);
+    r.layout_len = kvq__heads_layout(c, hs, layout, sizeof layout);
     r.positions = ly->pos + p * P;
     uint8_t states[4096];
     for (size_t i = 0; i < P; i++)
@@ -299,7 +293,7 @@ static kvq_status kvq__from_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
     kvq__record r;
     st = kvq__record_decode((const uint8_t *)data, size, &r);
     char layout[2048];
-    size_t ll = kvq__layout_string(c, hs, layout, sizeof layout);
+    size_t ll = kvq__heads_layout(c, hs, layout, sizeof layout);
     if (st == KVQ_OK &&
         (r.cache_id != c->cache_id || r.layer != kvq__layer_index(c, ly) || r.page_tokens != P ||
          r.n_kv_heads != c->H || r.head_dim != c->d || r.block_len != bb || r.layout_len != ll ||
@@ -333,12 +327,7 @@ static kvq_status kvq__from_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
     c->ts.bytes_from_cold += size;
     kvq__model_transfer(c, 1, size);
     c->ts.measured_transfer_ms += kvq__now_ms() - t0;
-    if (pg->tier == KVQ__TIER_HOT)
-        for (size_t i = 0; i < P && !ly->chan_mode; i++)
-            if (ly->pos[p * P + i] < 0 && !(ly->state[p * P + i] & KVQ__INSTACK)) {
-                ly->state[p * P + i] |= KVQ__INSTACK;
-                ly->free_stack[ly->n_free++] = (uint32_t)(p * P + i);
-            }
+    kvq__push_page_free(c, ly, p);
     return KVQ_OK;
 }
 

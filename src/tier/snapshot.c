@@ -27,18 +27,9 @@ static uint64_t kvq__fnv(uint64_t h, const void *p, size_t n) {
 static size_t kvq__snap_layout(const kvq_cache *c, const kvq__head *hs, int warm, int stage, char *buf,
                                size_t n) {
     size_t at = (size_t)snprintf(buf, n, "%s%s|", warm ? "warm" : "hot", stage ? "+stage" : "");
-    for (size_t h = 0; h < c->H && at < n; h++) {
-        char ks[64];
-        if (hs[h].kchan_bits)
-            snprintf(ks, sizeof ks, "chan:int%d", hs[h].kchan_bits);
-        else
-            snprintf(ks, sizeof ks, "%s", kvq_codec_spec(hs[h].kc));
-        int w = snprintf(buf + at, n - at, "%sk=%s,v=%s", h ? ";" : "", ks, kvq_codec_spec(hs[h].vc));
-        if (w < 0)
-            break;
-        at += (size_t)w;
-    }
-    return at < n ? at : n - 1;
+    if (at >= n)
+        return n - 1;
+    return at + kvq__heads_layout(c, hs, buf + at, n - at);
 }
 
 /* A configuration hash: shape, page size, key handling and every layout. */
@@ -288,9 +279,7 @@ static void kvq__finish_restore(kvq_cache *c, kvq__layer *ly) {
                 ly->open_page = p;
             continue;
         }
-        for (size_t i = P; i-- > 0;)
-            if (ly->pos[p * P + i] < 0 && pg->tier == KVQ__TIER_HOT)
-                kvq__push_free_slot(ly, (uint32_t)(p * P + i));
+        kvq__push_page_free(c, ly, p);
     }
     /* pending tokens of the recent window, in position order */
     if (!ly->chan_mode && c->cfg.recent_window && !ly->pend_slot) {
