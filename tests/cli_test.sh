@@ -78,7 +78,7 @@ check_json "bench json shape" '
 for k in ("memcpy_gbps", "head_dim", "count", "data", "threads", "isa", "results"):
     assert k in d, k
 assert d["head_dim"] == 64 and d["count"] == 512 and d["threads"] == 1 and d["data"] == "gauss"
-assert d["memcpy_gbps"] > 0
+assert d["memcpy_gbps"] > 0 and d["memcpy_hot_gbps"] > 0
 r = d["results"]
 assert [x["codec"] for x in r] == ["f32", "f16", "bf16", "nuq3"], r
 for x in r:
@@ -86,6 +86,7 @@ for x in r:
               "encode_vps", "decode_vps", "score_kps"):
         assert k in x, (x["codec"], k)
     assert x["encode_vps"] > 0 and x["decode_vps"] > 0 and x["score_kps"] > 0
+    assert x["encode_hot_vps"] > 0 and x["encode_hot_gbps"] > 0
 assert r[0]["nmse"] == 0 and r[0]["bits_per_value"] == 32
 assert 0 < r[1]["nmse"] < 1e-6 and r[1]["bits_per_value"] == 16
 assert r[3]["bits_per_value"] == 3 and 0.02 < r[3]["nmse"] < 0.05
