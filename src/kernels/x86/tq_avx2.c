@@ -431,6 +431,17 @@ KVQ__AI double kvq__tq_lanes_sum_avx2(__m256 v) {
     return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
 }
 
+/* kvq__tq_put_norm with F16C for the fp16 norm (round to nearest even, as
+ * kvq__f16_from_f32; s is first rounded to float, as there). */
+KVQ__AI float kvq__tq_put_norm_avx2(const kvq__tq *t, const kvq__tq_ncode *nc, uint8_t *p, double s) {
+    if (t->nb != 2)
+        return kvq__tq_put_norm(t, nc, p, s);
+    float f = s >= 65504.0 ? 65504.0f : (float)s;
+    unsigned short h = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+    kvq__st16(p, (uint16_t)h);
+    return _cvtsh_ss(h);
+}
+
 /* tqp tail of the encoder: the rotated residual u - rho * cv (in place in
  * u), its norm and the sign bits of S r'. u, cv: aligned d floats. */
 static void kvq__tq_sketch_avx2(const kvq_codec *c, uint8_t *p, float *u, const float *cv,
@@ -443,7 +454,7 @@ static void kvq__tq_sketch_avx2(const kvq_codec *c, uint8_t *p, float *u, const 
         rr = _mm256_add_ps(rr, _mm256_mul_ps(r, r));
         _mm256_store_ps(u + j, r);
     }
-    kvq__tq_put_norm(t, &t->nr, p + t->off_rnorm, gamma * sqrt(kvq__tq_lanes_sum_avx2(rr)));
+    kvq__tq_put_norm_avx2(t, &t->nr, p + t->off_rnorm, gamma * sqrt(kvq__tq_lanes_sum_avx2(rr)));
     uint8_t *sg = p + t->off_sign;
     const float *s = t->skm;
     for (size_t i = 0; i < d; i += 8) {
@@ -508,7 +519,8 @@ KVQ__AI void kvq__tq_enc_post(const kvq_codec *c, const kvq__tq_qk *k, kvq__tq_p
     kvq__tq_cnt cnt = {0, 0, 0, _mm256_setzero_si256()};
     __m256 vi = _mm256_set1_ps(pr.inv);
     if (t->pow2 && d > 64) {
-        kvq__tq_fwht_passes(buf, d, 64, d / 2);
+        if (d > 128)
+            kvq__tq_fwht_passes(buf, d, 64, d / 2);
         const size_t hg = ng / 2; /* the last stage, fused with quantization */
         for (size_t g = 0; g < hg; g++) {
             __m256 a = _mm256_load_ps(buf + 8 * g), b = _mm256_load_ps(buf + 8 * (g + hg));
@@ -533,7 +545,7 @@ KVQ__AI void kvq__tq_enc_post(const kvq_codec *c, const kvq__tq_qk *k, kvq__tq_p
     }
     double cn2 = (double)kvq__tq_cnt_total(t, &cnt, d, kb) * t->msq_unit;
     double scale = c->nc ? pr.gamma / sqrt(cn2) : pr.gamma;
-    float sq = kvq__tq_put_norm(t, &t->ns, p, scale);
+    float sq = kvq__tq_put_norm_avx2(t, &t->ns, p, scale);
     if (sk)
         kvq__tq_sketch_avx2(c, p, ub, cvb, pr.gamma, sq);
 }
