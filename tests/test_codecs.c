@@ -8,6 +8,8 @@
  */
 #include "testutil.h"
 
+#include <float.h>
+
 static const char *all_codecs[] = {"f32",   "f16",      "bf16",  "int8",     "int8:g=8", "int4",
                                    "int4:g=8", "int2",  "int2:g=8", "tq1",   "tq2",      "tq3",
                                    "tq4",   "tq3:nc=0", "tq3:norm=8", "tqp2", "tqp3",   "tqp4",
@@ -402,11 +404,41 @@ static void test_alloc_failures(void) {
         }
 }
 
+/* The NaN/Inf check before encoding, at every position of the SIMD blocks
+ * and the scalar tail, against values that are large or tiny but finite. */
+static void test_finite_check(void) {
+    const size_t d = 37, n = 3, m = n * d; /* 111 floats: three 32-value blocks and a tail */
+    kvq_codec *c = NULL;
+    CHECK_OK(kvq_codec_create(&c, "f32", d, NULL));
+    if (!c)
+        return;
+    float x[111];
+    uint8_t out[111 * 4];
+    const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
+    const float good[] = {FLT_MAX, -FLT_MAX, 1e-45f, -0.0f, 1e30f};
+    size_t wrong = 0;
+    for (size_t p = 0; p < m; p++) {
+        for (size_t i = 0; i < m; i++)
+            x[i] = (float)i - 50.0f;
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            x[p] = bad[b];
+            wrong += kvq_codec_encode(c, out, sizeof out, x, n) != KVQ_ERR_NONFINITE;
+        }
+        for (size_t g = 0; g < sizeof good / sizeof good[0]; g++) {
+            x[p] = good[g];
+            wrong += kvq_codec_encode(c, out, sizeof out, x, n) != KVQ_OK;
+        }
+    }
+    TU_REPORT(wrong == 0, "finite check: %zu positions/values misjudged", wrong);
+    kvq_codec_free(c);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_errors();
     test_spec_parsing();
     test_half_floats();
+    test_finite_check();
     test_all_codecs();
     test_alloc_failures();
     return tu_finish();

@@ -423,6 +423,32 @@ KVQ__AI void kvq__tq_q8(const kvq__tq_qk *k, int kb, __m256 u, uint8_t *out, flo
                                          _mm256_and_ps(u, k->sign)));
 }
 
+/* kvq__tq_q8 for kb = 3 without centroids, on two consecutive groups u0,
+ * u1 (16 values): their 6 index bytes at out. Masks of both groups are
+ * joined to 16 bits, so the counts take one popcount per plane and the
+ * bytes two stores. */
+KVQ__AI void kvq__tq_q16_kb3(const kvq__tq_qk *k, __m256 u0, __m256 u1, uint8_t *out,
+                             kvq__tq_cnt *cnt) {
+    const uint32_t(*sp)[256] = kvq__tq_spread[1];
+    __m256 a0 = _mm256_andnot_ps(k->sign, u0), a1 = _mm256_andnot_ps(k->sign, u1);
+    unsigned ns = (unsigned)_mm256_movemask_ps(u0) | (unsigned)_mm256_movemask_ps(u1) << 8;
+    unsigned c1 = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a0, k->t1, _CMP_GE_OQ)) |
+                  (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a1, k->t1, _CMP_GE_OQ)) << 8;
+    unsigned c2 = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a0, k->t2, _CMP_GE_OQ)) |
+                  (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a1, k->t2, _CMP_GE_OQ)) << 8;
+    unsigned c3 = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a0, k->t3, _CMP_GE_OQ)) |
+                  (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a1, k->t3, _CMP_GE_OQ)) << 8;
+    cnt->n0 += (uint32_t)__builtin_popcount(c1);
+    cnt->n1 += (uint32_t)__builtin_popcount(c2);
+    cnt->n10 += (uint32_t)__builtin_popcount(c3);
+    unsigned p0 = c1 ^ c2 ^ c3 ^ ns, p1 = c2 ^ ns, p2 = ns ^ 0xffffu;
+    uint64_t w = (uint64_t)(sp[0][p0 & 255] | sp[1][p1 & 255] | sp[2][p2 & 255]) |
+                 (uint64_t)(sp[0][p0 >> 8] | sp[1][p1 >> 8] | sp[2][p2 >> 8]) << 24;
+    uint32_t lo = (uint32_t)w;
+    memcpy(out, &lo, 4);
+    kvq__st16(out + 4, (uint16_t)(w >> 32));
+}
+
 /* kvq__tq_lanes_sum of the lanes of v, in the same order. */
 KVQ__AI double kvq__tq_lanes_sum_avx2(__m256 v) {
     __m256d a = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
@@ -476,66 +502,86 @@ static void kvq__tq_sketch_avx2(const kvq_codec *c, uint8_t *p, float *u, const 
     }
 }
 
-/* Per-vector state between the two halves of the pipelined encoder. */
-typedef struct {
-    double gamma;
-    float inv;
-    int fast; /* 0: the norm is outside the fast range (scalar encoder) */
-} kvq__tq_pre;
+/* The encoder works on blocks of up to KVQ__TQ_EB vectors so that the
+ * double-precision square roots and divisions (kept for bit-exactness with
+ * the reference) run four lanes at a time: one latency chain per block
+ * instead of two per vector. */
+#define KVQ__TQ_EB 4
 
-/* First half for vector x: the norm and, for the FWHT, every stage below
- * h = 64 into buf. Independent of the previous vector's second half, so
- * its sqrt and division overlap that work. */
-KVQ__AI kvq__tq_pre kvq__tq_enc_pre(const kvq__tq *t, size_t d, const float *x, float *buf) {
-    kvq__tq_pre r;
-    __m256 ss = _mm256_setzero_ps();
-    if (t->pow2) {
-        kvq__tq_fwht_blocks(buf, x, t->sflip, &ss, d);
-    } else {
-        for (size_t j = 0; j < d; j += 8) {
-            __m256 xv = _mm256_loadu_ps(x + j);
-            ss = _mm256_add_ps(ss, _mm256_mul_ps(xv, xv));
+typedef struct {
+    double gamma[KVQ__TQ_EB];
+    float inv[KVQ__TQ_EB];
+    int fast[KVQ__TQ_EB]; /* 0: the norm is outside the fast range (scalar encoder) */
+} kvq__tq_blk;
+
+/* First half for the m <= KVQ__TQ_EB vectors at x: norms and, for the FWHT,
+ * every stage below h = 64 into buf + i * KVQ__MAX_HEAD_DIM. */
+KVQ__AI void kvq__tq_enc_pre(const kvq__tq *t, size_t d, const float *x, size_t m, float *buf,
+                             kvq__tq_blk *b) {
+    _Alignas(32) double g2[KVQ__TQ_EB] = {1.0, 1.0, 1.0, 1.0};
+    for (size_t i = 0; i < m; i++) {
+        const float *xi = x + i * d;
+        __m256 ss = _mm256_setzero_ps();
+        if (t->pow2) {
+            kvq__tq_fwht_blocks(buf + i * KVQ__MAX_HEAD_DIM, xi, t->sflip, &ss, d);
+        } else {
+            for (size_t j = 0; j < d; j += 8) {
+                __m256 xv = _mm256_loadu_ps(xi + j);
+                ss = _mm256_add_ps(ss, _mm256_mul_ps(xv, xv));
+            }
         }
+        g2[i] = kvq__tq_lanes_sum_avx2(ss);
+        b->fast[i] = g2[i] >= 0x1p-100 && g2[i] <= 0x1p100;
     }
-    double g2 = kvq__tq_lanes_sum_avx2(ss);
-    r.fast = g2 >= 0x1p-100 && g2 <= 0x1p100;
-    r.gamma = sqrt(g2);
-    r.inv = t->pow2 ? (float)(1.0 / (sqrt((double)d) * r.gamma)) : (float)(1.0 / r.gamma);
-    return r;
+    /* gamma = sqrt(g2); inv = (float)(1 / (sqrt(d) gamma)) or (float)(1 / gamma) */
+    __m256d gm = _mm256_sqrt_pd(_mm256_load_pd(g2));
+    __m256d den = t->pow2 ? _mm256_mul_pd(_mm256_set1_pd(sqrt((double)d)), gm) : gm;
+    _mm256_storeu_pd(b->gamma, gm);
+    _mm_storeu_ps(b->inv, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), den)));
 }
 
-/* Second half: the remaining rotation, quantization and the stored norms. */
-KVQ__AI void kvq__tq_enc_post(const kvq_codec *c, const kvq__tq_qk *k, kvq__tq_pre pr,
-                              const float *x, float *buf, uint8_t *p, int kb, int sk) {
+/* Second half for vector i of a block: the remaining rotation and the
+ * quantization; returns sum_j c_j^2 of its centroids (for the norm
+ * correction). tqp (sk) also stores its norms and sketch here. */
+KVQ__AI double kvq__tq_enc_post(const kvq_codec *c, const kvq__tq_qk *k, const kvq__tq_blk *bl,
+                                size_t i, float *buf, uint8_t *p, int kb, int sk) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t d = c->d, ng = d / 8;
     _Alignas(32) float ub[KVQ__MAX_HEAD_DIM];
     _Alignas(32) float cvb[KVQ__MAX_HEAD_DIM];
-    if (!pr.fast) {
-        kvq__tq_encode_one(c, p, x);
-        return;
-    }
     uint8_t *ix = p + t->off_idx;
     kvq__tq_cnt cnt = {0, 0, 0, _mm256_setzero_si256()};
-    __m256 vi = _mm256_set1_ps(pr.inv);
+    __m256 vi = _mm256_set1_ps(bl->inv[i]);
     if (t->pow2 && d > 64) {
         if (d > 128)
             kvq__tq_fwht_passes(buf, d, 64, d / 2);
         const size_t hg = ng / 2; /* the last stage, fused with quantization */
-        for (size_t g = 0; g < hg; g++) {
-            __m256 a = _mm256_load_ps(buf + 8 * g), b = _mm256_load_ps(buf + 8 * (g + hg));
-            __m256 u0 = _mm256_mul_ps(_mm256_add_ps(a, b), vi);
-            __m256 u1 = _mm256_mul_ps(_mm256_fnmadd_ps(b, _mm256_set1_ps(1.0f), a), vi);
-            if (sk) {
-                _mm256_store_ps(ub + 8 * g, u0);
-                _mm256_store_ps(ub + 8 * (g + hg), u1);
+        if (kb == 3 && !sk) { /* pairs of groups g, g + 1 and g + hg, g + hg + 1 */
+            const __m256 one = _mm256_set1_ps(1.0f);
+            for (size_t g = 0; g < hg; g += 2) {
+                __m256 a = _mm256_load_ps(buf + 8 * g), b = _mm256_load_ps(buf + 8 * (g + hg));
+                __m256 a2 = _mm256_load_ps(buf + 8 * g + 8);
+                __m256 b2 = _mm256_load_ps(buf + 8 * (g + hg) + 8);
+                kvq__tq_q16_kb3(k, _mm256_mul_ps(_mm256_add_ps(a, b), vi),
+                                _mm256_mul_ps(_mm256_add_ps(a2, b2), vi), ix + 3 * g, &cnt);
+                kvq__tq_q16_kb3(k, _mm256_mul_ps(_mm256_fnmadd_ps(b, one, a), vi),
+                                _mm256_mul_ps(_mm256_fnmadd_ps(b2, one, a2), vi),
+                                ix + 3 * (g + hg), &cnt);
             }
-            kvq__tq_q8(k, kb, u0, ix + g * kb, sk ? cvb + 8 * g : NULL, &cnt);
-            kvq__tq_q8(k, kb, u1, ix + (g + hg) * kb, sk ? cvb + 8 * (g + hg) : NULL, &cnt);
+        } else {
+            for (size_t g = 0; g < hg; g++) {
+                __m256 a = _mm256_load_ps(buf + 8 * g), b = _mm256_load_ps(buf + 8 * (g + hg));
+                __m256 u0 = _mm256_mul_ps(_mm256_add_ps(a, b), vi);
+                __m256 u1 = _mm256_mul_ps(_mm256_fnmadd_ps(b, _mm256_set1_ps(1.0f), a), vi);
+                if (sk) {
+                    _mm256_store_ps(ub + 8 * g, u0);
+                    _mm256_store_ps(ub + 8 * (g + hg), u1);
+                }
+                kvq__tq_q8(k, kb, u0, ix + g * kb, sk ? cvb + 8 * g : NULL, &cnt);
+                kvq__tq_q8(k, kb, u1, ix + (g + hg) * kb, sk ? cvb + 8 * (g + hg) : NULL, &cnt);
+            }
         }
     } else {
-        if (!t->pow2)
-            kvq__tq_matvec_avx2(t->rot, d, buf, x);
         for (size_t g = 0; g < ng; g++) {
             __m256 u = _mm256_mul_ps(_mm256_load_ps(buf + 8 * g), vi);
             if (sk)
@@ -544,28 +590,60 @@ KVQ__AI void kvq__tq_enc_post(const kvq_codec *c, const kvq__tq_qk *k, kvq__tq_p
         }
     }
     double cn2 = (double)kvq__tq_cnt_total(t, &cnt, d, kb) * t->msq_unit;
-    double scale = c->nc ? pr.gamma / sqrt(cn2) : pr.gamma;
-    float sq = kvq__tq_put_norm_avx2(t, &t->ns, p, scale);
-    if (sk)
-        kvq__tq_sketch_avx2(c, p, ub, cvb, pr.gamma, sq);
+    if (sk) {
+        const double gamma = bl->gamma[i];
+        float sq = kvq__tq_put_norm_avx2(t, &t->ns, p, c->nc ? gamma / sqrt(cn2) : gamma);
+        kvq__tq_sketch_avx2(c, p, ub, cvb, gamma, sq);
+    }
+    return cn2;
 }
 
 /* Encoder for d % 8 == 0 and fixed kb / sketch (inlined per pair). */
 KVQ__AI void kvq__tq_encode_kb(const kvq_codec *c, uint8_t *dst, const float *src, size_t nv,
                                int kb, int sk) {
     const kvq__tq *t = (const kvq__tq *)c->state;
-    const size_t d = c->d;
-    _Alignas(32) float buf[2][KVQ__MAX_HEAD_DIM];
+    const size_t d = c->d, vb = c->bytes;
+    _Alignas(32) float buf[KVQ__TQ_EB * KVQ__MAX_HEAD_DIM];
     kvq__tq_qk k;
     kvq__tq_qk_init(&k, t);
-    if (nv == 0)
-        return;
-    kvq__tq_pre pr = kvq__tq_enc_pre(t, d, src, buf[0]);
-    for (size_t v = 0; v < nv; v++) {
-        kvq__tq_pre cur = pr;
-        if (v + 1 < nv)
-            pr = kvq__tq_enc_pre(t, d, src + (v + 1) * d, buf[(v + 1) & 1]);
-        kvq__tq_enc_post(c, &k, cur, src + v * d, buf[v & 1], dst + v * c->bytes, kb, sk);
+    for (size_t v0 = 0; v0 < nv; v0 += KVQ__TQ_EB) {
+        const size_t m = KVQ__MIN(KVQ__TQ_EB, nv - v0);
+        const float *x = src + v0 * d;
+        uint8_t *p = dst + v0 * vb;
+        kvq__tq_blk bl;
+        kvq__tq_enc_pre(t, d, x, m, buf, &bl);
+        _Alignas(32) double cn2[KVQ__TQ_EB] = {1.0, 1.0, 1.0, 1.0};
+        for (size_t i = 0; i < m; i++) {
+            float *bi = buf + i * KVQ__MAX_HEAD_DIM;
+            if (!bl.fast[i]) {
+                kvq__tq_encode_one(c, p + i * vb, x + i * d);
+            } else {
+                if (!t->pow2)
+                    kvq__tq_matvec_avx2(t->rot, d, bi, x + i * d);
+                cn2[i] = kvq__tq_enc_post(c, &k, &bl, i, bi, p + i * vb, kb, sk);
+            }
+        }
+        if (sk)
+            continue;
+        /* the stored norms of the block: gamma / sqrt(cn2) (nc) or gamma */
+        __m256d sc = _mm256_loadu_pd(bl.gamma);
+        if (c->nc)
+            sc = _mm256_div_pd(sc, _mm256_sqrt_pd(_mm256_load_pd(cn2)));
+        if (t->nb == 2) { /* kvq__tq_put_norm_avx2, four at once */
+            __m128 f = _mm256_cvtpd_ps(_mm256_min_pd(sc, _mm256_set1_pd(65504.0)));
+            __m128i h = _mm_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT);
+            _Alignas(16) uint16_t hv[8];
+            _mm_store_si128((__m128i *)(void *)hv, h);
+            for (size_t i = 0; i < m; i++)
+                if (bl.fast[i])
+                    kvq__st16(p + i * vb, hv[i]);
+        } else {
+            _Alignas(32) double sv[KVQ__TQ_EB];
+            _mm256_store_pd(sv, sc);
+            for (size_t i = 0; i < m; i++)
+                if (bl.fast[i])
+                    kvq__tq_put_norm(t, &t->ns, p + i * vb, sv[i]);
+        }
     }
 }
 
