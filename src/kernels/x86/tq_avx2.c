@@ -1001,7 +1001,16 @@ KVQ__BMI KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t os
         const float *qb = (const float *)qp + i * qs;
         float *o = out + i * ostride;
         size_t k = 0;
-        if ((kb == 3 || kb == 4) && !t->sketch)
+        if ((kb == 3 || kb == 4) && !t->sketch) {
+            if (kb == 3 && d == 128 && t->nb == 2) { /* the common shape: fixed loops */
+                for (; k + 2 <= direct; k += 2) {
+                    const uint8_t *p = keys + k * vb;
+                    float sa, sb;
+                    kvq__tq_lut_dot2(qb + lo, p + oi, p + vb + oi, 128, kb, &sa, &sb);
+                    o[k] = sa * _cvtsh_ss(kvq__ld16(p));
+                    o[k + 1] = sb * _cvtsh_ss(kvq__ld16(p + vb));
+                }
+            }
             for (; k + 2 <= direct; k += 2) {
                 const uint8_t *p = keys + k * vb;
                 float sa, sb;
@@ -1009,6 +1018,7 @@ KVQ__BMI KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t os
                 o[k] = sa * kvq__tq_norm_avx2(t, &t->ns, p);
                 o[k + 1] = sb * kvq__tq_norm_avx2(t, &t->ns, p + vb);
             }
+        }
         for (; k < n; k++) {
             const uint8_t *p = keys + k * vb;
             if (k >= direct) {
