@@ -79,6 +79,8 @@ for k in ("memcpy_gbps", "head_dim", "count", "data", "threads", "isa", "results
     assert k in d, k
 assert d["head_dim"] == 64 and d["count"] == 512 and d["threads"] == 1 and d["data"] == "gauss"
 assert d["memcpy_gbps"] > 0 and d["memcpy_hot_gbps"] > 0
+p = d["peers"]  # q8_0/q4_0 baselines of the same run; their kernels are checked in the tool
+assert p["q4_0_dot_rows_per_s"] > 0 and p["q8_0_quantize_gbps"] > 0 and 0.001 < p["q4_0_nmse"] < 0.05
 r = d["results"]
 assert [x["codec"] for x in r] == ["f32", "f16", "bf16", "nuq3"], r
 for x in r:

@@ -20,6 +20,7 @@
 
 #include "benchlib.h"
 #include "npy.h"
+#include "peers.h"
 #include "tool.h"
 
 #include <errno.h>
@@ -500,7 +501,7 @@ out:
 /* ---- output ---- */
 
 static void bc_print_header(const bc_opts *o, const bc_env *e, const char *cpu, double memcpy_gbps,
-                            double memcpy_hot_gbps, double f32_kps) {
+                            double memcpy_hot_gbps, double f32_kps, const kvqp_result *pr) {
     printf("kvq bench codecs: %zu vectors of head_dim %zu, data %s, seed %llu\n",
            e->nfit + e->nmeas, e->d, o->data, (unsigned long long)o->seed);
     printf(
@@ -511,6 +512,11 @@ static void bc_print_header(const bc_opts *o, const bc_env *e, const char *cpu, 
            "(hot %.2f) | f32 score %.2f Mkeys/s\n",
            cpu, kvq_isa_name(e->isa), e->cfg.min_reps, e->cfg.reps, memcpy_gbps, memcpy_hot_gbps,
            f32_kps * 1e-6);
+    if (pr->ok)
+        printf("  ggml block formats, kernels written here (%s): q8_0 quantize %.2f GB/s (hot %.2f), "
+               "q4_0 quantize %.2f GB/s (hot %.2f), q4_0.q8_0 dot %.1f M rows/s, q4_0 nmse %.4f\n",
+               pr->avx2 ? "avx2" : "scalar", pr->q8_quant_gbps, pr->q8_quant_hot_gbps,
+               pr->q4_quant_gbps, pr->q4_quant_hot_gbps, pr->q4_dot_rows_per_s * 1e-6, pr->q4_nmse);
     printf("  nmse = sum|x-x'|^2/sum|x|^2; ip_rmse, ip_bias = RMS and mean of <q,x'>-<q,x> over "
            "RMS <q,x> (%d Gaussian queries, via score); ip_slope = regression of <q,x'> on <q,x>\n",
            BC_NQ_ERR);
@@ -541,8 +547,8 @@ static void bc_print_row(const bc_row *r, double f32_kps) {
 }
 
 static void bc_print_json(const bc_opts *o, const bc_env *e, const char *cpu, double memcpy_gbps,
-                          double memcpy_hot_gbps, double f32_kps, const bc_row *rows,
-                          size_t nrows) {
+                          double memcpy_hot_gbps, double f32_kps, const kvqp_result *pr,
+                          const bc_row *rows, size_t nrows) {
     printf("{\"memcpy_gbps\": ");
     kvqb_json_num(stdout, memcpy_gbps);
     printf(", \"memcpy_hot_gbps\": ");
@@ -558,6 +564,27 @@ static void bc_print_json(const bc_opts *o, const bc_env *e, const char *cpu, do
            "\"max_reps\": %d, \"f32_score_kps\": ",
            (unsigned long long)o->seed, e->nfit, e->nmeas, e->cfg.min_reps, e->cfg.reps);
     kvqb_json_num(stdout, f32_kps);
+    if (pr->ok) {
+        const struct {
+            const char *k;
+            double v;
+        } pf[] = {
+            {"q8_0_quantize_gbps", pr->q8_quant_gbps},
+            {"q8_0_quantize_hot_gbps", pr->q8_quant_hot_gbps},
+            {"q4_0_quantize_gbps", pr->q4_quant_gbps},
+            {"q4_0_quantize_hot_gbps", pr->q4_quant_hot_gbps},
+            {"q4_0_dot_rows_per_s", pr->q4_dot_rows_per_s},
+            {"q4_0_nmse", pr->q4_nmse},
+        };
+        printf(", \"peers\": {\"isa\": ");
+        kvqb_json_str(stdout, pr->avx2 ? "avx2" : "scalar");
+        for (size_t k = 0; k < sizeof pf / sizeof pf[0]; k++) {
+            printf(", \"%s\": ", pf[k].k);
+            kvqb_json_num(stdout, pf[k].v);
+        }
+        printf(", \"note\": \"ggml q8_0/q4_0 block formats with kernels written in kvq (not "
+               "llama.cpp's code), measured in this run\"}");
+    }
     printf(", \"note\": \"codecs that need fitting are fitted on the first fit_count vectors; all "
            "metrics are measured on the other measure_count vectors\", \"results\": [");
     for (size_t i = 0; i < nrows; i++) {
@@ -829,6 +856,9 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
     mx.op = BC_OP_MEMCPY_HOT;
     if (bc_time(&mx, &tm) == 0)
         memcpy_hot_gbps = kvqb_rate((double)bc_hot_total(n) * (double)d * 4.0, tm) * 1e-9;
+    kvqp_result peers;
+    if (kvqp_measure(e.meas, n, d, e.q, &e.cfg, e.isa != KVQ_ISA_SCALAR, &peers) != 0)
+        memset(&peers, 0, sizeof peers);
     {
         char msg[256] = "";
         kvq_status st;
@@ -850,7 +880,7 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
     char cpu[128];
     kvqb_cpu_name(cpu, sizeof cpu);
     if (!o.json && !o.csv)
-        bc_print_header(&o, &e, cpu, memcpy_gbps, memcpy_hot_gbps, f32_kps);
+        bc_print_header(&o, &e, cpu, memcpy_gbps, memcpy_hot_gbps, f32_kps, &peers);
     if (o.csv)
         bc_print_csv_header();
     int failed = 0;
@@ -864,7 +894,7 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
             bc_print_row(&rows[i], f32_kps);
     }
     if (o.json)
-        bc_print_json(&o, &e, cpu, memcpy_gbps, memcpy_hot_gbps, f32_kps, rows, nrows);
+        bc_print_json(&o, &e, cpu, memcpy_gbps, memcpy_hot_gbps, f32_kps, &peers, rows, nrows);
     else if (failed && !o.csv)
         printf("\nsome codecs failed (see their rows)\n");
     if (failed)
