@@ -176,21 +176,42 @@ KVQP_AVX2 static void kvqp_q4_avx2(uint8_t *dst, const float *x, size_t nblk) {
     }
 }
 
-KVQP_AVX2 static float kvqp_dot_avx2(const uint8_t *row, const uint8_t *q8, size_t nblk) {
+/* One q4_0 block against one q8_0 block: the int32 lanes of sum (q4-8) q8. */
+KVQP_AVX2 static inline __m256i kvqp_blk_avx2(const uint8_t *bx4, const uint8_t *by8) {
     const __m256i lo4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t b = 0; b < nblk; b++, row += KVQP_Q4_BYTES, q8 += KVQP_Q8_BYTES) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)bx4);
+    __m256i bx = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    bx = _mm256_sub_epi8(_mm256_and_si256(bx, lo4), eight);
+    __m256i by = _mm256_loadu_si256((const __m256i *)(const void *)by8);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(bx, bx), _mm256_sign_epi8(by, bx)),
+                             ones);
+}
+
+/* Two blocks per step with two sums (the FMA latency of one overlaps the
+ * other); scales through F16C. */
+KVQP_AVX2 static float kvqp_dot_avx2(const uint8_t *row, const uint8_t *q8, size_t nblk) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    size_t b = 0;
+    for (; b + 2 <= nblk; b += 2, row += 2 * KVQP_Q4_BYTES, q8 += 2 * KVQP_Q8_BYTES) {
+        uint16_t h[4];
+        memcpy(&h[0], row, 2);
+        memcpy(&h[1], row + KVQP_Q4_BYTES, 2);
+        memcpy(&h[2], q8, 2);
+        memcpy(&h[3], q8 + KVQP_Q8_BYTES, 2);
+        __m128 f = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)h));
+        __m128 dd = _mm_mul_ps(f, _mm_movehl_ps(f, f)); /* dx0 dy0, dx1 dy1 */
+        a0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(kvqp_blk_avx2(row + 2, q8 + 2)), a0);
+        a1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                             _mm256_cvtepi32_ps(kvqp_blk_avx2(row + KVQP_Q4_BYTES + 2, q8 + KVQP_Q8_BYTES + 2)), a1);
+    }
+    for (; b < nblk; b++, row += KVQP_Q4_BYTES, q8 += KVQP_Q8_BYTES) {
         uint16_t hx, hy;
         memcpy(&hx, row, 2);
         memcpy(&hy, q8, 2);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(row + 2));
-        __m256i bx = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-        bx = _mm256_sub_epi8(_mm256_and_si256(bx, lo4), eight);
-        __m256i by = _mm256_loadu_si256((const __m256i *)(const void *)(q8 + 2));
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(bx, bx), _mm256_sign_epi8(by, bx)), ones);
-        __m256 dd = _mm256_set1_ps(_cvtsh_ss(hx) * _cvtsh_ss(hy));
-        acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), acc);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(hx) * _cvtsh_ss(hy)),
+                             _mm256_cvtepi32_ps(kvqp_blk_avx2(row + 2, q8 + 2)), a0);
     }
+    __m256 acc = _mm256_add_ps(a0, a1);
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
