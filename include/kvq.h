@@ -166,8 +166,9 @@ KVQ_API kvq_status kvq_codec_decode(const kvq_codec *codec, float *dst, size_t d
 /* Fused score: for n_q float queries (n_q * head_dim floats) and the
  * n_keys = keys_size / vector_bytes encoded keys, scores[i * n_keys + j] =
  * <q_i, key_j> computed on the encoded bytes (each key is decoded once for
- * all queries). The SIMD paths may quantize the query to int8 (int codecs);
- * their error against the scalar path is bounded in tests/. */
+ * all queries). The SIMD paths may quantize the query to int8 (int codecs)
+ * or the query and codebook to int16 (tq4); their error against the scalar
+ * path is bounded in tests/. */
 KVQ_API kvq_status kvq_codec_score(const kvq_codec *codec, float *scores, size_t scores_capacity,
                                    const float *q, size_t n_q, const void *keys, size_t keys_size);
 

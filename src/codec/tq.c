@@ -369,6 +369,17 @@ static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
         return KVQ_ERR_NOMEM;
     }
     kvq__tq_xtab_fill(t);
+    if (t->kb == 4) { /* cent[15] = -cent[0] is the largest magnitude */
+        double cm = fabs((double)t->cent[15]);
+        t->c16_scale = cm > 0.0 ? (float)(cm / KVQ__TQ_C16_MAX) : 1.0f;
+        for (int l = 0; l < 16; l++) {
+            long v = lround((double)t->cent[l] / (double)t->c16_scale);
+            v = v > KVQ__TQ_C16_MAX ? KVQ__TQ_C16_MAX : v < -KVQ__TQ_C16_MAX ? -KVQ__TQ_C16_MAX : v;
+            uint16_t u = (uint16_t)(int16_t)v;
+            t->c16lo[l] = (uint8_t)(u & 0xff);
+            t->c16hi[l] = (uint8_t)(u >> 8);
+        }
+    }
     kvq_status st = kvq__tq_rotation_init(&c->alloc, t, d, c->seed);
     if (st != KVQ_OK) {
         if (err && err_size)

@@ -61,6 +61,11 @@ typedef struct kvq__tq {
     float *xtab;      /* decode table of the AVX2 attention kernels (2048 floats): packed
                          index bits -> centroids (tq1: 1 byte -> 8, tq2: 1 byte -> 4,
                          tq3: 6 bits -> 2, tq4: 1 byte -> 2); built once per codec */
+    /* tq4: the codebook as int16 c16[l] = round(cent[l] / c16_scale), |c16| <=
+     * KVQ__TQ_C16_MAX, as low and high bytes for byte shuffles (AVX2 score
+     * with an int16 query, see tq_avx2.c) */
+    uint8_t c16lo[16], c16hi[16];
+    float c16_scale;
     kvq__tq_ncode ns; /* scale code (norm=8) */
     kvq__tq_ncode nr; /* tqp residual norm code (norm=8) */
 } kvq__tq;
@@ -107,6 +112,11 @@ static inline size_t kvq__tq_lut_floats(int kb, size_t d) {
     int cpf = kvq__tq_lut_coords(kb);
     return (d / (size_t)cpf) << (cpf * kb);
 }
+
+/* tq4 int16 score: codebook and query codes are at most this in magnitude,
+ * so 128 products sum without overflow in an int32 lane:
+ * 128 * 8191 * 8191 < 2^31. */
+#define KVQ__TQ_C16_MAX 8191
 
 /* ---- tq.c ---- */
 #define KVQ__TQ_XTAB_FLOATS 2048

@@ -18,7 +18,9 @@
  * score uses per-query lookup tables built by prep (tq_impl.h): one float
  * load and add per 1, 2 or 8 coordinates, with BMI1 bextr field extraction
  * (tq3 and tq4: two keys at a time, sixteen independent sums). It is not
- * bit-exact (other summation order). decode expands 8 indices at
+ * bit-exact (other summation order). tq4 with d % 32 == 0 instead looks
+ * its nibbles up 32 at a time with vpshufb in an int16 codebook and dots
+ * them with an int16 query (see "tq4 score through byte shuffles"). decode expands 8 indices at
  * a time with a variable shift and a permute of the codebook (two permutes
  * and a blend for 16 entries); 3-bit groups are read 4 or 8 bytes at a
  * time, and the last tq3 vector of a call is copied to a padded buffer so
@@ -36,6 +38,7 @@
 #include "simd_avx2.h"
 
 #define KVQ__AI static inline __attribute__((always_inline))
+#define KVQ__UNROLL4 _Pragma("GCC unroll 4")
 /* BMI1 (bextr) for the score lookups: every CPU with the BMI2 that this
  * directory is compiled for has it. */
 #define KVQ__BMI __attribute__((target("bmi")))
@@ -1115,8 +1118,139 @@ KVQ__AI void kvq__tq_score_mq_kb(const kvq_codec *c, float *out, size_t ostride,
     }
 }
 
+/* ---- tq4 score through byte shuffles (d % 32 == 0) ----
+ * Four-bit indices are nibbles, so vpshufb looks up 32 centroids at once in
+ * the codebook held as int16 (t->c16lo / c16hi, one table per byte); vpmaddwd
+ * dots them with the query quantized to int16 (prep: one scale per query,
+ * codes within +-KVQ__TQ_C16_MAX, stored in the order the shuffles produce
+ * centroids). About 8 vector operations per 32 coordinates and no table
+ * loads, against 32 scalar lookups. The int16 codebook and query cost a
+ * relative error of about 1e-5 of |q||k| (tests bound it); int32 sums are
+ * turned to float every 128 coordinates, below overflow. */
+
+/* The query of a prepared block as int16 codes; their scale (times
+ * c16_scale) follows the d codes. */
+static void kvq__tq4_prep_q16(const kvq__tq *t, size_t d, const float *qr, int16_t *q16) {
+    __m256 mx = _mm256_setzero_ps();
+    for (size_t j = 0; j < d; j += 8)
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(kvq__tq_signmask(), _mm256_load_ps(qr + j)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    float s = m > 0.0f ? (float)KVQ__TQ_C16_MAX / m : 0.0f;
+    for (size_t k = 0; k < d; k += 32) /* [even 0..14, odd 1..15], [even 16..30, odd 17..31] */
+        for (size_t i = 0; i < 8; i++) {
+            q16[k + i] = (int16_t)lrintf(qr[k + 2 * i] * s);
+            q16[k + 8 + i] = (int16_t)lrintf(qr[k + 2 * i + 1] * s);
+            q16[k + 16 + i] = (int16_t)lrintf(qr[k + 16 + 2 * i] * s);
+            q16[k + 24 + i] = (int16_t)lrintf(qr[k + 17 + 2 * i] * s);
+        }
+    float sc = m > 0.0f ? m / (float)KVQ__TQ_C16_MAX * t->c16_scale : 0.0f;
+    memcpy(q16 + d, &sc, sizeof sc);
+}
+
+/* The 32 centroids (int16) of the 16 index bytes at ix: a = even
+ * coordinates 0..14 | odd 1..15, b = even 16..30 | odd 17..31. */
+KVQ__AI void kvq__tq4_c16x32(__m256i tlo, __m256i thi, const uint8_t *ix, __m256i *a, __m256i *b) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)ix);
+    const __m256i v =
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+    const __m256i lo = _mm256_shuffle_epi8(tlo, v), hi = _mm256_shuffle_epi8(thi, v);
+    *a = _mm256_unpacklo_epi8(lo, hi);
+    *b = _mm256_unpackhi_epi8(lo, hi);
+}
+
+/* One key against up to four int16 queries (q0..q3; repeats for fewer):
+ * float lane sums in f[0..3]. */
+KVQ__AI void kvq__tq4_key(__m256i tlo, __m256i thi, const uint8_t *ix, const int16_t *const *q,
+                          size_t d, const int nq4, __m256 *f) {
+    KVQ__UNROLL4 for (int i = 0; i < nq4; i++) f[i] = _mm256_setzero_ps();
+    for (size_t k0 = 0; k0 < d; k0 += 128) {
+        __m256i acc[4];
+        KVQ__UNROLL4 for (int i = 0; i < nq4; i++) acc[i] = _mm256_setzero_si256();
+        const size_t end = KVQ__MIN(d, k0 + 128);
+        KVQ__UNROLL4 for (size_t k = k0; k < end; k += 32) {
+            __m256i a, b;
+            kvq__tq4_c16x32(tlo, thi, ix + k / 2, &a, &b);
+            KVQ__UNROLL4 for (int i = 0; i < nq4; i++) {
+                const __m256i *qv = (const __m256i *)(const void *)(q[i] + k);
+                acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(_mm256_madd_epi16(a, _mm256_load_si256(qv)),
+                                                                   _mm256_madd_epi16(b, _mm256_load_si256(qv + 1))));
+            }
+        }
+        KVQ__UNROLL4 for (int i = 0; i < nq4; i++) f[i] = _mm256_add_ps(f[i], _mm256_cvtepi32_ps(acc[i]));
+    }
+}
+
+static void kvq__tq4_score(const kvq_codec *c, float *out, size_t ostride, const void *qp, size_t nq,
+                           const uint8_t *keys, size_t n) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d, qs = c->qp_bytes / 4, lo = kvq__round64(d * 4) / 4, vb = c->bytes;
+    const size_t oi = t->off_idx;
+    const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t->c16lo));
+    const __m256i thi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t->c16hi));
+    if (nq == 1) { /* four keys per reduction */
+        const int16_t *q16 = (const int16_t *)(const void *)((const float *)qp + lo);
+        float qsc;
+        memcpy(&qsc, q16 + d, sizeof qsc);
+        size_t k = 0;
+        for (; k + 4 <= n; k += 4) {
+            const uint8_t *p = keys + k * vb;
+            __m256 f0, f1, f2, f3;
+            kvq__tq4_key(tlo, thi, p + oi, &q16, d, 1, &f0);
+            kvq__tq4_key(tlo, thi, p + vb + oi, &q16, d, 1, &f1);
+            kvq__tq4_key(tlo, thi, p + 2 * vb + oi, &q16, d, 1, &f2);
+            kvq__tq4_key(tlo, thi, p + 3 * vb + oi, &q16, d, 1, &f3);
+            __m128 nr = _mm_setr_ps(kvq__tq_norm_avx2(t, &t->ns, p), kvq__tq_norm_avx2(t, &t->ns, p + vb),
+                                    kvq__tq_norm_avx2(t, &t->ns, p + 2 * vb),
+                                    kvq__tq_norm_avx2(t, &t->ns, p + 3 * vb));
+            _mm_storeu_ps(out + k, _mm_mul_ps(_mm_mul_ps(kvq__hsum4x256(f0, f1, f2, f3), nr), _mm_set1_ps(qsc)));
+        }
+        for (; k < n; k++) {
+            const uint8_t *p = keys + k * vb;
+            __m256 f0, z = _mm256_setzero_ps();
+            kvq__tq4_key(tlo, thi, p + oi, &q16, d, 1, &f0);
+            out[k] = _mm_cvtss_f32(kvq__hsum4x256(f0, z, z, z)) * kvq__tq_norm_avx2(t, &t->ns, p) * qsc;
+        }
+        return;
+    }
+    for (size_t i0 = 0; i0 < nq; i0 += 4) { /* each key decoded once per group of four queries */
+        const size_t m = KVQ__MIN(4, nq - i0);
+        const int16_t *q[4];
+        float qsc[4];
+        for (size_t i = 0; i < 4; i++) {
+            q[i] = (const int16_t *)(const void *)((const float *)qp + (i0 + (i < m ? i : 0)) * qs + lo);
+            memcpy(&qsc[i], q[i] + d, sizeof qsc[i]);
+        }
+        const __m128 qv = _mm_loadu_ps(qsc);
+        for (size_t k = 0; k < n; k++) {
+            const uint8_t *p = keys + k * vb;
+            __m256 f[4];
+            if (m == 4 && d == 128) {
+                kvq__tq4_key(tlo, thi, p + oi, q, 128, 4, f);
+            } else if (m == 4) {
+                kvq__tq4_key(tlo, thi, p + oi, q, d, 4, f);
+            } else {
+                kvq__tq4_key(tlo, thi, p + oi, q, d, 2, f);
+                f[2] = f[3] = _mm256_setzero_ps();
+                if (m == 3)
+                    kvq__tq4_key(tlo, thi, p + oi, q + 2, d, 1, f + 2);
+            }
+            float r[4];
+            _mm_storeu_ps(r, _mm_mul_ps(_mm_mul_ps(kvq__hsum4x256(f[0], f[1], f[2], f[3]), qv),
+                                        _mm_set1_ps(kvq__tq_norm_avx2(t, &t->ns, p))));
+            for (size_t i = 0; i < m; i++)
+                out[(i0 + i) * ostride + k] = r[i];
+        }
+    }
+}
+
 KVQ__BMI static void kvq__tq_score_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
                                size_t nq, const uint8_t *keys, size_t n) {
+    if (((const kvq__tq *)c->state)->kb == 4 && c->d % 32 == 0) {
+        kvq__tq4_score(c, out, ostride, qp, nq, keys, n);
+        return;
+    }
     if (nq > 1) {
         switch (((const kvq__tq *)c->state)->kb) {
         case 1:
@@ -1167,7 +1301,11 @@ static void kvq__tq_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
     }
     if (t->sketch)
         kvq__tq_matvec_avx2(t->skm, d, qr + kvq__round64(d * 4) / 4, qr);
-    kvq__tq_lut_build(t, d, qr, qr + (t->sketch ? 2 : 1) * (kvq__round64(d * 4) / 4));
+    float *tail = qr + (t->sketch ? 2 : 1) * (kvq__round64(d * 4) / 4);
+    if (t->kb == 4 && d % 32 == 0)
+        kvq__tq4_prep_q16(t, d, qr, (int16_t *)(void *)tail);
+    else
+        kvq__tq_lut_build(t, d, qr, tail);
 }
 
 static void kvq__tq_finish_avx2(const kvq_codec *c, float *out, const float *acc) {
