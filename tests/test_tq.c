@@ -393,9 +393,9 @@ static void compare_paths(const char *spec, size_t d, tu_rng *r, size_t *idx_mis
     }
     TU_REPORT(worst <= 1e-6, "%s d=%zu decode: max |avx2 - scalar| / ||x_hat|| = %.3g", spec, d, worst);
 
-    /* score and accumulate on odd key counts, 1, 3, 4 and 5 queries */
+    /* score and accumulate on odd key counts, 1 to 5 queries */
     static const size_t ns[] = {1, 3, 7, 31, 33, 127};
-    static const size_t nqs[] = {1, 3, 4, 5};
+    static const size_t nqs[] = {1, 2, 3, 4, 5};
     float *q = (float *)malloc((5 * d + 1) * sizeof(float)) + 1;
     float *w = (float *)malloc((5 * n + 1) * sizeof(float)) + 1;
     float *sa = (float *)malloc(5 * n * sizeof(float)), *sb = (float *)malloc((5 * n + 1) * sizeof(float)) + 1;

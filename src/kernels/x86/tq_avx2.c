@@ -1369,6 +1369,44 @@ KVQ__AI void kvq__tq_accum_kb(const kvq_codec *c, float *acc, size_t astride, co
                   *a3 = m > 3 ? a0 + 3 * astride : a0;
             float *rows[4] = {a0, a1, a2, a3};
             size_t g = 0;
+            if (m == 1) { /* one row: four groups per pass over the keys, no idle rows */
+                for (; g + 4 <= ng; g += 4) {
+                    __m256 x0 = _mm256_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
+                    const size_t off = g * (size_t)kb;
+                    for (size_t kk = 0; kk < kn; kk++) {
+                        const uint8_t *pk = ptr[kk] + off;
+                        __m256 wk = _mm256_broadcast_ss(&sw[0][kk]);
+                        x0 = _mm256_fmadd_ps(wk, kvq__tq_xcent8(x, pk, kb), x0);
+                        x1 = _mm256_fmadd_ps(wk, kvq__tq_xcent8(x, pk + kb, kb), x1);
+                        x2 = _mm256_fmadd_ps(wk, kvq__tq_xcent8(x, pk + 2 * kb, kb), x2);
+                        x3 = _mm256_fmadd_ps(wk, kvq__tq_xcent8(x, pk + 3 * kb, kb), x3);
+                    }
+                    float *ar = a0 + 8 * g;
+                    _mm256_storeu_ps(ar, _mm256_add_ps(_mm256_loadu_ps(ar), x0));
+                    _mm256_storeu_ps(ar + 8, _mm256_add_ps(_mm256_loadu_ps(ar + 8), x1));
+                    _mm256_storeu_ps(ar + 16, _mm256_add_ps(_mm256_loadu_ps(ar + 16), x2));
+                    _mm256_storeu_ps(ar + 24, _mm256_add_ps(_mm256_loadu_ps(ar + 24), x3));
+                }
+            }
+            if (m == 2) { /* two rows, two groups per pass */
+                for (; g + 2 <= ng; g += 2) {
+                    __m256 x0 = _mm256_setzero_ps(), x1 = x0, y0 = x0, y1 = x0;
+                    const size_t off = g * (size_t)kb;
+                    for (size_t kk = 0; kk < kn; kk++) {
+                        __m256 cz = kvq__tq_xcent8(x, ptr[kk] + off, kb);
+                        __m256 cy = kvq__tq_xcent8(x, ptr[kk] + off + (size_t)kb, kb);
+                        __m256 w0 = _mm256_broadcast_ss(&sw[0][kk]), w1 = _mm256_broadcast_ss(&sw[1][kk]);
+                        x0 = _mm256_fmadd_ps(w0, cz, x0);
+                        y0 = _mm256_fmadd_ps(w0, cy, y0);
+                        x1 = _mm256_fmadd_ps(w1, cz, x1);
+                        y1 = _mm256_fmadd_ps(w1, cy, y1);
+                    }
+                    _mm256_storeu_ps(a0 + 8 * g, _mm256_add_ps(_mm256_loadu_ps(a0 + 8 * g), x0));
+                    _mm256_storeu_ps(a0 + 8 * g + 8, _mm256_add_ps(_mm256_loadu_ps(a0 + 8 * g + 8), y0));
+                    _mm256_storeu_ps(a1 + 8 * g, _mm256_add_ps(_mm256_loadu_ps(a1 + 8 * g), x1));
+                    _mm256_storeu_ps(a1 + 8 * g + 8, _mm256_add_ps(_mm256_loadu_ps(a1 + 8 * g + 8), y1));
+                }
+            }
             for (; g + 2 <= ng; g += 2) {
                 __m256 x0 = _mm256_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
                 __m256 y0 = x0, y1 = x0, y2 = x0, y3 = x0;
