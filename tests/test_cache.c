@@ -94,15 +94,6 @@ static void naive_attend(size_t H, size_t QH, size_t d, size_t n, const float *K
     free(sc);
 }
 
-static double rel_err(const float *a, const float *b, size_t n) {
-    double e = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        s += (double)b[i] * b[i];
-    }
-    return sqrt(e / (s + 1e-30));
-}
-
 static kvq_cache *make_cache(kvq_cache_config *cfg) {
     kvq_cache *c = NULL;
     char msg[200] = "";
@@ -148,7 +139,7 @@ static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, double
                      s->pos, q, qps[qi], ref);
         /* the decoded keys are pre-RoPE when the cache stores them so */
         naive_attend(H, QH, d, n, K, V, kp, q, qps[qi], ref2);
-        double e1 = rel_err(out, ref, QH * d), e2 = rel_err(out, ref2, QH * d);
+        double e1 = tu_rel_err(out, ref, QH * d), e2 = tu_rel_err(out, ref2, QH * d);
         worst1 = fmax(worst1, e1);
         worst2 = fmax(worst2, e2);
     }
@@ -171,6 +162,30 @@ static void base_cfg(kvq_cache_config *cfg, const seqdata *s, const char *kc, co
     cfg->v_codec = vc;
 }
 
+/* A cache made with cfg, filled with s in chunks of `chunk` tokens (pre-RoPE
+ * keys when prerope), its attention on `layer` checked as check_attention
+ * does, then freed; nothing more when creation fails (make_cache reports
+ * it). */
+static void check_filled(kvq_cache_config *cfg, const seqdata *s, int prerope, size_t chunk,
+                         size_t layer, double tol_exact, double tol_decoded, const char *what,
+                         tu_rng *r) {
+    kvq_cache *c = make_cache(cfg);
+    if (!c)
+        return;
+    fill_cache(c, s, prerope, chunk);
+    check_attention(c, s, layer, tol_exact, tol_decoded, what, r);
+    kvq_cache_free(c);
+}
+
+/* The start of most tests: a random sequence s (L layers, H KV heads, QH
+ * query heads, head_dim d, n tokens; free it with free_seq) and cfg set to
+ * its shape with codecs kc and vc. */
+static void seq_and_cfg(seqdata *s, kvq_cache_config *cfg, size_t L, size_t H, size_t QH, size_t d,
+                        size_t n, const char *kc, const char *vc, tu_rng *r) {
+    make_seq(s, L, H, QH, d, n, r);
+    base_cfg(cfg, s, kc, vc);
+}
+
 static void test_exact_and_codecs(tu_rng *r) {
     const size_t shapes[][3] = {{2, 8, 16}, {1, 4, 32}, {4, 4, 8}, {2, 6, 64}}; /* H, QH, d */
     for (size_t si = 0; si < 4; si++) {
@@ -178,14 +193,9 @@ static void test_exact_and_codecs(tu_rng *r) {
         make_seq(&s, 2, shapes[si][0], shapes[si][1], shapes[si][2], 75, r);
         kvq_cache_config cfg;
         base_cfg(&cfg, &s, "f32", "f32");
-        kvq_cache *c = make_cache(&cfg);
-        if (c) {
-            fill_cache(c, &s, 0, 7);
-            char what[64];
-            snprintf(what, sizeof what, "f32 H=%zu QH=%zu d=%zu", s.H, s.QH, s.d);
-            check_attention(c, &s, 1, 1e-5, 1e-5, what, r);
-            kvq_cache_free(c);
-        }
+        char what[96];
+        snprintf(what, sizeof what, "f32 H=%zu QH=%zu d=%zu", s.H, s.QH, s.d);
+        check_filled(&cfg, &s, 0, 7, 1, 1e-5, 1e-5, what, r);
         /* every codec: close to exact, and matching its own decoded K/V */
         const char *codecs[][3] = {{"f16", "f16", "2e-3"},   {"bf16", "bf16", "2e-2"},
                                    {"int8", "int8", "2e-2"}, {"int4", "int4", "0.25"},
@@ -194,15 +204,9 @@ static void test_exact_and_codecs(tu_rng *r) {
         for (size_t ci = 0; ci < 8; ci++) {
             base_cfg(&cfg, &s, codecs[ci][0], codecs[ci][1]);
             cfg.page_tokens = 8;
-            c = make_cache(&cfg);
-            if (!c)
-                continue;
-            fill_cache(c, &s, 0, 75);
-            char what[96];
             snprintf(what, sizeof what, "%s/%s H=%zu QH=%zu d=%zu", codecs[ci][0], codecs[ci][1],
                      s.H, s.QH, s.d);
-            check_attention(c, &s, 0, atof(codecs[ci][2]), 2e-2, what, r);
-            kvq_cache_free(c);
+            check_filled(&cfg, &s, 0, 75, 0, atof(codecs[ci][2]), 2e-2, what, r);
         }
         free_seq(&s);
     }
@@ -210,45 +214,24 @@ static void test_exact_and_codecs(tu_rng *r) {
 
 static void test_window_prerope_center_chan(tu_rng *r) {
     seqdata s;
-    make_seq(&s, 2, 2, 4, 16, 90, r);
     kvq_cache_config cfg;
     /* recent window: the newest R tokens in f16, the rest int8 */
-    base_cfg(&cfg, &s, "int8", "int8");
+    seq_and_cfg(&s, &cfg, 2, 2, 4, 16, 90, "int8", "int8", r);
     cfg.recent_window = 20;
-    kvq_cache *c = make_cache(&cfg);
-    if (c) {
-        fill_cache(c, &s, 0, 9);
-        check_attention(c, &s, 1, 2e-2, 2e-3, "int8 + recent window 20", r);
-        kvq_cache_free(c);
-    }
+    check_filled(&cfg, &s, 0, 9, 1, 2e-2, 2e-3, "int8 + recent window 20", r);
     /* pre-RoPE keys in f32: exactly the post-RoPE result */
     base_cfg(&cfg, &s, "f32", "f32");
     cfg.k_prerope = 1;
-    c = make_cache(&cfg);
-    if (c) {
-        fill_cache(c, &s, 1, 13);
-        check_attention(c, &s, 0, 1e-5, 0, "f32 pre-RoPE", r);
-        kvq_cache_free(c);
-    }
+    check_filled(&cfg, &s, 1, 13, 0, 1e-5, 0, "f32 pre-RoPE", r);
     /* centring is exact in f32 */
     base_cfg(&cfg, &s, "f32", "f32");
     cfg.k_center = 1;
-    c = make_cache(&cfg);
-    if (c) {
-        fill_cache(c, &s, 0, 30);
-        check_attention(c, &s, 1, 1e-5, 1e-5, "f32 centred", r);
-        kvq_cache_free(c);
-    }
+    check_filled(&cfg, &s, 0, 30, 1, 1e-5, 1e-5, "f32 centred", r);
     /* centring + pre-RoPE + tq keys */
     base_cfg(&cfg, &s, "tq4", "tq4");
     cfg.k_center = 1;
     cfg.k_prerope = 1;
-    c = make_cache(&cfg);
-    if (c) {
-        fill_cache(c, &s, 1, 30);
-        check_attention(c, &s, 1, 0.25, 0, "tq4 centred pre-RoPE", r);
-        kvq_cache_free(c);
-    }
+    check_filled(&cfg, &s, 1, 30, 1, 0.25, 0, "tq4 centred pre-RoPE", r);
     /* channel layout int8 keys, pages of 16: partial page stays f16 */
     const char *ck[] = {"int8", "int4", "int3", "int2"};
     const double ct[] = {2e-2, 0.2, 0.35, 0.7};
@@ -256,14 +239,9 @@ static void test_window_prerope_center_chan(tu_rng *r) {
         base_cfg(&cfg, &s, ck[i], "int8");
         cfg.k_layout = KVQ_LAYOUT_CHANNEL;
         cfg.k_prerope = i >= 2;
-        c = make_cache(&cfg);
-        if (c) {
-            fill_cache(c, &s, cfg.k_prerope, 11);
-            char what[64];
-            snprintf(what, sizeof what, "channel %s%s", ck[i], cfg.k_prerope ? " pre-RoPE" : "");
-            check_attention(c, &s, 1, ct[i], cfg.k_prerope ? 0 : 2e-2, what, r);
-            kvq_cache_free(c);
-        }
+        char what[64];
+        snprintf(what, sizeof what, "channel %s%s", ck[i], cfg.k_prerope ? " pre-RoPE" : "");
+        check_filled(&cfg, &s, cfg.k_prerope, 11, 1, ct[i], cfg.k_prerope ? 0 : 2e-2, what, r);
     }
     base_cfg(&cfg, &s, "tq3", "int8");
     cfg.k_layout = KVQ_LAYOUT_CHANNEL;
@@ -274,9 +252,8 @@ static void test_window_prerope_center_chan(tu_rng *r) {
 
 static void test_precision_switch(tu_rng *r) {
     seqdata s;
-    make_seq(&s, 2, 2, 4, 32, 50, r);
     kvq_cache_config cfg;
-    base_cfg(&cfg, &s, "f16", "f16");
+    seq_and_cfg(&s, &cfg, 2, 2, 4, 32, 50, "f16", "f16", r);
     kvq_cache *c = make_cache(&cfg);
     if (!c)
         return;
@@ -303,9 +280,8 @@ static void test_precision_switch(tu_rng *r) {
 
 static void test_threads(tu_rng *r) {
     seqdata s;
-    make_seq(&s, 1, 4, 8, 64, 70, r);
     kvq_cache_config cfg;
-    base_cfg(&cfg, &s, "tq3", "int4");
+    seq_and_cfg(&s, &cfg, 1, 4, 8, 64, 70, "tq3", "int4", r);
     kvq_cache *a = make_cache(&cfg);
     cfg.n_threads = 3;
     kvq_cache *b = make_cache(&cfg);
@@ -493,9 +469,8 @@ static void test_accounting_and_failures(tu_rng *r) {
 
 static void test_bad_input(tu_rng *r) {
     seqdata s;
-    make_seq(&s, 1, 2, 4, 8, 10, r);
     kvq_cache_config cfg;
-    base_cfg(&cfg, &s, "int8", "int8");
+    seq_and_cfg(&s, &cfg, 1, 2, 4, 8, 10, "int8", "int8", r);
     cfg.max_tokens = 10;
     kvq_cache *c = make_cache(&cfg);
     if (!c)

@@ -161,6 +161,29 @@ static void fill_bytes(tu_rng *r, uint8_t *p, size_t n) {
         p[i] = (uint8_t)tu_next(r);
 }
 
+/* Closes s and opens url again: the index is rebuilt from the segments. */
+static kvq_store *reopen(kvq_store *s, const char *url) {
+    kvq_store_close(s);
+    return open_ok(url);
+}
+
+/* A fresh store directory NAME (in dir) opened through the URL
+ * "file:DIR?query" (in url). */
+static kvq_store *open_fresh_url(char *dir, size_t dn, char *url, size_t un, const char *name,
+                                 const char *query) {
+    fresh_dir(dir, dn, name);
+    snprintf(url, un, "file:%s?%s", dir, query);
+    return open_ok(url);
+}
+
+/* What a store should be after a reopen with nothing torn or corrupt. */
+static void check_clean(kvq_store *s, uint64_t records) {
+    kvq_store_metrics m = stats_of(s);
+    CHECK_EQ(m.torn_tails, 0);
+    CHECK_EQ(m.corrupt_skipped, 0);
+    CHECK_EQ(m.records, records);
+}
+
 /* ---------------------------------------------------------------- records */
 
 typedef struct {
@@ -477,10 +500,7 @@ static void test_file_basic(void) {
     CHECK(has_value(s, "alps/2", "yy", 2));
     CHECK_STATUS(get_status(s, "beta"), KVQ_ERR_RANGE);
     CHECK_STATUS(get_status(s, longkey), KVQ_ERR_RANGE);
-    m = stats_of(s);
-    CHECK_EQ(m.records, 4);
-    CHECK_EQ(m.torn_tails, 0);
-    CHECK_EQ(m.corrupt_skipped, 0);
+    check_clean(s, 4);
     /* a listing callback may delete what it is given */
     memset(&a, 0, sizeof a);
     a.del_from = s;
@@ -575,18 +595,28 @@ static void test_file_torn(void) {
         CHECK(has_value(s, "b", val + 1, 200));
         CHECK_STATUS(get_status(s, "c"), KVQ_ERR_RANGE);
         CHECK_OK(kvq_store_put(s, "d", val + 3, 50));
-        kvq_store_close(s);
-        s = open_ok(dir);
+        s = reopen(s, dir);
         if (!s)
             return;
-        m = stats_of(s);
-        CHECK_EQ(m.torn_tails, 0);
-        CHECK_EQ(m.corrupt_skipped, 0);
-        CHECK_EQ(m.records, 3);
+        check_clean(s, 3);
         CHECK(has_value(s, "d", val + 3, 50));
         CHECK(has_value(s, "a", val, 100));
         kvq_store_close(s);
     }
+}
+
+/* A fresh store NAME (in dir) holding a (100 bytes of val), b (150) and c
+ * (120), closed again; 0 when it could not be opened. */
+static int write_abc(char *dir, size_t dn, const char *name, const uint8_t *val) {
+    fresh_dir(dir, dn, name);
+    kvq_store *s = open_ok(dir);
+    if (!s)
+        return 0;
+    CHECK_OK(kvq_store_put(s, "a", val, 100));
+    CHECK_OK(kvq_store_put(s, "b", val + 1, 150));
+    CHECK_OK(kvq_store_put(s, "c", val + 2, 120));
+    kvq_store_close(s);
+    return 1;
 }
 
 static void test_file_corrupt(void) {
@@ -598,17 +628,11 @@ static void test_file_corrupt(void) {
     long off_b = (long)entry_len("a", 100), off_c = off_b + (long)entry_len("b", 150);
 
     /* a corrupt value in the middle: skipped, the rest is scanned */
-    fresh_dir(dir, sizeof dir, "corrupt");
-    kvq_store *s = open_ok(dir);
-    if (!s)
+    if (!write_abc(dir, sizeof dir, "corrupt", val))
         return;
-    CHECK_OK(kvq_store_put(s, "a", val, 100));
-    CHECK_OK(kvq_store_put(s, "b", val + 1, 150));
-    CHECK_OK(kvq_store_put(s, "c", val + 2, 120));
-    kvq_store_close(s);
     seg_path(seg, sizeof seg, dir, 1);
     CHECK_OK(xor_byte(seg, off_b + KVQ__SEG_HDR + 1 + 70, 0x08));
-    s = open_ok(dir);
+    kvq_store *s = open_ok(dir);
     if (!s)
         return;
     kvq_store_metrics m = stats_of(s);
@@ -618,8 +642,7 @@ static void test_file_corrupt(void) {
     CHECK(has_value(s, "c", val + 2, 120));
     CHECK_STATUS(get_status(s, "b"), KVQ_ERR_RANGE); /* never the corrupt bytes */
     CHECK_OK(kvq_store_put(s, "b", val + 3, 10));    /* appends go on after c */
-    kvq_store_close(s);
-    s = open_ok(dir);
+    s = reopen(s, dir);
     if (!s)
         return;
     CHECK(has_value(s, "b", val + 3, 10));
@@ -639,14 +662,8 @@ static void test_file_corrupt(void) {
 
     /* a corrupt header in the middle of the last segment: the scan stops there,
      * appends move to a new segment, nothing after the bad header is trusted */
-    fresh_dir(dir, sizeof dir, "corrupt2");
-    s = open_ok(dir);
-    if (!s)
+    if (!write_abc(dir, sizeof dir, "corrupt2", val))
         return;
-    CHECK_OK(kvq_store_put(s, "a", val, 100));
-    CHECK_OK(kvq_store_put(s, "b", val + 1, 150));
-    CHECK_OK(kvq_store_put(s, "c", val + 2, 120));
-    kvq_store_close(s);
     CHECK_OK(xor_byte(seg_path(seg, sizeof seg, dir, 1), off_b + 9, 0x01)); /* b's length */
     long before = file_size(seg);
     s = open_ok(dir);
@@ -660,8 +677,7 @@ static void test_file_corrupt(void) {
     CHECK_STATUS(get_status(s, "b"), KVQ_ERR_RANGE);
     CHECK_OK(kvq_store_put(s, "d", val + 5, 33));
     CHECK_EQ(stats_of(s).segments, 2);
-    kvq_store_close(s);
-    s = open_ok(dir);
+    s = reopen(s, dir);
     if (!s)
         return;
     CHECK(has_value(s, "a", val, 100));
@@ -671,10 +687,8 @@ static void test_file_corrupt(void) {
 
     /* a corrupt middle entry in an older segment, and garbage files around */
     (void)off_c;
-    fresh_dir(dir, sizeof dir, "corrupt3");
     char url[400];
-    snprintf(url, sizeof url, "file:%s?segment_bytes=4096", dir);
-    s = open_ok(url);
+    s = open_fresh_url(dir, sizeof dir, url, sizeof url, "corrupt3", "segment_bytes=4096");
     if (!s)
         return;
     for (int i = 0; i < 40; i++) {
@@ -776,10 +790,7 @@ static void test_file_faults(void) {
     s = open_ok(dir);
     if (!s)
         return;
-    m = stats_of(s);
-    CHECK_EQ(m.torn_tails, 0);
-    CHECK_EQ(m.corrupt_skipped, 0);
-    CHECK_EQ(m.records, 3);
+    check_clean(s, 3);
     CHECK(has_value(s, "k", v2, 3000));
     CHECK(has_value(s, "other", v1 + 1, 10));
     CHECK(has_value(s, "s2", "y", 1));
@@ -797,8 +808,7 @@ static void test_file_faults(void) {
     CHECK_OK(kvq_store_inject_fault(s, KVQ_FAULT_NONE, 0));
     CHECK_OK(kvq_store_put(s, "big", v1, 5000));
     CHECK(has_value(s, "big", v1, 5000));
-    kvq_store_close(s);
-    s = open_ok(url);
+    s = reopen(s, url);
     if (!s)
         return;
     m = stats_of(s);
@@ -819,9 +829,8 @@ static void test_file_many(void) {
     static size_t off[N], len[N];
     static int live[N];
     char dir[300], url[400], key[32];
-    fresh_dir(dir, sizeof dir, "many");
-    snprintf(url, sizeof url, "file:%s?segment_bytes=65536&compact_min=0", dir);
-    kvq_store *s = open_ok(url);
+    kvq_store *s = open_fresh_url(dir, sizeof dir, url, sizeof url, "many",
+                                  "segment_bytes=65536&compact_min=0");
     if (!s)
         return;
     int fails = 0;
@@ -867,8 +876,7 @@ static void test_file_many(void) {
         for (int i = 3; i < N; i += 7)
             want3 += live[i];
         CHECK_EQ(a.n, want3);
-        kvq_store_close(s);
-        s = open_ok(url); /* second pass: after a reopen */
+        s = reopen(s, url); /* second pass: after a reopen */
         if (!s)
             return;
     }
@@ -881,8 +889,7 @@ static void test_file_many(void) {
     CHECK_OK(kvq_store_put(s, "big/2", bv + 1, big - 1));
     CHECK(has_value(s, "big/1", bv, 200000));
     CHECK(has_value(s, "big/2", bv + 1, big - 1));
-    kvq_store_close(s);
-    s = open_ok(url);
+    s = reopen(s, url);
     if (s) {
         CHECK(has_value(s, "big/2", bv + 1, big - 1));
         CHECK(has_value(s, "big/1", bv, 200000));
@@ -891,15 +898,25 @@ static void test_file_many(void) {
     free(bv);
 }
 
+/* How many of key0..key11 do not hold the 1000 bytes at pool + last[k]. */
+static int wrong_keys(kvq_store *s, const uint8_t *pool, const size_t *last) {
+    char key[32];
+    int bad = 0;
+    for (int k = 0; k < 12; k++) {
+        snprintf(key, sizeof key, "key%d", k);
+        bad += !has_value(s, key, pool + last[k], 1000);
+    }
+    return bad;
+}
+
 static void test_file_compaction(void) {
     tu_rng rng;
     tu_seed(&rng, 9);
     static uint8_t pool[20000];
     fill_bytes(&rng, pool, sizeof pool);
     char dir[300], url[400], key[32];
-    fresh_dir(dir, sizeof dir, "compact");
-    snprintf(url, sizeof url, "file:%s?segment_bytes=16384&compact_min=65536", dir);
-    kvq_store *s = open_ok(url);
+    kvq_store *s = open_fresh_url(dir, sizeof dir, url, sizeof url, "compact",
+                                  "segment_bytes=16384&compact_min=65536");
     if (!s)
         return;
     size_t last[12];
@@ -922,23 +939,12 @@ static void test_file_compaction(void) {
     CHECK_EQ(m.live_bytes, 12000);
     CHECK_EQ(count_files(dir, ".tmp"), 0);
     CHECK_EQ((uint64_t)count_files(dir, ".log"), m.segments);
-    int bad = 0;
-    for (int k = 0; k < 12; k++) {
-        snprintf(key, sizeof key, "key%d", k);
-        bad += !has_value(s, key, pool + last[k], 1000);
-    }
-    CHECK_EQ(bad, 0);
+    CHECK_EQ(wrong_keys(s, pool, last), 0);
     CHECK_STATUS(get_status(s, "temp"), KVQ_ERR_RANGE);
-    kvq_store_close(s);
-    s = open_ok(url);
+    s = reopen(s, url);
     if (!s)
         return;
-    bad = 0;
-    for (int k = 0; k < 12; k++) {
-        snprintf(key, sizeof key, "key%d", k);
-        bad += !has_value(s, key, pool + last[k], 1000);
-    }
-    CHECK_EQ(bad, 0);
+    CHECK_EQ(wrong_keys(s, pool, last), 0);
     CHECK_STATUS(get_status(s, "temp"), KVQ_ERR_RANGE);
     m = stats_of(s);
     CHECK_EQ(m.torn_tails + m.corrupt_skipped, 0);
@@ -962,23 +968,12 @@ static void test_file_compaction(void) {
     CHECK_EQ(fails, 0);
     CHECK(nospace > 0);
     CHECK_OK(kvq_store_inject_fault(s, KVQ_FAULT_NONE, 0));
-    bad = 0;
-    for (int k = 0; k < 12; k++) {
-        snprintf(key, sizeof key, "key%d", k);
-        bad += !has_value(s, key, pool + last[k], 1000);
-    }
-    CHECK_EQ(bad, 0);
+    CHECK_EQ(wrong_keys(s, pool, last), 0);
     CHECK_EQ(count_files(dir, ".tmp"), 0);
-    kvq_store_close(s);
-    s = open_ok(url);
+    s = reopen(s, url);
     if (!s)
         return;
-    bad = 0;
-    for (int k = 0; k < 12; k++) {
-        snprintf(key, sizeof key, "key%d", k);
-        bad += !has_value(s, key, pool + last[k], 1000);
-    }
-    CHECK_EQ(bad, 0);
+    CHECK_EQ(wrong_keys(s, pool, last), 0);
     CHECK_EQ(stats_of(s).torn_tails + stats_of(s).corrupt_skipped, 0);
     kvq_store_close(s);
 }

@@ -18,28 +18,24 @@
 
 static float K[N * H * D], V[N * H * D];
 
+/* The shape every cache of this test has (2 layers, H KV heads, QH query
+ * heads, head_dim D, room for N + 100 tokens), with codecs kc and vc. */
+static void tier_cfg(kvq_cache_config *cfg, const char *kc, const char *vc) {
+    kvq_cache_config_init(cfg);
+    cfg->n_layers = 2, cfg->n_kv_heads = H, cfg->n_q_heads = QH, cfg->head_dim = D;
+    cfg->max_tokens = N + 100, cfg->k_codec = kc, cfg->v_codec = vc;
+}
+
 static kvq_cache *mk(kvq_store *store, size_t hot, size_t warm, const char *warm_codec,
                      kvq_allocator *al) {
     kvq_cache_config cfg;
-    kvq_cache_config_init(&cfg);
-    cfg.n_layers = 2, cfg.n_kv_heads = H, cfg.n_q_heads = QH, cfg.head_dim = D;
-    cfg.max_tokens = N + 100;
-    cfg.k_codec = "int8", cfg.v_codec = "int8";
+    tier_cfg(&cfg, "int8", "int8");
     cfg.protect_recent = 32;
     cfg.hot_tokens = hot, cfg.warm_tokens = warm, cfg.warm_codec = warm_codec;
     cfg.cold_store = store, cfg.verify_tiers = 1, cfg.allocator = al;
     kvq_cache *c = NULL;
     CHECK_OK(kvq_cache_create(&c, &cfg));
     return c;
-}
-
-static double rel(const float *a, const float *b, size_t n) {
-    double e = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        s += (double)b[i] * b[i];
-    }
-    return sqrt(e / (s + 1e-30));
 }
 
 /* Runs the same appends/attends on c and an all-hot reference; returns the
@@ -59,7 +55,7 @@ static double drive(kvq_cache *c, kvq_cache *ref, tu_rng *r, int *fail_st) {
                 continue;
             }
             CHECK_OK(kvq_cache_attend(ref, l, q, &qp, 1, o2, QH * D, NULL, 0));
-            worst = fmax(worst, rel(o1, o2, QH * D));
+            worst = fmax(worst, tu_rel_err(o1, o2, QH * D));
         }
     }
     return worst;
@@ -79,6 +75,45 @@ static void compare_kv(kvq_cache *c, kvq_cache *ref) {
         CHECK(memcmp(va, vb, n1 * H * D * 4) == 0);
         free(a), free(b), free(va), free(vb);
     }
+}
+
+/* Scenarios 3 and 4 of run_store: a cache with 64 hot tokens per layer over
+ * store s and an all-hot reference are driven through the sequence; then,
+ * with `fault` (KVQ_FAULT_READ or KVQ_FAULT_DISCONNECT) injected, one attend
+ * on `layer` fails, and the next ones give exactly the reference's output
+ * with no page lost (after a disconnect, the same K/V too). */
+static void fault_on_attend(kvq_store *s, int fault, size_t layer, const char *name, tu_rng *r) {
+    int is_read = fault == KVQ_FAULT_READ;
+    kvq_cache *c = mk(s, 64, 0, NULL, NULL), *ref = mk(NULL, 0, 0, NULL, NULL);
+    int fst = 0;
+    drive(c, ref, r, &fst);
+    kvq_status fs = kvq_store_inject_fault(s, fault, 0);
+    if (fs == KVQ_OK) {
+        float q[QH * D], o1[QH * D], o2[QH * D];
+        tu_fill_gauss(r, q, QH * D, 1.0f);
+        int32_t qp = 10000;
+        kvq_status as = kvq_cache_attend(c, layer, q, &qp, 1, o1, QH * D, NULL, 0);
+        if (is_read) {
+            CHECK(as != KVQ_OK);
+            kvq_store_inject_fault(s, KVQ_FAULT_NONE, 0);
+        } else {
+            TU_REPORT(as == KVQ_ERR_CONN, "%s: attend over a dropped connection gave %s", name,
+                      kvq_strerror(as));
+        }
+        CHECK_OK(kvq_cache_attend(c, layer, q, &qp, 1, o1, QH * D, NULL, 0));
+        CHECK_OK(kvq_cache_attend(ref, layer, q, &qp, 1, o2, QH * D, NULL, 0));
+        CHECK(tu_rel_err(o1, o2, QH * D) == 0.0);
+        if (!is_read)
+            compare_kv(c, ref);
+        kvq_tier_stats ts;
+        CHECK_OK(kvq_cache_tier_stats(c, &ts));
+        CHECK_EQ(ts.lost_pages, 0);
+    } else {
+        printf("%s: no %s fault injection (%s)\n", name, is_read ? "READ" : "DISCONNECT",
+               kvq_strerror(fs));
+    }
+    kvq_cache_free(c);
+    kvq_cache_free(ref);
 }
 
 static void run_store(const char *url, const char *name, tu_rng *r) {
@@ -145,54 +180,10 @@ static void run_store(const char *url, const char *name, tu_rng *r) {
     kvq_cache_free(ref);
 
     /* 3. a read error on promotion fails attend cleanly; after it, all is well */
-    c = mk(s, 64, 0, NULL, NULL);
-    ref = mk(NULL, 0, 0, NULL, NULL);
-    fst = 0;
-    drive(c, ref, r, &fst);
-    fs = kvq_store_inject_fault(s, KVQ_FAULT_READ, 0);
-    if (fs == KVQ_OK) {
-        float q[QH * D], o1[QH * D], o2[QH * D];
-        tu_fill_gauss(r, q, QH * D, 1.0f);
-        int32_t qp = 10000;
-        kvq_status as = kvq_cache_attend(c, 0, q, &qp, 1, o1, QH * D, NULL, 0);
-        CHECK(as != KVQ_OK);
-        kvq_store_inject_fault(s, KVQ_FAULT_NONE, 0);
-        CHECK_OK(kvq_cache_attend(c, 0, q, &qp, 1, o1, QH * D, NULL, 0));
-        CHECK_OK(kvq_cache_attend(ref, 0, q, &qp, 1, o2, QH * D, NULL, 0));
-        CHECK(rel(o1, o2, QH * D) == 0.0);
-        CHECK_OK(kvq_cache_tier_stats(c, &ts));
-        CHECK_EQ(ts.lost_pages, 0);
-    } else {
-        printf("%s: no READ fault injection (%s)\n", name, kvq_strerror(fs));
-    }
-    kvq_cache_free(c);
-    kvq_cache_free(ref);
-
+    fault_on_attend(s, KVQ_FAULT_READ, 0, name, r);
     /* 4. a dropped connection (a Redis restart) fails one call cleanly; the
      * next call reconnects and everything is still there */
-    c = mk(s, 64, 0, NULL, NULL);
-    ref = mk(NULL, 0, 0, NULL, NULL);
-    fst = 0;
-    drive(c, ref, r, &fst);
-    fs = kvq_store_inject_fault(s, KVQ_FAULT_DISCONNECT, 0);
-    if (fs == KVQ_OK) {
-        float q[QH * D], o1[QH * D], o2[QH * D];
-        tu_fill_gauss(r, q, QH * D, 1.0f);
-        int32_t qp = 10000;
-        kvq_status as = kvq_cache_attend(c, 1, q, &qp, 1, o1, QH * D, NULL, 0);
-        TU_REPORT(as == KVQ_ERR_CONN, "%s: attend over a dropped connection gave %s", name,
-                  kvq_strerror(as));
-        CHECK_OK(kvq_cache_attend(c, 1, q, &qp, 1, o1, QH * D, NULL, 0));
-        CHECK_OK(kvq_cache_attend(ref, 1, q, &qp, 1, o2, QH * D, NULL, 0));
-        CHECK(rel(o1, o2, QH * D) == 0.0);
-        compare_kv(c, ref);
-        CHECK_OK(kvq_cache_tier_stats(c, &ts));
-        CHECK_EQ(ts.lost_pages, 0);
-    } else {
-        printf("%s: no DISCONNECT fault injection (%s)\n", name, kvq_strerror(fs));
-    }
-    kvq_cache_free(c);
-    kvq_cache_free(ref);
+    fault_on_attend(s, KVQ_FAULT_DISCONNECT, 1, name, r);
     kvq_store_close(s);
 }
 
@@ -255,6 +246,18 @@ static void test_warm_codec_and_drop(tu_rng *r) {
     kvq_cache_free(ref);
 }
 
+/* Three caches with cfg (NULL where creation failed); the first n tokens of
+ * K and V appended on both layers of the first. */
+static void three_caches(const kvq_cache_config *cfg, size_t n, kvq_cache **a, kvq_cache **b,
+                         kvq_cache **c) {
+    *a = *b = *c = NULL;
+    CHECK_OK(kvq_cache_create(a, cfg));
+    CHECK_OK(kvq_cache_create(b, cfg));
+    CHECK_OK(kvq_cache_create(c, cfg));
+    for (size_t l = 0; l < 2; l++)
+        CHECK_OK(kvq_cache_append(*a, l, K, V, NULL, n));
+}
+
 /* Snapshots restore bit-identical pages (same K/V, same attention); a
  * prefix of the tokens restores only those; prefix caching loads the
  * leading full pages of a matching token sequence. */
@@ -268,16 +271,10 @@ static void test_snapshot_prefix(const char *url, tu_rng *r) {
     for (int ci = 0; ci < 2; ci++) {
         for (int recent = 0; recent < 2; recent++) {
             kvq_cache_config cfg;
-            kvq_cache_config_init(&cfg);
-            cfg.n_layers = 2, cfg.n_kv_heads = H, cfg.n_q_heads = QH, cfg.head_dim = D;
-            cfg.max_tokens = N + 100, cfg.k_codec = kvs[ci][0], cfg.v_codec = kvs[ci][1];
+            tier_cfg(&cfg, kvs[ci][0], kvs[ci][1]);
             cfg.recent_window = recent ? 24 : 0;
-            kvq_cache *a = NULL, *b = NULL, *pfx = NULL;
-            CHECK_OK(kvq_cache_create(&a, &cfg));
-            CHECK_OK(kvq_cache_create(&b, &cfg));
-            CHECK_OK(kvq_cache_create(&pfx, &cfg));
-            for (size_t l = 0; l < 2; l++)
-                CHECK_OK(kvq_cache_append(a, l, K, V, NULL, 203));
+            kvq_cache *a, *b, *pfx;
+            three_caches(&cfg, 203, &a, &b, &pfx);
             CHECK_OK(kvq_cache_save(a, s, "snap1", INT32_MAX));
             CHECK_OK(kvq_cache_load(b, s, "snap1"));
             compare_kv(b, a);
@@ -327,15 +324,9 @@ static void test_snapshot_prefix(const char *url, tu_rng *r) {
     for (int i = 0; i < 300; i++)
         ids[i] = (i * 37) % 500;
     kvq_cache_config cfg;
-    kvq_cache_config_init(&cfg);
-    cfg.n_layers = 2, cfg.n_kv_heads = H, cfg.n_q_heads = QH, cfg.head_dim = D;
-    cfg.max_tokens = N + 100, cfg.k_codec = "int8", cfg.v_codec = "int8";
-    kvq_cache *a = NULL, *b = NULL, *c2 = NULL;
-    CHECK_OK(kvq_cache_create(&a, &cfg));
-    CHECK_OK(kvq_cache_create(&b, &cfg));
-    CHECK_OK(kvq_cache_create(&c2, &cfg));
-    for (size_t l = 0; l < 2; l++)
-        CHECK_OK(kvq_cache_append(a, l, K, V, NULL, 200));
+    tier_cfg(&cfg, "int8", "int8");
+    kvq_cache *a, *b, *c2;
+    three_caches(&cfg, 200, &a, &b, &c2);
     CHECK_OK(kvq_cache_prefix_put(a, s, ids, 200));
     size_t got = 0;
     CHECK_OK(kvq_cache_prefix_get(b, s, ids, 250, &got));

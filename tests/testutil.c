@@ -38,6 +38,15 @@ void tu_fill_gauss(tu_rng *r, float *x, size_t n, float sigma) {
         x[i] = (float)(tu_gauss(r) * sigma);
 }
 
+double tu_rel_err(const float *a, const float *b, size_t n) {
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return sqrt(e / (s + 1e-30));
+}
+
 static void *tu_fa_alloc(void *ctx, size_t size) {
     tu_failalloc *fa = (tu_failalloc *)ctx;
     fa->calls++;

@@ -33,6 +33,9 @@ double tu_uniform(tu_rng *r);
 double tu_gauss(tu_rng *r);
 void tu_fill_gauss(tu_rng *r, float *x, size_t n, float sigma);
 
+/* ||a - b|| / ||b|| over n floats, in double (0 when both are zero). */
+double tu_rel_err(const float *a, const float *b, size_t n);
+
 /* Allocator that fails on the Nth allocation (1-based; 0 = never) and counts
  * live bytes. */
 typedef struct {

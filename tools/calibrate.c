@@ -484,38 +484,22 @@ static void kvqt_calib_print(const kvqt_calib *cb) {
 }
 
 int kvq_tool_calibrate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *text = NULL, *outp = NULL;
+    const char *outp = NULL;
     double target = 0;
     size_t max_tokens = 1024, page = 32;
     int json = 0;
     const char *only = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (i + 1 < argc && !strcmp(a, "--codecs"))
-            only = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--model"))
-            model = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--tokenizer"))
-            tokp = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--text"))
-            text = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--target-bits"))
-            target = strtod(argv[++i], NULL);
-        else if (i + 1 < argc && !strcmp(a, "-o"))
-            outp = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--max-tokens"))
-            max_tokens = strtoul(argv[++i], NULL, 10);
-        else if (i + 1 < argc && !strcmp(a, "--page"))
-            page = strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(a, "--json"))
-            json = 1;
-        else {
-            fprintf(stderr, "kvq calibrate: unknown or incomplete option '%s'\n", a);
-            target = -1;
-            break;
-        }
-    }
-    if (!model || !tokp || !text || !outp || !(target > 0) || max_tokens < 16 || page < 1) {
+    const kvqt_opt opts[] = {{"--codecs", KVQT_OPT_STR, &only},
+                             {"--target-bits", KVQT_OPT_DOUBLE, &target},
+                             {"-o", KVQT_OPT_STR, &outp},
+                             {"--max-tokens", KVQT_OPT_SIZE, &max_tokens},
+                             {"--page", KVQT_OPT_SIZE, &page},
+                             {"--json", KVQT_OPT_FLAG, &json}};
+    kvqt_modelopts mo;
+    kvqt_modelopts_init(&mo, 1);
+    int bad = kvqt_model_args(argc, argv, "calibrate", &mo, NULL, opts, KVQT_NOPTS(opts));
+    if (bad || !kvqt_modelopts_complete(&mo) || !outp || !(target > 0) || max_tokens < 16 ||
+        page < 1) {
         fprintf(stderr, "usage: kvq calibrate --model M --tokenizer T --text FILE --target-bits B "
                         "-o alloc.json [--json] [--max-tokens N (1024)] [--page N (32)]\n"
                         "  [--codecs LIST (restrict the candidates, e.g. nuq4 or chan:int3,tq3:norm=8)]\n"
@@ -524,21 +508,13 @@ int kvq_tool_calibrate(int argc, char **argv) {
                         "  tq4:norm=8 int4 int8 nuq8 f16\n");
         return 2;
     }
-    kvq_model *m;
-    kvq_tokenizer *tk;
-    if (kvqt_model_open(model, tokp, &m, &tk, "calibrate"))
+    kvqt_model_session ms;
+    if (kvqt_model_session_open(&ms, &mo, 1, "calibrate", " (or it has no lines)"))
         return 1;
-    size_t nl;
-    char **lines = kvqt_read_lines(text, &nl);
-    if (!lines || !nl) {
-        fprintf(stderr, "kvq calibrate: cannot read %s (or it has no lines)\n", text);
-        kvq_model_free(m);
-        kvq_tokenizer_free(tk);
-        return 1;
-    }
     double t0 = kvqb_now();
     int rc = 1;
-    kvqt_calib *cb = kvqt_calib_prepare(m, tk, lines, nl, max_tokens, page, !json && isatty(2), only);
+    kvqt_calib *cb = kvqt_calib_prepare(ms.model, ms.tok, ms.lines, ms.nlines, max_tokens, page,
+                                        !json && isatty(2), only);
     kvqt_calib_result r;
     if (cb)
         rc = kvqt_calib_allocate(cb, target, outp, &r);
@@ -562,10 +538,6 @@ int kvq_tool_calibrate(int argc, char **argv) {
         }
     }
     kvqt_calib_free(cb);
-    for (size_t i = 0; i < nl; i++)
-        free(lines[i]);
-    free(lines);
-    kvq_model_free(m);
-    kvq_tokenizer_free(tk);
+    kvqt_model_session_close(&ms);
     return rc;
 }

@@ -18,25 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-int kvqt_model_open(const char *model_path, const char *tok_path, kvq_model **m, kvq_tokenizer **t,
-                    const char *cmd) {
-    kvq_status st = kvq_model_load(m, model_path, NULL);
-    if (st != KVQ_OK) {
-        fprintf(stderr, "kvq %s: cannot load model %s: %s\n", cmd, model_path, kvq_strerror(st));
-        return -1;
-    }
-    kvq_model_info in;
-    kvq_model_get_info(*m, &in);
-    st = kvq_tokenizer_load(t, tok_path, in.vocab_size, NULL);
-    if (st != KVQ_OK) {
-        fprintf(stderr, "kvq %s: cannot load tokenizer %s: %s\n", cmd, tok_path, kvq_strerror(st));
-        kvq_model_free(*m);
-        *m = NULL;
-        return -1;
-    }
-    return 0;
-}
-
 kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd) {
     kvq_cache_config cfg;
     kvq_cache_config_init(&cfg);
@@ -58,46 +39,6 @@ kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const ch
         return NULL;
     }
     return c;
-}
-
-/* Reads the non-empty lines of a file (newline stripped). */
-char **kvqt_read_lines(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 16, cnt = 0, len = 0, lcap = 0;
-    char **lines = malloc(cap * sizeof *lines), *line = NULL;
-    int ch;
-    for (;;) {
-        ch = fgetc(f);
-        if (ch == EOF || ch == '\n') {
-            if (len > 0 && line[len - 1] == '\r')
-                len--;
-            if (len > 0) {
-                line[len] = 0;
-                if (cnt == cap) {
-                    cap *= 2;
-                    lines = realloc(lines, cap * sizeof *lines);
-                }
-                lines[cnt++] = line;
-                line = NULL;
-                lcap = 0;
-            }
-            len = 0;
-            if (ch == EOF)
-                break;
-            continue;
-        }
-        if (len + 2 > lcap) {
-            lcap = lcap ? 2 * lcap : 256;
-            line = realloc(line, lcap);
-        }
-        line[len++] = (char)ch;
-    }
-    free(line);
-    fclose(f);
-    *n = cnt;
-    return lines;
 }
 
 static void kvqt_softmax(const float *x, size_t n, double *p) {
@@ -230,57 +171,50 @@ static void kvqt_model_usage(FILE *f, const char *cmd) {
     kvqt_cacheopts_usage(f);
 }
 
+/* The start of generate and eval: parses the command line (the model
+ * options, the cache options into o, initialised here, and the command's
+ * own opts) and opens the model session. 0, or the exit code (2 for a usage
+ * error, 1 when the model, tokenizer or text fails) with a message printed;
+ * ms is open only on 0. */
+static int kvqt_model_cmd_start(int argc, char **argv, const char *cmd, const kvqt_opt *opts,
+                                size_t nopts, kvqt_cacheopts *o, kvqt_model_session *ms) {
+    kvqt_modelopts mo;
+    kvqt_modelopts_init(&mo, strcmp(cmd, "generate") != 0);
+    kvqt_cacheopts_init(o);
+    int r = kvqt_model_args(argc, argv, cmd, &mo, o, opts, nopts);
+    if (r == KVQT_ARGS_BAD_VALUE)
+        return 2;
+    if (r || !kvqt_modelopts_complete(&mo)) {
+        kvqt_model_usage(stderr, cmd);
+        return 2;
+    }
+    return kvqt_model_session_open(ms, &mo, 0, cmd, "") ? 1 : 0;
+}
+
 int kvq_tool_generate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *prompt = "";
+    const char *prompt = "";
     size_t steps = 256;
     double temp = 1.0;
     unsigned long long seed = 0;
+    const kvqt_opt opts[] = {{"--prompt", KVQT_OPT_STR, &prompt},
+                             {"--steps", KVQT_OPT_SIZE, &steps},
+                             {"--temperature", KVQT_OPT_DOUBLE, &temp},
+                             {"--seed", KVQT_OPT_ULL, &seed}};
     kvqt_cacheopts o;
-    kvqt_cacheopts_init(&o);
-    for (int i = 1; i < argc; i++) {
-        int r = kvqt_cacheopts_parse(&o, argc, argv, &i, "generate");
-        if (r < 0)
-            return 2;
-        if (r)
-            continue;
-        const char *a = argv[i];
-        if (i + 1 < argc && !strcmp(a, "--model"))
-            model = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--tokenizer"))
-            tokp = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--prompt"))
-            prompt = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--steps"))
-            steps = strtoul(argv[++i], NULL, 10);
-        else if (i + 1 < argc && !strcmp(a, "--temperature"))
-            temp = strtod(argv[++i], NULL);
-        else if (i + 1 < argc && !strcmp(a, "--seed"))
-            seed = strtoull(argv[++i], NULL, 10);
-        else {
-            fprintf(stderr, "kvq generate: unknown or incomplete option '%s'\n", a);
-            kvqt_model_usage(stderr, "generate");
-            return 2;
-        }
-    }
-    if (!model || !tokp) {
-        kvqt_model_usage(stderr, "generate");
-        return 2;
-    }
-    kvq_model *m;
-    kvq_tokenizer *t;
-    if (kvqt_model_open(model, tokp, &m, &t, "generate"))
-        return 1;
+    kvqt_model_session ms;
+    int rc = kvqt_model_cmd_start(argc, argv, "generate", opts, KVQT_NOPTS(opts), &o, &ms);
+    if (rc)
+        return rc;
     kvq_model_info in;
-    kvq_model_get_info(m, &in);
-    kvq_cache *c = kvqt_make_cache(m, &o, "generate");
+    kvq_model_get_info(ms.model, &in);
+    kvq_cache *c = kvqt_make_cache(ms.model, &o, "generate");
     if (!c) {
-        kvq_model_free(m);
-        kvq_tokenizer_free(t);
+        kvqt_model_session_close(&ms);
         return 2;
     }
     size_t plen = strlen(prompt), n;
     int32_t *tk = malloc((plen + 3 + in.seq_len) * sizeof(int32_t));
-    kvq_tokenizer_encode(t, prompt, 1, 0, tk, plen + 3, &n);
+    kvq_tokenizer_encode(ms.tok, prompt, 1, 0, tk, plen + 3, &n);
     if (steps > in.seq_len)
         steps = in.seq_len;
     float *lg = malloc(in.vocab_size * sizeof(float));
@@ -299,7 +233,7 @@ int kvq_tool_generate(int argc, char **argv) {
             fprintf(stderr, "kvq generate: prefix store: %s\n", kvq_strerror(st));
     }
     if (st == KVQ_OK && n - 1 > n0)
-        st = kvq_model_forward(m, c, tk + n0, n - 1 - n0, (int32_t)n0, NULL, 0, 0);
+        st = kvq_model_forward(ms.model, c, tk + n0, n - 1 - n0, (int32_t)n0, NULL, 0, 0);
     if (st == KVQ_OK && o.prefix_store && n > 1)
         st = kvq_cache_prefix_put(c, o.prefix_store, tk, n - 1);
     if (o.prefix_store)
@@ -308,11 +242,11 @@ int kvq_tool_generate(int argc, char **argv) {
     int32_t cur = tk[n - 1];
     char buf[8];
     for (size_t i = 1; i < n; i++) {
-        fputs(kvq_tokenizer_piece(t, tk[i - 1], tk[i], buf), stdout);
+        fputs(kvq_tokenizer_piece(ms.tok, tk[i - 1], tk[i], buf), stdout);
         prev = tk[i];
     }
     while (st == KVQ_OK && pos < steps) {
-        st = kvq_model_forward(m, c, &cur, 1, (int32_t)pos, lg, in.vocab_size, 1);
+        st = kvq_model_forward(ms.model, c, &cur, 1, (int32_t)pos, lg, in.vocab_size, 1);
         if (st != KVQ_OK)
             break;
         int32_t next;
@@ -344,7 +278,7 @@ int kvq_tool_generate(int argc, char **argv) {
         produced++;
         if (next == 1)
             break;
-        fputs(kvq_tokenizer_piece(t, cur, next, buf), stdout);
+        fputs(kvq_tokenizer_piece(ms.tok, cur, next, buf), stdout);
         fflush(stdout);
         prev = cur;
         cur = next;
@@ -364,54 +298,21 @@ int kvq_tool_generate(int argc, char **argv) {
     fprintf(stderr, "cache stats: %s\n", js);
     free(js), free(tk), free(lg), free(p);
     kvq_cache_free(c);
-    kvq_model_free(m);
-    kvq_tokenizer_free(t);
+    kvqt_model_session_close(&ms);
     kvqt_cacheopts_free(&o);
     return st == KVQ_OK ? 0 : 1;
 }
 
 int kvq_tool_eval(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *text = NULL;
     int json = 0;
+    const kvqt_opt opts[] = {{"--json", KVQT_OPT_FLAG, &json}};
     kvqt_cacheopts o;
-    kvqt_cacheopts_init(&o);
-    for (int i = 1; i < argc; i++) {
-        int r = kvqt_cacheopts_parse(&o, argc, argv, &i, "eval");
-        if (r < 0)
-            return 2;
-        if (r)
-            continue;
-        const char *a = argv[i];
-        if (i + 1 < argc && !strcmp(a, "--model"))
-            model = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--tokenizer"))
-            tokp = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--text"))
-            text = argv[++i];
-        else if (!strcmp(a, "--json"))
-            json = 1;
-        else {
-            fprintf(stderr, "kvq eval: unknown or incomplete option '%s'\n", a);
-            kvqt_model_usage(stderr, "eval");
-            return 2;
-        }
-    }
-    if (!model || !tokp || !text) {
-        kvqt_model_usage(stderr, "eval");
-        return 2;
-    }
-    kvq_model *m;
-    kvq_tokenizer *t;
-    if (kvqt_model_open(model, tokp, &m, &t, "eval"))
-        return 1;
-    size_t nl;
-    char **lines = kvqt_read_lines(text, &nl);
-    if (!lines) {
-        fprintf(stderr, "kvq eval: cannot read %s\n", text);
-        return 1;
-    }
+    kvqt_model_session ms;
+    int rc = kvqt_model_cmd_start(argc, argv, "eval", opts, KVQT_NOPTS(opts), &o, &ms);
+    if (rc)
+        return rc;
     kvqt_eval_result r;
-    int rc = kvqt_eval_run(m, t, lines, nl, &o, isatty(2), &r);
+    rc = kvqt_eval_run(ms.model, ms.tok, ms.lines, ms.nlines, &o, isatty(2), &r);
     if (rc == 0) {
         if (json) {
             printf("{\"nll_f32\": %.6f, \"nll\": %.6f, \"ppl_f32\": %.6f, \"ppl\": %.6f, \"kl\": %.6g, "
@@ -436,11 +337,7 @@ int kvq_tool_eval(int argc, char **argv) {
             printf("  %-28s %12s %12.3f\n", "bits per value (all bytes)", "", r.total_bits_per_value);
         }
     }
-    for (size_t i = 0; i < nl; i++)
-        free(lines[i]);
-    free(lines);
-    kvq_model_free(m);
-    kvq_tokenizer_free(t);
+    kvqt_model_session_close(&ms);
     kvqt_cacheopts_free(&o);
     return rc ? 1 : 0;
 }

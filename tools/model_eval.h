@@ -1,19 +1,18 @@
-/* model_eval.h - shared pieces of the model commands (eval, calibrate, sweep). */
+/* model_eval.h - shared pieces of the model commands (eval, calibrate, sweep);
+ * their options and inputs are in modelopts.h. */
 #ifndef KVQ_MODEL_EVAL_H
 #define KVQ_MODEL_EVAL_H
 
 #include "kvq.h"
 #include "cacheopts.h"
+#include "modelopts.h"
 
 typedef struct kvqt_eval_result {
     double nll, nll_f32, kl, top1, bits_per_value, total_bits_per_value, total_bits;
     size_t tokens, sequences, prefix_tokens;
 } kvqt_eval_result;
 
-int kvqt_model_open(const char *model_path, const char *tok_path, kvq_model **m, kvq_tokenizer **t,
-                    const char *cmd);
 kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd);
-char **kvqt_read_lines(const char *path, size_t *n);
 /* Teacher-forces every line through a cache with options o and an f32 cache. */
 int kvqt_eval_run(const kvq_model *m, const kvq_tokenizer *tok, char **lines, size_t nlines,
                   const kvqt_cacheopts *o, int progress, kvqt_eval_result *res);

@@ -108,28 +108,16 @@ static void sw_svg(const char *path, const sw_row *rows, size_t n) {
 }
 
 int kvq_tool_sweep(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *text = NULL, *dir = NULL, *configs = sw_default;
+    const char *dir = NULL, *configs = sw_default;
     size_t calib_tokens = 512;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (i + 1 < argc && !strcmp(a, "--model"))
-            model = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--tokenizer"))
-            tokp = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--text"))
-            text = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--configs"))
-            configs = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "-o"))
-            dir = argv[++i];
-        else if (i + 1 < argc && !strcmp(a, "--calib-tokens"))
-            calib_tokens = strtoul(argv[++i], NULL, 10);
-        else {
-            fprintf(stderr, "kvq sweep: unknown or incomplete option '%s'\n", a);
-            return 2;
-        }
-    }
-    if (!model || !tokp || !text || !dir) {
+    const kvqt_opt opts[] = {{"--configs", KVQT_OPT_STR, &configs},
+                             {"-o", KVQT_OPT_STR, &dir},
+                             {"--calib-tokens", KVQT_OPT_SIZE, &calib_tokens}};
+    kvqt_modelopts mo;
+    kvqt_modelopts_init(&mo, 1);
+    if (kvqt_model_args(argc, argv, "sweep", &mo, NULL, opts, KVQT_NOPTS(opts)))
+        return 2;
+    if (!kvqt_modelopts_complete(&mo) || !dir) {
         fprintf(stderr, "usage: kvq sweep --model M --tokenizer T --text FILE [--configs LIST] -o DIR\n"
                         "  [--calib-tokens N (512)]\n  LIST entries: CODEC | KCODEC/VCODEC | "
                         "calib:BITS | alloc:FILE, with +prerope +center +page=N\n  default: %s\n",
@@ -140,16 +128,9 @@ int kvq_tool_sweep(int argc, char **argv) {
         fprintf(stderr, "kvq sweep: cannot create %s\n", dir);
         return 1;
     }
-    kvq_model *m;
-    kvq_tokenizer *tk;
-    if (kvqt_model_open(model, tokp, &m, &tk, "sweep"))
+    kvqt_model_session ms;
+    if (kvqt_model_session_open(&ms, &mo, 1, "sweep", ""))
         return 1;
-    size_t nl;
-    char **lines = kvqt_read_lines(text, &nl);
-    if (!lines || !nl) {
-        fprintf(stderr, "kvq sweep: cannot read %s\n", text);
-        return 1;
-    }
     char *list = strdup(configs);
     sw_row rows[SW_MAX];
     size_t n = 0;
@@ -183,7 +164,8 @@ int kvq_tool_sweep(int argc, char **argv) {
         if (!strncmp(spec, "calib:", 6)) {
             double bits = strtod(spec + 6, NULL);
             if (!cb)
-                cb = kvqt_calib_prepare(m, tk, lines, nl, calib_tokens, 32, progress, NULL);
+                cb = kvqt_calib_prepare(ms.model, ms.tok, ms.lines, ms.nlines, calib_tokens, 32,
+                                        progress, NULL);
             char path[4096];
             snprintf(path, sizeof path, "%s/alloc-%s.json", dir, spec + 6);
             kvqt_calib_result cr;
@@ -217,7 +199,7 @@ int kvq_tool_sweep(int argc, char **argv) {
             }
         }
         double t0 = kvqb_now();
-        if (kvqt_eval_run(m, tk, lines, nl, &o, 0, &r->r) == 0) {
+        if (kvqt_eval_run(ms.model, ms.tok, ms.lines, ms.nlines, &o, 0, &r->r) == 0) {
             r->ok = 1;
             fprintf(stderr, "%-40s bits %7.3f  KL %.5f  dNLL %+.3f%%  top1 %.4f  (%.1f s)\n", r->label,
                     r->r.bits_per_value, r->r.kl, 100 * (r->r.nll - r->r.nll_f32) / r->r.nll_f32,
@@ -250,10 +232,6 @@ int kvq_tool_sweep(int argc, char **argv) {
     printf("wrote %s/sweep.csv and %s/sweep.svg (%zu configurations)\n", dir, dir, n);
     kvqt_calib_free(cb);
     free(list);
-    for (size_t i = 0; i < nl; i++)
-        free(lines[i]);
-    free(lines);
-    kvq_model_free(m);
-    kvq_tokenizer_free(tk);
+    kvqt_model_session_close(&ms);
     return rc;
 }
