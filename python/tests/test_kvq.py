@@ -247,8 +247,11 @@ class TestCodec(unittest.TestCase):
                         s = c.score(q, e)
                         self.assertEqual(s.shape, (3, 300))
                         scale = np.linalg.norm(q, axis=1).max() * np.linalg.norm(y, axis=1).max()
-                        # AVX2 int kernels quantize the query to int8 (kvq.h)
+                        # AVX2 int kernels quantize the query to int8, the tq4 kernel
+                        # (head_dim % 32 == 0) query and codebook to int16 (kvq.h)
                         tol = 1e-2 if (spec in INT_CODECS and isa == "avx2") else 1e-5
+                        if spec.startswith("tq4") and isa == "avx2" and d % 32 == 0:
+                            tol = 1e-4
                         self.assertLessEqual(np.abs(s - q @ y.T).max(), tol * scale)
                         a = c.accumulate(w, e)
                         ref = w.astype(np.float64) @ y
