@@ -1182,8 +1182,11 @@ KVQ__AI void kvq__tq4_key(__m256i tlo, __m256i thi, const uint8_t *ix, const int
     }
 }
 
-static void kvq__tq4_score(const kvq_codec *c, float *out, size_t ostride, const void *qp, size_t nq,
-                           const uint8_t *keys, size_t n) {
+/* (not inlined into kvq__tq_score_avx2: its aligned vector temporaries would
+ * take a frame register from the lookup loops there, which need them all) */
+__attribute__((noinline)) static void kvq__tq4_score(const kvq_codec *c, float *out, size_t ostride,
+                                                     const void *qp, size_t nq, const uint8_t *keys,
+                                                     size_t n) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t d = c->d, qs = c->qp_bytes / 4, lo = kvq__round64(d * 4) / 4, vb = c->bytes;
     const size_t oi = t->off_idx;
