@@ -895,10 +895,9 @@ kvq__int_step_s(const kvq__int_plan *p, const uint8_t *key, const uint8_t *codes
     }
     if (pair) {
         kvq__planes k0 = KVQ__CHUNK(ci), k1 = KVQ__CHUNK(ci + 1);
-        KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-            __m256 F = _mm256_mul_ps(
-                _mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))), KVQ__QS(b, ci));
-            __m256 t = _mm256_fmadd_ps(F, K, acc[b]);
+        KVQ__UNROLL4 for (int b = 0; b < NQ; b++) { /* QS * K off the dot's dependency chain */
+            __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))),
+                                       _mm256_mul_ps(KVQ__QS(b, ci), K), acc[b]);
             acc[b] = acc2[b];
             acc2[b] = t;
         }
