@@ -905,9 +905,8 @@ kvq__int_step_s(const kvq__int_plan *p, const uint8_t *key, const uint8_t *codes
     }
     kvq__planes kp = KVQ__CHUNK(ci);
     KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-        __m256 F = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)), KVQ__QS(b, ci));
-        __m256 t = _mm256_fmadd_ps(F, K, acc[b]);
+        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)),
+                                   _mm256_mul_ps(KVQ__QS(b, ci), K), acc[b]);
         acc[b] = acc2[b];
         acc2[b] = t;
     }
