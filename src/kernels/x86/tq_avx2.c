@@ -1346,6 +1346,32 @@ static void kvq__tq_finish_avx2(const kvq_codec *c, float *out, const float *acc
  * value; each value's centroids are decoded (expansion table) once per 4
  * rows, and each broadcast weight serves two groups. The QJL sketch part of
  * tqp follows value by value. */
+/* Accumulator rows r < m (computed for R = 2 or 4 rows; weights sw[r *
+ * sws + k]) of groups g and g + 1 over the kn keys at ptr: each key's 16
+ * centroids are decoded once for all rows. */
+KVQ__AI void kvq__tq_acc_2g(const float *x, const uint8_t *const *ptr, const float *sw, size_t sws,
+                            size_t kn, size_t off, int kb, float *const *rows, size_t m, size_t g,
+                            const int R) {
+    __m256 xs[4], ys[4];
+    KVQ__UNROLL4 for (int r = 0; r < R; r++) xs[r] = ys[r] = _mm256_setzero_ps();
+    for (size_t kk = 0; kk < kn; kk++) {
+        __m256 cz = kvq__tq_xcent8(x, ptr[kk] + off, kb);
+        __m256 cy = kvq__tq_xcent8(x, ptr[kk] + off + (size_t)kb, kb);
+        KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+            __m256 wr = _mm256_broadcast_ss(sw + (size_t)r * sws + kk);
+            xs[r] = _mm256_fmadd_ps(wr, cz, xs[r]);
+            ys[r] = _mm256_fmadd_ps(wr, cy, ys[r]);
+        }
+    }
+    KVQ__UNROLL4 for (int r = 0; r < R; r++) { /* constant indices: xs, ys stay in registers */
+        if ((size_t)r >= m)
+            break;
+        float *ar = rows[r] + 8 * g;
+        _mm256_storeu_ps(ar, _mm256_add_ps(_mm256_loadu_ps(ar), xs[r]));
+        _mm256_storeu_ps(ar + 8, _mm256_add_ps(_mm256_loadu_ps(ar + 8), ys[r]));
+    }
+}
+
 KVQ__AI void kvq__tq_accum_kb(const kvq_codec *c, float *acc, size_t astride, const float *w,
                               size_t wstride, size_t nq, const uint8_t *vals, size_t n, int kb) {
     const kvq__tq *t = (const kvq__tq *)c->state;
@@ -1391,50 +1417,11 @@ KVQ__AI void kvq__tq_accum_kb(const kvq_codec *c, float *acc, size_t astride, co
                     _mm256_storeu_ps(ar + 24, _mm256_add_ps(_mm256_loadu_ps(ar + 24), x3));
                 }
             }
-            if (m == 2) { /* two rows, two groups per pass */
-                for (; g + 2 <= ng; g += 2) {
-                    __m256 x0 = _mm256_setzero_ps(), x1 = x0, y0 = x0, y1 = x0;
-                    const size_t off = g * (size_t)kb;
-                    for (size_t kk = 0; kk < kn; kk++) {
-                        __m256 cz = kvq__tq_xcent8(x, ptr[kk] + off, kb);
-                        __m256 cy = kvq__tq_xcent8(x, ptr[kk] + off + (size_t)kb, kb);
-                        __m256 w0 = _mm256_broadcast_ss(&sw[0][kk]), w1 = _mm256_broadcast_ss(&sw[1][kk]);
-                        x0 = _mm256_fmadd_ps(w0, cz, x0);
-                        y0 = _mm256_fmadd_ps(w0, cy, y0);
-                        x1 = _mm256_fmadd_ps(w1, cz, x1);
-                        y1 = _mm256_fmadd_ps(w1, cy, y1);
-                    }
-                    _mm256_storeu_ps(a0 + 8 * g, _mm256_add_ps(_mm256_loadu_ps(a0 + 8 * g), x0));
-                    _mm256_storeu_ps(a0 + 8 * g + 8, _mm256_add_ps(_mm256_loadu_ps(a0 + 8 * g + 8), y0));
-                    _mm256_storeu_ps(a1 + 8 * g, _mm256_add_ps(_mm256_loadu_ps(a1 + 8 * g), x1));
-                    _mm256_storeu_ps(a1 + 8 * g + 8, _mm256_add_ps(_mm256_loadu_ps(a1 + 8 * g + 8), y1));
-                }
-            }
-            for (; g + 2 <= ng; g += 2) {
-                __m256 x0 = _mm256_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
-                __m256 y0 = x0, y1 = x0, y2 = x0, y3 = x0;
-                const size_t off = g * (size_t)kb;
-                for (size_t kk = 0; kk < kn; kk++) {
-                    __m256 cz = kvq__tq_xcent8(x, ptr[kk] + off, kb);
-                    __m256 cy = kvq__tq_xcent8(x, ptr[kk] + off + (size_t)kb, kb);
-                    __m256 w0 = _mm256_broadcast_ss(&sw[0][kk]), w1 = _mm256_broadcast_ss(&sw[1][kk]);
-                    x0 = _mm256_fmadd_ps(w0, cz, x0);
-                    y0 = _mm256_fmadd_ps(w0, cy, y0);
-                    x1 = _mm256_fmadd_ps(w1, cz, x1);
-                    y1 = _mm256_fmadd_ps(w1, cy, y1);
-                    __m256 w2 = _mm256_broadcast_ss(&sw[2][kk]), w3 = _mm256_broadcast_ss(&sw[3][kk]);
-                    x2 = _mm256_fmadd_ps(w2, cz, x2);
-                    y2 = _mm256_fmadd_ps(w2, cy, y2);
-                    x3 = _mm256_fmadd_ps(w3, cz, x3);
-                    y3 = _mm256_fmadd_ps(w3, cy, y3);
-                }
-                __m256 xs[4] = {x0, x1, x2, x3}, ys[4] = {y0, y1, y2, y3};
-                for (size_t r = 0; r < m; r++) {
-                    float *ar = rows[r] + 8 * g;
-                    _mm256_storeu_ps(ar, _mm256_add_ps(_mm256_loadu_ps(ar), xs[r]));
-                    _mm256_storeu_ps(ar + 8, _mm256_add_ps(_mm256_loadu_ps(ar + 8), ys[r]));
-                }
-            }
+            if (m == 2) /* two rows: no idle ones */
+                for (; g + 2 <= ng; g += 2)
+                    kvq__tq_acc_2g(x, ptr, &sw[0][0], CH, kn, g * (size_t)kb, kb, rows, m, g, 2);
+            for (; g + 2 <= ng; g += 2)
+                kvq__tq_acc_2g(x, ptr, &sw[0][0], CH, kn, g * (size_t)kb, kb, rows, m, g, 4);
             if (g < ng) {
                 __m256 x0 = _mm256_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
                 for (size_t kk = 0; kk < kn; kk++) {
