@@ -145,8 +145,8 @@ void kvq__tq_matvec(const float *m, size_t d, float *y, const float *x) {
     for (size_t i = 0; i < d; i++) {
         const float *row = m + i * d;
         float s[8] = {0};
-        for (size_t j = 0; j < d; j++)
-            s[j & 7] += row[j] * x[j];
+        for (size_t j = 0; j < d; j++) /* fused: the SIMD path's FMA, bit for bit */
+            s[j & 7] = fmaf(row[j], x[j], s[j & 7]);
         y[i] = kvq__tq_reduce8(s);
     }
 }

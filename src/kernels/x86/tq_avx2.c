@@ -197,19 +197,29 @@ static void kvq__tq_fwht_avx2(float *buf, size_t d) {
 
 /* ---- dense matrices (d % 8 == 0) ---- */
 /* y = M x, rows as the scalar lane sums + kvq__tq_reduce8. */
-static void kvq__tq_matvec_avx2(const float *m, size_t d, float *y, const float *x) {
-    for (size_t i = 0; i < d; i += 4) {
-        const float *r0 = m + i * d, *r1 = r0 + d, *r2 = r1 + d, *r3 = r2 + d;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (size_t j = 0; j < d; j += 8) {
-            __m256 xv = _mm256_loadu_ps(x + j);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(r0 + j), xv));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(r1 + j), xv));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(r2 + j), xv));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(r3 + j), xv));
-        }
-        _mm_storeu_ps(y + i, kvq__hsum4x256(a0, a1, a2, a3));
+/* y[0..8) = rows r[0..8) (stride d) dot x: eight FMA chains; each row's
+ * lane sums and their reduction as the scalar kvq__tq_matvec. */
+KVQ__AI void kvq__tq_rows8(const float *r, size_t d, const float *x, float *y) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (size_t j = 0; j < d; j += 8) {
+        __m256 xv = _mm256_loadu_ps(x + j);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r + j), xv, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r + d + j), xv, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 2 * d + j), xv, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 3 * d + j), xv, a3);
+        a4 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 4 * d + j), xv, a4);
+        a5 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 5 * d + j), xv, a5);
+        a6 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 6 * d + j), xv, a6);
+        a7 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 7 * d + j), xv, a7);
     }
+    _mm_storeu_ps(y, kvq__hsum4x256(a0, a1, a2, a3));
+    _mm_storeu_ps(y + 4, kvq__hsum4x256(a4, a5, a6, a7));
+}
+
+/* y = M x (d % 8 == 0). */
+static void kvq__tq_matvec_avx2(const float *m, size_t d, float *y, const float *x) {
+    for (size_t i = 0; i < d; i += 8)
+        kvq__tq_rows8(m + i * d, d, x, y + i);
 }
 
 /* y = M^T z, accumulated over rows in increasing order (y may not alias z). */
@@ -485,23 +495,11 @@ static void kvq__tq_sketch_avx2(const kvq_codec *c, uint8_t *p, float *u, const 
     }
     kvq__tq_put_norm_avx2(t, &t->nr, p + t->off_rnorm, gamma * sqrt(kvq__tq_lanes_sum_avx2(rr)));
     uint8_t *sg = p + t->off_sign;
-    const float *s = t->skm;
     for (size_t i = 0; i < d; i += 8) {
-        unsigned bits = 0;
-        for (size_t h = 0; h < 8; h += 4) {
-            const float *r0 = s + (i + h) * d, *r1 = r0 + d, *r2 = r1 + d, *r3 = r2 + d;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (size_t j = 0; j < d; j += 8) {
-                __m256 xv = _mm256_load_ps(u + j);
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(r0 + j), xv));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(r1 + j), xv));
-                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(r2 + j), xv));
-                a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(r3 + j), xv));
-            }
-            __m128 dots = kvq__hsum4x256(a0, a1, a2, a3);
-            bits |= (unsigned)_mm_movemask_ps(_mm_cmpge_ps(dots, _mm_setzero_ps())) << h;
-        }
-        sg[i >> 3] = (uint8_t)bits;
+        float dots[8];
+        kvq__tq_rows8(t->skm + i * d, d, u, dots);
+        sg[i >> 3] = (uint8_t)_mm256_movemask_ps(
+            _mm256_cmp_ps(_mm256_loadu_ps(dots), _mm256_setzero_ps(), _CMP_GE_OQ));
     }
 }
 
