@@ -1081,6 +1081,28 @@ KVQ__AI void kvq__tq_score_mq_kb(const kvq_codec *c, float *out, size_t ostride,
                 out[i * ostride + k + 1] = s[i] * sb;
             }
         }
+    if (nq == 2 && !t->sketch) /* a GQA pair: two keys at a time, no idle query slots */
+        for (; k + 2 <= n; k += 2) {
+            const uint8_t *p = keys + k * vb, *ix = p + oi, *iy = ix + vb;
+            const float *q0 = q, *q1 = q0 + qs;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+            for (size_t g = 0; g < ng; g++) {
+                __m256 cz = kvq__tq_xcent8(x, ix + g * (size_t)kb, kb);
+                __m256 cy = kvq__tq_xcent8(x, iy + g * (size_t)kb, kb);
+                __m256 v0 = _mm256_load_ps(q0 + 8 * g), v1 = _mm256_load_ps(q1 + 8 * g);
+                a0 = _mm256_fmadd_ps(cz, v0, a0);
+                b0 = _mm256_fmadd_ps(cy, v0, b0);
+                a1 = _mm256_fmadd_ps(cz, v1, a1);
+                b1 = _mm256_fmadd_ps(cy, v1, b1);
+            }
+            float r[4]; /* key k: queries 0, 1; key k + 1: queries 0, 1 */
+            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, b0, b1));
+            float sa = kvq__tq_norm_avx2(t, &t->ns, p), sb = kvq__tq_norm_avx2(t, &t->ns, p + vb);
+            out[k] = r[0] * sa;
+            out[ostride + k] = r[1] * sa;
+            out[k + 1] = r[2] * sb;
+            out[ostride + k + 1] = r[3] * sb;
+        }
     for (; k < n; k++) {
         const uint8_t *p = keys + k * vb, *ix = p + oi;
         float scale = kvq__tq_norm_avx2(t, &t->ns, p);
