@@ -1078,7 +1078,8 @@ kvq__int_score_body(const kvq_codec *c, const kvq__int_plan *p, float *out, size
 typedef void (*kvq__int_score_fn)(const kvq_codec *c, const kvq__int_plan *p, float *out,
                                   size_t ostride, const uint8_t *qp, const uint8_t *keys, size_t n);
 
-/* Instances: one query or four, generic shapes and the common d = 128 ones. */
+/* Instances: one query, two (a GQA pair) or four, generic shapes and the
+ * common d = 128 ones. */
 #define KVQ__INT_SCORE_FN(NAME, B, M, Q, D, G)                                                     \
     static void NAME(const kvq_codec *c, const kvq__int_plan *p, float *out, size_t ostride,     \
                      const uint8_t *qp, const uint8_t *keys, size_t n) {                           \
@@ -1086,6 +1087,7 @@ typedef void (*kvq__int_score_fn)(const kvq_codec *c, const kvq__int_plan *p, fl
     }
 #define KVQ__INT_SCORE_PAIR(B, M, D, G)                                                            \
     KVQ__INT_SCORE_FN(kvq__int_score_##B##_##M##_##D##_##G##_1, B, M, 1, D, G)                     \
+    KVQ__INT_SCORE_FN(kvq__int_score_##B##_##M##_##D##_##G##_2, B, M, 2, D, G)                     \
     KVQ__INT_SCORE_FN(kvq__int_score_##B##_##M##_##D##_##G##_4, B, M, 4, D, G)
 KVQ__INT_SCORE_PAIR(8, 1, 0, 0)
 KVQ__INT_SCORE_PAIR(8, 2, 0, 0)
@@ -1106,11 +1108,12 @@ KVQ__INT_SCORE_PAIR(2, 2, 128, 32)
 typedef struct {
     int bits, mode;
     size_t d, g;
-    kvq__int_score_fn one, four;
+    kvq__int_score_fn one, two, four;
 } kvq__int_score_entry;
 
 #define KVQ__INT_SCORE_ENTRY(B, M, D, G)                                                           \
-    {B, M, D, G, kvq__int_score_##B##_##M##_##D##_##G##_1, kvq__int_score_##B##_##M##_##D##_##G##_4}
+    {B, M, D, G, kvq__int_score_##B##_##M##_##D##_##G##_1, kvq__int_score_##B##_##M##_##D##_##G##_2, \
+     kvq__int_score_##B##_##M##_##D##_##G##_4}
 /* fixed shapes first; the d = 0 entries match any shape of their bits/mode */
 static const kvq__int_score_entry kvq__int_score_tab[] = {
     KVQ__INT_SCORE_ENTRY(8, 1, 128, 128), KVQ__INT_SCORE_ENTRY(8, 1, 128, 64),
@@ -1133,6 +1136,8 @@ static void kvq__int_score_avx2(const kvq_codec *c, float *out, size_t ostride, 
     size_t i = 0;
     for (; i + 4 <= nq; i += 4)
         e->four(c, &p, out + i * ostride, ostride, (const uint8_t *)qp + i * c->qp_bytes, keys, n);
+    for (; i + 2 <= nq; i += 2)
+        e->two(c, &p, out + i * ostride, ostride, (const uint8_t *)qp + i * c->qp_bytes, keys, n);
     for (; i < nq; i++)
         e->one(c, &p, out + i * ostride, ostride, (const uint8_t *)qp + i * c->qp_bytes, keys, n);
 }
