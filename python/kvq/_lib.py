@@ -273,6 +273,32 @@ def default_library_path():
     return os.path.normpath(os.path.join(here, "..", "..", "build", "libkvq.so"))
 
 
+class Handle:
+    """Owns one library handle (self._h, freed by the Lib function named in
+    _free): close() frees it once; garbage collection and the end of a with
+    block close it too."""
+
+    _free = None
+    _h = None
+
+    def close(self):
+        if self._h is not None:
+            getattr(self.lib, self._free)(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class Lib:
     """One loaded libkvq with its functions declared (attribute access gives
     the ctypes function, e.g. lib.kvq_codec_encode)."""

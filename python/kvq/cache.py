@@ -30,7 +30,7 @@ def _spec_of(codec):
     return codec.spec if isinstance(codec, Codec) else str(codec)
 
 
-class KVCache:
+class KVCache(_lib.Handle):
     """A kvq_cache over numpy arrays.
 
     KVCache(layers, kv_heads, head_dim, max_tokens, q_heads=None, k_codec="f16",
@@ -52,6 +52,8 @@ class KVCache:
        "state": bytes or None}
     or a tuple (layer, head, values, codec[, state]); -1 means all.
     """
+
+    _free = "kvq_cache_free"
 
     def __init__(self, layers, kv_heads, head_dim, max_tokens, q_heads=None, k_codec=None,
                  v_codec=None, overrides=None, page=None, recent_window=None, sinks=None,
@@ -179,24 +181,6 @@ class KVCache:
         if len(o) == 5:
             d["state"] = o[4]
         return d
-
-    # ---- lifetime ----
-    def close(self):
-        if self._h is not None:
-            self.lib.kvq_cache_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     @property
     def handle(self):

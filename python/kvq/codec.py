@@ -34,7 +34,7 @@ def ptr(a):
     return a.ctypes.data
 
 
-class Codec:
+class Codec(_lib.Handle):
     """A libkvq codec for vectors of head_dim floats.
 
     Codec(spec, head_dim, isa="auto", lib=None)
@@ -45,6 +45,8 @@ class Codec:
     Raises KvqError (status + kvq_strerror + the detailed message) when the
     spec or head_dim is rejected.
     """
+
+    _free = "kvq_codec_free"
 
     def __init__(self, spec, head_dim, isa="auto", lib=None):
         self._h = None
@@ -67,24 +69,6 @@ class Codec:
         self.head_dim = int(head_dim)
         self.vector_bytes = int(self.lib.kvq_codec_vector_bytes(self._h))
         self.spec = self.lib.kvq_codec_spec(self._h).decode()
-
-    # ---- lifetime ----
-    def close(self):
-        if self._h is not None:
-            self.lib.kvq_codec_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         return "Codec(%r, %d: %d bytes/vector, %.4g bits/value)" % (

@@ -19,8 +19,10 @@ from .codec import ptr
 __all__ = ["Model", "Tokenizer"]
 
 
-class Model:
+class Model(_lib.Handle):
     """Model(path, lib=None): a llama2.c checkpoint (legacy or ak42 v1/v2)."""
+
+    _free = "kvq_model_free"
 
     def __init__(self, path, lib=None):
         self._h = None
@@ -35,16 +37,6 @@ class Model:
         self.info = {name: getattr(info, name) for name, _ in _lib.kvq_model_info._fields_}
         self.vocab_size = self.info["vocab_size"]
 
-    def close(self):
-        if self._h is not None:
-            self.lib.kvq_model_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     @property
     def handle(self):
@@ -103,8 +95,10 @@ class Model:
         return outs
 
 
-class Tokenizer:
+class Tokenizer(_lib.Handle):
     """Tokenizer(path, vocab_size, lib=None): a llama2.c tokenizer.bin."""
+
+    _free = "kvq_tokenizer_free"
 
     def __init__(self, path, vocab_size, lib=None):
         self._h = None
@@ -115,16 +109,6 @@ class Tokenizer:
         self.lib.check(st, "kvq_tokenizer_load(%s)" % path)
         self._h = h.value
 
-    def close(self):
-        if self._h is not None:
-            self.lib.kvq_tokenizer_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def encode(self, text, bos=True, eos=False):
         """llama2.c BPE encode; returns a list of token ids."""
