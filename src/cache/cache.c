@@ -1673,6 +1673,30 @@ kvq_status kvq_cache_get_kv(const kvq_cache *c, size_t layer, int kv_head, size_
     return st;
 }
 
+size_t kvq__reencode_slots(const kvq__layer *ly, size_t p, size_t P, const kvq_codec *from,
+                           const uint8_t *src, size_t fb, const kvq_codec *to, uint8_t *dst,
+                           size_t tb, int pend, double *err, double *ref) {
+    const size_t d = from->d;
+    float a[KVQ__MAX_HEAD_DIM], b[KVQ__MAX_HEAD_DIM];
+    size_t m = 0;
+    for (size_t i = 0; i < P; i++) {
+        int s = KVQ__STATE(ly->state[p * P + i]);
+        if (s != KVQ__ENC && !(pend && s == KVQ__PEND))
+            continue;
+        from->k.decode(from, a, src + i * fb, 1);
+        to->k.encode(to, dst + i * tb, a, 1);
+        m++;
+        if (!err)
+            continue;
+        to->k.decode(to, b, dst + i * tb, 1);
+        for (size_t t = 0; t < d; t++) {
+            *err += ((double)a[t] - b[t]) * ((double)a[t] - b[t]);
+            *ref += (double)a[t] * a[t];
+        }
+    }
+    return m;
+}
+
 /* ---- precision switching ---- */
 kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_value,
                                    const char *spec, double *added_nmse) {
@@ -1715,13 +1739,9 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
         kvq__free(&c->alloc, c->work);
         c->work = nw;
     }
-    size_t d = c->d, P = c->P;
+    size_t P = c->P;
     double err = 0.0, ref = 0.0;
     size_t l0 = layer < 0 ? 0 : (size_t)layer, l1 = layer < 0 ? c->L : (size_t)layer + 1;
-    float *a = (float *)kvq__alloc(&c->alloc, 2 * d * sizeof(float));
-    if (!a)
-        return KVQ_ERR_NOMEM;
-    float *b = a + d;
     for (size_t l = l0; l < l1; l++) {
         kvq__layer *ly = &c->layers[l];
         /* new layout for this layer */
@@ -1770,42 +1790,23 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
                 int target = kv_head < 0 || (size_t)kv_head == h;
                 /* keys */
                 int rekey = !is_value && target && !o->kchan_bits;
-                if (!rekey)
+                if (!rekey) {
                     memcpy(nb[p] + n->k_off, pg->block + o->k_off, o->k_hdr + o->kbytes * P);
-                else
-                    for (size_t i = 0; i < P; i++) {
-                        size_t s = p * P + i;
-                        if (KVQ__STATE(ly->state[s]) != KVQ__ENC)
-                            continue;
-                        o->kc->k.decode(o->kc, a, pg->block + o->k_off + i * o->kbytes, 1);
-                        n->kc->k.encode(n->kc, nb[p] + n->k_off + i * n->kbytes, a, 1);
-                        n->kc->k.decode(n->kc, b, nb[p] + n->k_off + i * n->kbytes, 1);
-                        for (size_t t = 0; t < d; t++) {
-                            err += ((double)a[t] - b[t]) * ((double)a[t] - b[t]);
-                            ref += (double)a[t] * a[t];
-                        }
-                        ly->reencodes++;
-                        ly->bytes_written += n->kbytes;
-                    }
-                /* values */
+                } else {
+                    size_t m = kvq__reencode_slots(ly, p, P, o->kc, pg->block + o->k_off, o->kbytes,
+                                                   n->kc, nb[p] + n->k_off, n->kbytes, 0, &err, &ref);
+                    ly->reencodes += m;
+                    ly->bytes_written += m * n->kbytes;
+                }
+                /* values (in channel mode, a pending token's value is already encoded) */
                 if (!(is_value && target)) {
                     memcpy(nb[p] + n->v_off, pg->block + o->v_off, o->vbytes * P);
                 } else {
-                    for (size_t i = 0; i < P; i++) {
-                        size_t s = p * P + i;
-                        if (KVQ__STATE(ly->state[s]) != KVQ__ENC &&
-                            !(ly->chan_mode && KVQ__STATE(ly->state[s]) == KVQ__PEND))
-                            continue;
-                        o->vc->k.decode(o->vc, a, pg->block + o->v_off + i * o->vbytes, 1);
-                        n->vc->k.encode(n->vc, nb[p] + n->v_off + i * n->vbytes, a, 1);
-                        n->vc->k.decode(n->vc, b, nb[p] + n->v_off + i * n->vbytes, 1);
-                        for (size_t t = 0; t < d; t++) {
-                            err += ((double)a[t] - b[t]) * ((double)a[t] - b[t]);
-                            ref += (double)a[t] * a[t];
-                        }
-                        ly->reencodes++;
-                        ly->bytes_written += n->vbytes;
-                    }
+                    size_t m = kvq__reencode_slots(ly, p, P, o->vc, pg->block + o->v_off, o->vbytes,
+                                                   n->vc, nb[p] + n->v_off, n->vbytes,
+                                                   ly->chan_mode, &err, &ref);
+                    ly->reencodes += m;
+                    ly->bytes_written += m * n->vbytes;
                 }
             }
             kvq__lfree(c, ly, pg->block, old_block, 0);
@@ -1820,7 +1821,6 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
         if (ly->payload_bytes + ly->meta_bytes > ly->peak_bytes)
             ly->peak_bytes = ly->payload_bytes + ly->meta_bytes;
     }
-    kvq__free(&c->alloc, a);
     kvq__track_total_peak(c);
     if (added_nmse)
         *added_nmse = ref > 0 ? err / ref : 0.0;

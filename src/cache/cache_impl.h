@@ -153,6 +153,14 @@ kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *
 void *kvq__lalloc(kvq_cache *c, kvq__layer *ly, size_t size, int meta);
 void kvq__lfree(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int meta);
 size_t kvq__block_codec_meta(const kvq_cache *c, const kvq__layer *ly);
+/* Re-encodes the slots of page p that hold an encoded vector (with pend,
+ * also pending ones) from codec `from` (slots of fb bytes at src) to `to`
+ * (slots of tb bytes at dst), one vector at a time. With err/ref (may be
+ * NULL), adds the squared error of the new codes against the old values and
+ * the squared norm of the old values. Returns the slots re-encoded. */
+size_t kvq__reencode_slots(const kvq__layer *ly, size_t p, size_t P, const kvq_codec *from,
+                           const uint8_t *src, size_t fb, const kvq_codec *to, uint8_t *dst,
+                           size_t tb, int pend, double *err, double *ref);
 
 static inline int kvq__page_live(const kvq__page *pg) {
     return pg->block != NULL || pg->tier == KVQ__TIER_COLD;

@@ -98,33 +98,19 @@ void kvq__tier_page_free(kvq_cache *c, kvq__layer *ly, size_t p) {
  * to layout `to` for the encoded slots of page p. */
 static void kvq__reencode_block(kvq_cache *c, kvq__layer *ly, size_t p, const kvq__head *from,
                                 const uint8_t *src, const kvq__head *to, uint8_t *dst) {
-    size_t P = c->P, d = c->d;
-    float buf[KVQ__MAX_HEAD_DIM];
+    const size_t P = c->P;
     for (size_t h = 0; h < c->H; h++) {
         const kvq__head *a = &from[h], *b = &to[h];
-        if (a->kchan_bits || a->kc == b->kc) {
+        if (a->kchan_bits || a->kc == b->kc)
             memcpy(dst + b->k_off, src + a->k_off, a->k_hdr + a->kbytes * P);
-        } else {
-            for (size_t i = 0; i < P; i++) {
-                if (KVQ__STATE(ly->state[p * P + i]) != KVQ__ENC)
-                    continue;
-                a->kc->k.decode(a->kc, buf, src + a->k_off + i * a->kbytes, 1);
-                b->kc->k.encode(b->kc, dst + b->k_off + i * b->kbytes, buf, 1);
-                ly->reencodes++;
-            }
-        }
-        if (a->vc == b->vc) {
+        else
+            ly->reencodes += kvq__reencode_slots(ly, p, P, a->kc, src + a->k_off, a->kbytes, b->kc,
+                                                 dst + b->k_off, b->kbytes, 0, NULL, NULL);
+        if (a->vc == b->vc)
             memcpy(dst + b->v_off, src + a->v_off, a->vbytes * P);
-        } else {
-            for (size_t i = 0; i < P; i++) {
-                if (KVQ__STATE(ly->state[p * P + i]) != KVQ__ENC)
-                    continue;
-                a->vc->k.decode(a->vc, buf, src + a->v_off + i * a->vbytes, 1);
-                b->vc->k.encode(b->vc, dst + b->v_off + i * b->vbytes, buf, 1);
-                ly->reencodes++;
-            }
-        }
-        (void)d;
+        else
+            ly->reencodes += kvq__reencode_slots(ly, p, P, a->vc, src + a->v_off, a->vbytes, b->vc,
+                                                 dst + b->v_off, b->vbytes, 0, NULL, NULL);
     }
 }
 
