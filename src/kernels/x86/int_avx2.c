@@ -861,6 +861,15 @@ kvq__pair_dot4(const kvq__planes *k0, const kvq__planes *k1, const int8_t *qc) {
 #define KVQ__CHUNK(ci)                                                                             \
     kvq__key_planes(kvq__load_chunk(codes + 32 * (ci), (ci) + 1 == nch ? last_nb : 32), BITS)
 
+/* One step of query b's two accumulation chains: the integer dot times its
+ * scale goes onto a[b]; then the chains swap (a[b] gets the other one). */
+static inline __attribute__((always_inline)) void kvq__int_push(__m256 *a, __m256 *a2, int b,
+                                                                __m256i dot, __m256 scale) {
+    __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, a[b]);
+    a[b] = a2[b];
+    a2[b] = t;
+}
+
 /* Mode S: chunk ci (or the int4 pair ci, ci+1); returns the chunks used. */
 static inline __attribute__((always_inline)) size_t
 kvq__int_step_s(const kvq__int_plan *p, const uint8_t *key, const uint8_t *codes,
@@ -896,19 +905,15 @@ kvq__int_step_s(const kvq__int_plan *p, const uint8_t *key, const uint8_t *codes
     if (pair) {
         kvq__planes k0 = KVQ__CHUNK(ci), k1 = KVQ__CHUNK(ci + 1);
         KVQ__UNROLL4 for (int b = 0; b < NQ; b++) { /* QS * K off the dot's dependency chain */
-            __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))),
-                                       _mm256_mul_ps(KVQ__QS(b, ci), K), acc[b]);
-            acc[b] = acc2[b];
-            acc2[b] = t;
+            kvq__int_push(acc, acc2, b, kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci)),
+                          _mm256_mul_ps(KVQ__QS(b, ci), K));
         }
         return 2;
     }
     kvq__planes kp = KVQ__CHUNK(ci);
     KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)),
-                                   _mm256_mul_ps(KVQ__QS(b, ci), K), acc[b]);
-        acc[b] = acc2[b];
-        acc2[b] = t;
+        kvq__int_push(acc, acc2, b, kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS),
+                      _mm256_mul_ps(KVQ__QS(b, ci), K));
     }
     return 1;
 }
@@ -922,19 +927,13 @@ kvq__int_step_u(const kvq__int_plan *p, const uint8_t *codes, const uint8_t *qp,
     if (BITS == 4 && left >= 2) {
         kvq__planes k0 = KVQ__CHUNK(ci), k1 = KVQ__CHUNK(ci + 1);
         KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-            __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci))),
-                                       KVQ__QS(b, ci), g1[b]);
-            g1[b] = g2[b];
-            g2[b] = t;
+            kvq__int_push(g1, g2, b, kvq__pair_dot4(&k0, &k1, KVQ__QC(b, ci)), KVQ__QS(b, ci));
         }
         return 2;
     }
     kvq__planes kp = KVQ__CHUNK(ci);
     KVQ__UNROLL4 for (int b = 0; b < NQ; b++) {
-        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS)),
-                                   KVQ__QS(b, ci), g1[b]);
-        g1[b] = g2[b];
-        g2[b] = t;
+        kvq__int_push(g1, g2, b, kvq__chunk_dot(&kp, KVQ__QC(b, ci), BITS), KVQ__QS(b, ci));
     }
     return 1;
 }
