@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -332,9 +333,17 @@ static kvq_codec *bc_create(const char *spec, size_t d, kvq_isa isa, kvq_status 
     return c;
 }
 
-static void bc_fail(bc_row *r, const char *what, int st) {
+/* Marks the row failed with a printf-style message. */
+__attribute__((format(printf, 2, 3))) static void bc_error(bc_row *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     r->state = BC_ROW_ERROR;
-    snprintf(r->msg, sizeof r->msg, "%s: %s", what, kvq_strerror((kvq_status)st));
+    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    va_end(ap);
+}
+
+static void bc_fail(bc_row *r, const char *what, int st) {
+    bc_error(r, "%s: %s", what, kvq_strerror((kvq_status)st));
 }
 
 /* Max |a_i - b_i| over n. */
@@ -354,8 +363,7 @@ static void bc_run_codec(const bc_env *e, bc_row *r) {
     kvq_status st;
     kvq_codec *c = bc_create(r->spec, d, e->isa, &st, msg, sizeof msg);
     if (!c) {
-        r->state = BC_ROW_ERROR;
-        snprintf(r->msg, sizeof r->msg, "create: %s", msg);
+        bc_error(r, "create: %s", msg);
         return;
     }
     const size_t vb = kvq_codec_vector_bytes(c);
@@ -368,8 +376,7 @@ static void bc_run_codec(const bc_env *e, bc_row *r) {
     float *s4 = (float *)malloc(4 * n * sizeof(float));
     float *acc = (float *)calloc(d, sizeof(float));
     if (!enc || !dec || !sc || !s4 || !acc) {
-        r->state = BC_ROW_ERROR;
-        snprintf(r->msg, sizeof r->msg, "out of memory");
+        bc_error(r, "out of memory");
         goto out;
     }
     if (kvq_codec_needs_fit(c)) {
@@ -444,8 +451,7 @@ static void bc_run_codec(const bc_env *e, bc_row *r) {
     /* verify: one query gives what the 16-query call gave for it */
     double tol = 1e-3 * e->exact_rms + 1e-6;
     if (!(bc_maxdiff(s4, sc, n) <= tol)) {
-        r->state = BC_ROW_ERROR;
-        snprintf(r->msg, sizeof r->msg, "verify: score with 1 query differs from 16 queries");
+        bc_error(r, "verify: score with 1 query differs from 16 queries");
         goto out;
     }
     x.op = BC_OP_SCORE4;
@@ -455,8 +461,7 @@ static void bc_run_codec(const bc_env *e, bc_row *r) {
     }
     r->score4_kps = kvqb_rate((double)n, t);
     if (!(bc_maxdiff(s4, sc, 4 * n) <= tol)) {
-        r->state = BC_ROW_ERROR;
-        snprintf(r->msg, sizeof r->msg, "verify: score with 4 queries differs from 16 queries");
+        bc_error(r, "verify: score with 4 queries differs from 16 queries");
         goto out;
     }
     x.op = BC_OP_ACC;
@@ -484,8 +489,7 @@ static void bc_run_codec(const bc_env *e, bc_row *r) {
             worst = rel;
     }
     if (!(worst <= 1e-3)) {
-        r->state = BC_ROW_ERROR;
-        snprintf(r->msg, sizeof r->msg, "verify: accumulate is off by %.3g (relative)", worst);
+        bc_error(r, "verify: accumulate is off by %.3g (relative)", worst);
         goto out;
     }
     r->state = BC_ROW_OK;
