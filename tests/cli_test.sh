@@ -16,44 +16,7 @@ PY=${PYTHON:-/usr/bin/python3}
 DATA=${KVQ_DATA:-../shared/data}
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvq_cli_test.XXXXXX") || exit 2
 trap 'rm -rf "$TMP"' EXIT INT TERM
-pass=0
-fail=0
-
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-
-# run EXPECTED_RC DESCRIPTION -- args...: runs kvq, output in $TMP/out, $TMP/err
-run() {
-    want=$1
-    what=$2
-    shift 2
-    "$KVQ" "$@" >"$TMP/out" 2>"$TMP/err"
-    rc=$?
-    if [ "$rc" -eq "$want" ]; then
-        ok
-    else
-        bad "$what: exit $rc, want $want (kvq $*)"
-        sed 's/^/    stderr: /' "$TMP/err" | head -5 >&2
-    fi
-}
-
-# expect_in FILE PATTERN DESCRIPTION
-expect_in() {
-    if grep -q -- "$2" "$1"; then ok; else bad "$3: '$2' not found"; fi
-}
-
-# check_json DESCRIPTION PYTHON-ASSERTIONS: $TMP/out must be exactly one JSON
-# object; the assertions see it as d.
-check_json() {
-    if "$PY" - "$TMP/out" "$2" <<'EOF'
-import json, sys
-text = open(sys.argv[1]).read()
-d = json.loads(text)  # one JSON value, nothing else
-assert isinstance(d, dict), "not an object"
-exec(sys.argv[2])
-EOF
-    then ok; else bad "$1: JSON check failed"; fi
-}
+. "$(dirname "$0")/clilib.sh"
 
 SMALL="--count 512 --head-dim 64 --reps 1"
 
@@ -233,5 +196,4 @@ run 2 "unknown bench" bench nothing
 run 2 "unknown command" frobnicate
 run 2 "no command"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

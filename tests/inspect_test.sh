@@ -26,47 +26,7 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
-pass=0
-fail=0
-
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-
-# run EXPECTED_RC DESCRIPTION -- args...: runs kvq, output in $TMP/out, $TMP/err
-run() {
-    want=$1
-    what=$2
-    shift 2
-    "$KVQ" "$@" >"$TMP/out" 2>"$TMP/err"
-    rc=$?
-    if [ "$rc" -eq "$want" ]; then
-        ok
-    else
-        bad "$what: exit $rc, want $want (kvq $*)"
-        sed 's/^/    stdout: /' "$TMP/out" | head -10 >&2
-        sed 's/^/    stderr: /' "$TMP/err" | head -5 >&2
-    fi
-}
-
-# expect_in FILE PATTERN DESCRIPTION
-expect_in() {
-    if grep -q -- "$2" "$1"; then ok; else bad "$3: '$2' not found"; fi
-}
-expect_not_in() {
-    if grep -q -- "$2" "$1"; then bad "$3: '$2' found"; else ok; fi
-}
-
-# check_json DESCRIPTION PYTHON-ASSERTIONS (skipped without python3)
-check_json() {
-    if [ -z "$PY" ]; then ok; return; fi
-    if "$PY" - "$TMP/out" "$2" <<'PYEOF'
-import json, sys
-d = json.loads(open(sys.argv[1]).read())
-assert isinstance(d, dict), "not an object"
-exec(sys.argv[2])
-PYEOF
-    then ok; else bad "$1: JSON check failed"; fi
-}
+. "$(dirname "$0")/clilib.sh"
 
 file_size() { wc -c <"$1" | tr -d ' '; }
 
@@ -178,5 +138,4 @@ else
 fi
 run 1 "redis down" inspect "redis://127.0.0.1:1"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

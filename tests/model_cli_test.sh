@@ -12,10 +12,7 @@ PY=${PYTHON:-/usr/bin/python3}
 M=$DATA/stories260K/stories260K.bin
 T=$DATA/stories260K/tok512.bin
 TXT=$DATA/text/tinystories-valid-sample.txt
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+. "$(dirname "$0")/clilib.sh"
 if [ ! -r "$M" ] || [ ! -r "$T" ] || [ ! -r "$TXT" ]; then
     echo "FAIL: the model data is missing under $DATA (set KVQ_DATA)" >&2
     echo "0 passed, 1 failed"
@@ -84,5 +81,4 @@ grep -q "prefix store: 0 of" "$TMP/e1" && grep -q "prefix store: 32 of" "$TMP/e2
 echo '{"kvq_alloc": 2}' > "$TMP/bad.json"
 "$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --alloc "$TMP/bad.json" > /dev/null 2>&1; [ $? -eq 2 ] && ok || bad "eval with a bad alloc file"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish
