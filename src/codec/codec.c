@@ -497,28 +497,11 @@ kvq_status kvq_codec_save_file(const kvq_codec *c, const char *path) {
 kvq_status kvq_codec_load_file(kvq_codec *c, const char *path) {
     if (!c || !path)
         return KVQ_ERR_INVALID_ARG;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return KVQ_ERR_IO;
-    kvq_status st = KVQ_OK;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0)
-        len = ftell(f);
-    if (len < 0 || fseek(f, 0, SEEK_SET) != 0)
-        st = KVQ_ERR_IO;
-    else if (len < 28 || len > (1L << 30))
-        st = KVQ_ERR_CORRUPT;
-    uint8_t *buf = NULL;
-    if (st == KVQ_OK) {
-        buf = (uint8_t *)kvq__alloc(&c->alloc, (size_t)len);
-        if (!buf)
-            st = KVQ_ERR_NOMEM;
-        else if (fread(buf, 1, (size_t)len, f) != (size_t)len)
-            st = KVQ_ERR_IO;
-    }
-    fclose(f);
+    uint8_t *buf;
+    size_t len;
+    kvq_status st = kvq__read_file(&c->alloc, path, 28, (size_t)1 << 30, &buf, &len);
     if (st == KVQ_OK)
-        st = kvq_codec_load_state(c, buf, (size_t)len);
+        st = kvq_codec_load_state(c, buf, len);
     kvq__free(&c->alloc, buf);
     return st;
 }

@@ -7,6 +7,7 @@
 #include "common.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -67,6 +68,35 @@ void *kvq__calloc(const kvq_allocator *a, size_t size) {
 void kvq__free(const kvq_allocator *a, void *p) {
     if (p)
         a->free(a->ctx, p);
+}
+
+kvq_status kvq__read_file(const kvq_allocator *a, const char *path, size_t min, size_t max,
+                          uint8_t **buf, size_t *size) {
+    *buf = NULL;
+    *size = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return KVQ_ERR_IO;
+    kvq_status st = KVQ_OK;
+    long len = -1;
+    if (fseek(f, 0, SEEK_END) == 0)
+        len = ftell(f);
+    if (len < 0 || fseek(f, 0, SEEK_SET) != 0)
+        st = KVQ_ERR_IO;
+    else if ((unsigned long)len < min || (unsigned long)len > max)
+        st = KVQ_ERR_CORRUPT;
+    else if (!(*buf = (uint8_t *)kvq__alloc(a, len ? (size_t)len : 1)))
+        st = KVQ_ERR_NOMEM;
+    else if (fread(*buf, 1, (size_t)len, f) != (size_t)len)
+        st = KVQ_ERR_IO;
+    fclose(f);
+    if (st != KVQ_OK) {
+        kvq__free(a, *buf);
+        *buf = NULL;
+        return st;
+    }
+    *size = (size_t)len;
+    return KVQ_OK;
 }
 
 /* ---- RNG ---- */

@@ -26,6 +26,11 @@ void kvq__allocator_init(kvq_allocator *dst, const kvq_allocator *a);
 void *kvq__alloc(const kvq_allocator *a, size_t size);
 void *kvq__calloc(const kvq_allocator *a, size_t size);
 void kvq__free(const kvq_allocator *a, void *p);
+/* The whole file at path in *buf (from a; the caller frees it with a) and
+ * its size in *size. A size outside [min, max] gives KVQ_ERR_CORRUPT; a file
+ * that cannot be opened, sized or read, KVQ_ERR_IO. On error *buf is NULL. */
+kvq_status kvq__read_file(const kvq_allocator *a, const char *path, size_t min, size_t max,
+                          uint8_t **buf, size_t *size);
 
 /* ---- fp16 / bf16 (scalar, exact round-to-nearest-even) ---- */
 static inline uint32_t kvq__f32_bits(float f) {

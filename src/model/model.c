@@ -19,34 +19,6 @@ struct kvq_model {
     const float *emb, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn, *w1, *w2, *w3, *rms_final, *wcls;
 };
 
-static kvq_status kvq__read_all(const char *path, uint8_t **buf, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return KVQ_ERR_IO;
-    kvq_status st = KVQ_OK;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0)
-        len = ftell(f);
-    if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return KVQ_ERR_IO;
-    }
-    *buf = (uint8_t *)malloc((size_t)len + 1);
-    if (!*buf) {
-        fclose(f);
-        return KVQ_ERR_NOMEM;
-    }
-    if (fread(*buf, 1, (size_t)len, f) != (size_t)len)
-        st = KVQ_ERR_IO;
-    fclose(f);
-    if (st != KVQ_OK) {
-        free(*buf);
-        *buf = NULL;
-    }
-    *size = (size_t)len;
-    return st;
-}
-
 /* Q8_0 tensor of n values in groups of gs: int8[n] then float[n/gs]. */
 static size_t kvq__q80_bytes(size_t n, size_t gs) { return n + (n / gs) * 4; }
 
@@ -64,13 +36,13 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
     if (!out || !path)
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
-    uint8_t *buf = NULL;
-    size_t size = 0;
-    kvq_status st = kvq__read_all(path, &buf, &size);
-    if (st != KVQ_OK)
-        return st;
     kvq_allocator al;
     kvq__allocator_init(&al, alloc);
+    uint8_t *buf;
+    size_t size;
+    kvq_status st = kvq__read_file(&al, path, 0, SIZE_MAX, &buf, &size);
+    if (st != KVQ_OK)
+        return st;
     kvq_model_info in;
     memset(&in, 0, sizeof in);
     int32_t h[7];
@@ -79,11 +51,11 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
     if (size >= 8 && kvq__ld32(buf) == 0x616b3432u) {
         in.version = (int)kvq__ld32(buf + 4);
         if (in.version != 1 && in.version != 2) {
-            free(buf);
+            kvq__free(&al, buf);
             return KVQ_ERR_VERSION;
         }
         if (size < 256) {
-            free(buf);
+            kvq__free(&al, buf);
             return KVQ_ERR_CORRUPT;
         }
         for (int i = 0; i < 7; i++)
@@ -94,7 +66,7 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
         off = 256;
     } else {
         if (size < 28) {
-            free(buf);
+            kvq__free(&al, buf);
             return KVQ_ERR_CORRUPT;
         }
         for (int i = 0; i < 7; i++)
@@ -106,7 +78,7 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
     }
     for (int i = 0; i < 7; i++)
         if (h[i] <= 0 || h[i] > (1 << 24)) {
-            free(buf);
+            kvq__free(&al, buf);
             return KVQ_ERR_CORRUPT;
         }
     in.dim = (size_t)h[0], in.hidden_dim = (size_t)h[1], in.n_layers = (size_t)h[2];
@@ -114,7 +86,7 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
     in.seq_len = (size_t)h[6];
     if (in.dim % in.n_heads || in.n_heads % in.n_kv_heads || (in.dim / in.n_heads) % 2 ||
         in.dim / in.n_heads > KVQ__MAX_HEAD_DIM || (in.version == 2 && (gs == 0 || in.dim % gs))) {
-        free(buf);
+        kvq__free(&al, buf);
         return KVQ_ERR_CORRUPT;
     }
     in.head_dim = in.dim / in.n_heads;
@@ -128,7 +100,7 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
     float *w = m ? (float *)kvq__alloc(&al, total * sizeof(float)) : NULL;
     if (!m || !w) {
         kvq__free(&al, m);
-        free(buf);
+        kvq__free(&al, buf);
         return KVQ_ERR_NOMEM;
     }
     m->alloc = al;
@@ -206,7 +178,7 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
             }
         }
     }
-    free(buf);
+    kvq__free(&al, buf);
     if (st == KVQ_OK && !kvq__all_finite(w, total))
         st = KVQ_ERR_CORRUPT;
     if (st != KVQ_OK) {

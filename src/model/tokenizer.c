@@ -47,29 +47,16 @@ kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t voca
     if (!out || !path || vocab == 0 || vocab > (1u << 24))
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return KVQ_ERR_IO;
     kvq_allocator al;
     kvq__allocator_init(&al, alloc);
-    kvq_status st = KVQ_OK;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0)
-        len = ftell(f);
-    if (len < 4 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return len < 0 ? KVQ_ERR_IO : KVQ_ERR_CORRUPT;
-    }
-    uint8_t *buf = (uint8_t *)malloc((size_t)len);
-    if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        free(buf);
-        fclose(f);
-        return buf ? KVQ_ERR_IO : KVQ_ERR_NOMEM;
-    }
-    fclose(f);
+    uint8_t *buf;
+    size_t len;
+    kvq_status st = kvq__read_file(&al, path, 4, SIZE_MAX, &buf, &len);
+    if (st != KVQ_OK)
+        return st;
     kvq_tokenizer *t = (kvq_tokenizer *)kvq__calloc(&al, sizeof *t);
     if (!t) {
-        free(buf);
+        kvq__free(&al, buf);
         return KVQ_ERR_NOMEM;
     }
     t->alloc = al;
@@ -78,19 +65,19 @@ kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t voca
     t->piece = (char **)kvq__calloc(&al, vocab * sizeof(char *));
     t->score = (float *)kvq__calloc(&al, vocab * sizeof(float));
     t->sorted = (kvq__tokref *)kvq__calloc(&al, vocab * sizeof(kvq__tokref));
-    t->strings = (char *)kvq__calloc(&al, (size_t)len + vocab + 1);
+    t->strings = (char *)kvq__calloc(&al, len + vocab + 1);
     if (!t->piece || !t->score || !t->sorted || !t->strings)
         st = KVQ_ERR_NOMEM;
     size_t off = 4, soff = 0;
     for (size_t i = 0; i < vocab && st == KVQ_OK; i++) {
-        if ((size_t)len - off < 8) {
+        if (len - off < 8) {
             st = KVQ_ERR_CORRUPT;
             break;
         }
         memcpy(&t->score[i], buf + off, 4);
         uint32_t n = kvq__ld32(buf + off + 4);
         off += 8;
-        if (n > (size_t)len - off || !isfinite(t->score[i])) {
+        if (n > len - off || !isfinite(t->score[i])) {
             st = KVQ_ERR_CORRUPT;
             break;
         }
@@ -104,7 +91,7 @@ kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t voca
         if (n > t->max_len)
             t->max_len = n;
     }
-    free(buf);
+    kvq__free(&al, buf);
     if (st != KVQ_OK) {
         kvq_tokenizer_free(t);
         return st;
