@@ -43,15 +43,8 @@ void kvq_cache_config_init(kvq_cache_config *cfg) {
 
 void *kvq__lalloc(kvq_cache *c, kvq__layer *ly, size_t size, int meta) {
     void *p = kvq__calloc(&c->alloc, size);
-    if (!p)
-        return NULL;
-    if (meta)
-        ly->meta_bytes += size;
-    else
-        ly->payload_bytes += size;
-    size_t tot = ly->meta_bytes + ly->payload_bytes;
-    if (tot > ly->peak_bytes)
-        ly->peak_bytes = tot;
+    if (p)
+        kvq__layer_count(ly, size, meta);
     return p;
 }
 

@@ -150,6 +150,15 @@ void kvq__push_page_free(kvq_cache *c, kvq__layer *ly, size_t p);
 /* "k=<spec>,v=<spec>;..." for the heads' codecs (cache_tier.c); returns the length. */
 size_t kvq__heads_layout(const kvq_cache *c, const kvq__head *hs, char *buf, size_t n);
 kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *n);
+/* Counts size bytes more of a layer's metadata (meta) or payload, and its peak. */
+static inline void kvq__layer_count(kvq__layer *ly, size_t size, int meta) {
+    if (meta)
+        ly->meta_bytes += size;
+    else
+        ly->payload_bytes += size;
+    if (ly->meta_bytes + ly->payload_bytes > ly->peak_bytes)
+        ly->peak_bytes = ly->meta_bytes + ly->payload_bytes;
+}
 void *kvq__lalloc(kvq_cache *c, kvq__layer *ly, size_t size, int meta);
 void kvq__lfree(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int meta);
 size_t kvq__block_codec_meta(const kvq_cache *c, const kvq__layer *ly);

@@ -32,12 +32,8 @@ void *kvq__lalloc_tier(kvq_cache *c, kvq__layer *ly, size_t size, int warm) {
     if (!warm)
         return kvq__lalloc(c, ly, size, 0);
     void *p = kvq__calloc(&c->warm_alloc, size);
-    if (!p)
-        return NULL;
-    ly->payload_bytes += size;
-    size_t tot = ly->meta_bytes + ly->payload_bytes;
-    if (tot > ly->peak_bytes)
-        ly->peak_bytes = tot;
+    if (p)
+        kvq__layer_count(ly, size, 0);
     return p;
 }
 
