@@ -13,6 +13,8 @@
  */
 #include "peers.h"
 
+#include "kvq.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,47 +30,6 @@
 #define KVQP_Q4_BYTES 18
 #define KVQP_HOT 64
 
-/* ---- fp16 (round to nearest even), scalar ---- */
-static uint16_t kvqp_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u, e = (x >> 23) & 0xffu, m = x & 0x7fffffu;
-    if (e == 0xff)
-        return (uint16_t)(sign | 0x7c00u | (m ? 0x200u : 0));
-    int ee = (int)e - 127 + 15;
-    if (ee >= 31)
-        return (uint16_t)(sign | 0x7c00u);
-    if (ee <= 0) {
-        if (ee < -10)
-            return (uint16_t)sign;
-        m |= 0x800000u;
-        int sh = 14 - ee;
-        uint32_t h = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
-        if (rem > half || (rem == half && (h & 1)))
-            h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)ee << 10) | (m >> 13), rem = m & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
-        h++;
-    return (uint16_t)(sign | h);
-}
-
-static float kvqp_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 0) {
-        float f = ldexpf((float)m, -24);
-        return sign ? -f : f;
-    }
-    if (e == 31)
-        x = sign | 0x7f800000u | (m << 13);
-    else
-        x = sign | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
 /* ---- scalar reference ---- */
 static void kvqp_q8_scalar(uint8_t *dst, const float *x, size_t nblk) {
     for (size_t b = 0; b < nblk; b++, x += KVQP_QK, dst += KVQP_Q8_BYTES) {
@@ -76,7 +37,7 @@ static void kvqp_q8_scalar(uint8_t *dst, const float *x, size_t nblk) {
         for (int j = 0; j < KVQP_QK; j++)
             amax = fmaxf(amax, fabsf(x[j]));
         float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        uint16_t h = kvqp_f16(d);
+        uint16_t h = kvq_f32_to_f16(d);
         memcpy(dst, &h, 2);
         for (int j = 0; j < KVQP_QK; j++)
             dst[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
@@ -92,7 +53,7 @@ static void kvqp_q4_scalar(uint8_t *dst, const float *x, size_t nblk) {
         }
         float m = -lo > hi ? lo : hi; /* the value of largest magnitude (a tie: the positive) */
         float d = m / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t h = kvqp_f16(d);
+        uint16_t h = kvq_f32_to_f16(d);
         memcpy(dst, &h, 2);
         for (int j = 0; j < KVQP_QK / 2; j++) {
             int a = (int)(x[j] * id + 8.5f), c = (int)(x[16 + j] * id + 8.5f);
@@ -114,7 +75,7 @@ static float kvqp_dot_scalar(const uint8_t *row, const uint8_t *q8, size_t nblk)
             acc += ((row[2 + j] & 15) - 8) * (int8_t)q8[2 + j];
             acc += ((row[2 + j] >> 4) - 8) * (int8_t)q8[2 + 16 + j];
         }
-        s += kvqp_f32(hx) * kvqp_f32(hy) * (float)acc;
+        s += kvq_f16_to_f32(hx) * kvq_f16_to_f32(hy) * (float)acc;
     }
     return s;
 }
@@ -336,7 +297,7 @@ int kvqp_measure(const float *x, size_t n, size_t d, const float *q, const kvqb_
             float dx;
             uint16_t h;
             memcpy(&h, rv + b * KVQP_Q4_BYTES, 2);
-            dx = kvqp_f32(h);
+            dx = kvq_f16_to_f32(h);
             for (int j = 0; j < KVQP_QK; j++) {
                 int qv = j < 16 ? rv[b * KVQP_Q4_BYTES + 2 + j] & 15 : rv[b * KVQP_Q4_BYTES + 2 + j - 16] >> 4;
                 double e = (double)x[v * d + b * KVQP_QK + j] - dx * (qv - 8);
