@@ -1036,6 +1036,38 @@ KVQ__BMI KVQ__AI void kvq__tq_score_kb(const kvq_codec *c, float *out, size_t os
     }
 }
 
+/* Keys p and p + vb against Q (2 or 4) rotated queries q (stride qs
+ * floats): each key decoded once, 2Q independent FMA chains; the scores go
+ * to out[i * ostride] and out[i * ostride + 1] for query i. */
+KVQ__AI void kvq__tq_keys2(const kvq__tq *t, const float *x, const uint8_t *p, size_t vb,
+                           const float *q, size_t qs, size_t ng, int kb, float *out,
+                           size_t ostride, const int Q) {
+    const uint8_t *ix = p + t->off_idx, *iy = ix + vb;
+    __m256 a[4], b[4];
+    KVQ__UNROLL4 for (int i = 0; i < Q; i++) a[i] = b[i] = _mm256_setzero_ps();
+    for (size_t g = 0; g < ng; g++) {
+        __m256 cz = kvq__tq_xcent8(x, ix + g * (size_t)kb, kb);
+        __m256 cy = kvq__tq_xcent8(x, iy + g * (size_t)kb, kb);
+        KVQ__UNROLL4 for (int i = 0; i < Q; i++) {
+            __m256 v = _mm256_load_ps(q + (size_t)i * qs + 8 * g);
+            a[i] = _mm256_fmadd_ps(cz, v, a[i]);
+            b[i] = _mm256_fmadd_ps(cy, v, b[i]);
+        }
+    }
+    float r[8]; /* key p: r[0..Q), key p + vb: r[Q..2Q) */
+    if (Q == 4) {
+        _mm_storeu_ps(r, kvq__hsum4x256(a[0], a[1], a[2], a[3]));
+        _mm_storeu_ps(r + 4, kvq__hsum4x256(b[0], b[1], b[2], b[3]));
+    } else {
+        _mm_storeu_ps(r, kvq__hsum4x256(a[0], a[1], b[0], b[1]));
+    }
+    float sa = kvq__tq_norm_avx2(t, &t->ns, p), sb = kvq__tq_norm_avx2(t, &t->ns, p + vb);
+    KVQ__UNROLL4 for (int i = 0; i < Q; i++) {
+        out[(size_t)i * ostride] = r[i] * sa;
+        out[(size_t)i * ostride + 1] = r[Q + i] * sb;
+    }
+}
+
 /* Several queries (a GQA group, a prefill tile): each key is decoded once
  * to its centroids in the rotated domain (expansion table), then dotted
  * with every rotated query in registers; the per-query lookup tables (16.9
@@ -1052,56 +1084,12 @@ KVQ__AI void kvq__tq_score_mq_kb(const kvq_codec *c, float *out, size_t ostride,
     const float *q = (const float *)qp;
     const int keep = nq > 4;
     size_t k = 0;
-    if (nq == 4 && !t->sketch) /* two keys at a time: 8 independent FMA chains */
+    if ((nq == 4 || nq == 2) && !t->sketch) /* two keys at a time, no idle query slots */
         for (; k + 2 <= n; k += 2) {
-            const uint8_t *p = keys + k * vb, *ix = p + oi, *iy = ix + vb;
-            const float *q0 = q, *q1 = q0 + qs, *q2 = q1 + qs, *q3 = q2 + qs;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            for (size_t g = 0; g < ng; g++) {
-                __m256 cz = kvq__tq_xcent8(x, ix + g * (size_t)kb, kb);
-                __m256 cy = kvq__tq_xcent8(x, iy + g * (size_t)kb, kb);
-                __m256 v0 = _mm256_load_ps(q0 + 8 * g), v1 = _mm256_load_ps(q1 + 8 * g);
-                a0 = _mm256_fmadd_ps(cz, v0, a0);
-                b0 = _mm256_fmadd_ps(cy, v0, b0);
-                a1 = _mm256_fmadd_ps(cz, v1, a1);
-                b1 = _mm256_fmadd_ps(cy, v1, b1);
-                __m256 v2 = _mm256_load_ps(q2 + 8 * g), v3 = _mm256_load_ps(q3 + 8 * g);
-                a2 = _mm256_fmadd_ps(cz, v2, a2);
-                b2 = _mm256_fmadd_ps(cy, v2, b2);
-                a3 = _mm256_fmadd_ps(cz, v3, a3);
-                b3 = _mm256_fmadd_ps(cy, v3, b3);
-            }
-            float r[4], s[4];
-            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, a2, a3));
-            _mm_storeu_ps(s, kvq__hsum4x256(b0, b1, b2, b3));
-            float sa = kvq__tq_norm_avx2(t, &t->ns, p), sb = kvq__tq_norm_avx2(t, &t->ns, p + vb);
-            for (size_t i = 0; i < 4; i++) {
-                out[i * ostride + k] = r[i] * sa;
-                out[i * ostride + k + 1] = s[i] * sb;
-            }
-        }
-    if (nq == 2 && !t->sketch) /* a GQA pair: two keys at a time, no idle query slots */
-        for (; k + 2 <= n; k += 2) {
-            const uint8_t *p = keys + k * vb, *ix = p + oi, *iy = ix + vb;
-            const float *q0 = q, *q1 = q0 + qs;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
-            for (size_t g = 0; g < ng; g++) {
-                __m256 cz = kvq__tq_xcent8(x, ix + g * (size_t)kb, kb);
-                __m256 cy = kvq__tq_xcent8(x, iy + g * (size_t)kb, kb);
-                __m256 v0 = _mm256_load_ps(q0 + 8 * g), v1 = _mm256_load_ps(q1 + 8 * g);
-                a0 = _mm256_fmadd_ps(cz, v0, a0);
-                b0 = _mm256_fmadd_ps(cy, v0, b0);
-                a1 = _mm256_fmadd_ps(cz, v1, a1);
-                b1 = _mm256_fmadd_ps(cy, v1, b1);
-            }
-            float r[4]; /* key k: queries 0, 1; key k + 1: queries 0, 1 */
-            _mm_storeu_ps(r, kvq__hsum4x256(a0, a1, b0, b1));
-            float sa = kvq__tq_norm_avx2(t, &t->ns, p), sb = kvq__tq_norm_avx2(t, &t->ns, p + vb);
-            out[k] = r[0] * sa;
-            out[ostride + k] = r[1] * sa;
-            out[k + 1] = r[2] * sb;
-            out[ostride + k + 1] = r[3] * sb;
+            if (nq == 4)
+                kvq__tq_keys2(t, x, keys + k * vb, vb, q, qs, ng, kb, out + k, ostride, 4);
+            else
+                kvq__tq_keys2(t, x, keys + k * vb, vb, q, qs, ng, kb, out + k, ostride, 2);
         }
     for (; k < n; k++) {
         const uint8_t *p = keys + k * vb, *ix = p + oi;
