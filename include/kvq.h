@@ -363,6 +363,14 @@ typedef struct kvq_stats {
     double bits_per_value;    /* payload_bytes * 8 / (tokens * kv_heads * head_dim * 2) */
     double total_bits_per_value; /* stored_bytes (tables too) * 8 / the same */
     double fragmentation;     /* free slots in allocated pages / all slots in allocated pages */
+    /* What a long sequence converges to: the payload bytes of one token in a
+     * full, encoded page (codec bytes, channel-page headers over P tokens,
+     * alignment), * 8 / (kv_heads * head_dim * 2), over the layers. */
+    double asymptotic_bits_per_value;
+    /* payload_bytes minus tokens at the asymptotic cost: the per-sequence
+     * fixed cost (f16 staging of tokens not yet encoded, unfilled page
+     * slots, holes left by eviction); never below 0. */
+    uint64_t fixed_bytes;
 } kvq_stats;
 
 /* Snapshots: saves every page of the cache (all tiers) holding tokens at

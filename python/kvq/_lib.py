@@ -172,6 +172,8 @@ STATS_FIELDS = [
     ("bits_per_value", c_double),
     ("total_bits_per_value", c_double),
     ("fragmentation", c_double),
+    ("asymptotic_bits_per_value", c_double),
+    ("fixed_bytes", c_uint64),
 ]
 
 

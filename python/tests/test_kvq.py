@@ -633,11 +633,11 @@ class TestKVCache(unittest.TestCase):
         names = [n for n, _ in _lib.STATS_FIELDS]
         tot = c.stats()
         self.assertEqual(list(tot), names)
-        self.assertEqual(len(names), 16)
+        self.assertEqual(len(names), 18)
         per = [c.stats(layer) for layer in range(3)]
         for name in names:
             if name in ("bits_per_value", "total_bits_per_value", "fragmentation",
-                        "peak_stored_bytes"):
+                        "peak_stored_bytes", "asymptotic_bits_per_value"):
                 continue
             self.assertEqual(tot[name], sum(p[name] for p in per), name)
         s0 = per[0]

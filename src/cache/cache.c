@@ -1836,7 +1836,12 @@ static void kvq__layer_stats(const kvq_cache *c, const kvq__layer *ly, kvq_stats
     st->reencodes = ly->reencodes;
     st->pages = ly->pages_alloc;
     st->free_slots = ly->pages_alloc * c->P - ly->n_tokens;
-    (void)c;
+    /* asymptotic: a full encoded page costs block_bytes for P tokens */
+    double per_tok = (double)ly->block_bytes / (double)c->P;
+    double vals = (double)c->H * (double)c->d * 2.0;
+    st->asymptotic_bits_per_value = per_tok * 8.0 / vals;
+    double fixed = (double)ly->payload_bytes - per_tok * (double)ly->n_tokens;
+    st->fixed_bytes = fixed > 0 ? (uint64_t)(fixed + 0.5) : 0;
 }
 
 static void kvq__finish_stats(const kvq_cache *c, kvq_stats *st) {
@@ -1871,6 +1876,8 @@ kvq_status kvq_cache_stats(const kvq_cache *c, int layer, kvq_stats *st) {
             st->reencodes += s.reencodes;
             st->pages += s.pages;
             st->free_slots += s.free_slots;
+            st->fixed_bytes += s.fixed_bytes;
+            st->asymptotic_bits_per_value += s.asymptotic_bits_per_value / (double)c->L;
         }
         st->peak_stored_bytes = c->total_peak;
     }
@@ -1885,7 +1892,8 @@ static size_t kvq__stats_obj(char *dst, size_t cap, const kvq_stats *s) {
                      "\"stored_bytes\": %llu, \"peak_stored_bytes\": %llu, \"bytes_written\": %llu, "
                      "\"bytes_read\": %llu, \"reencodes\": %llu, \"pages\": %llu, "
                      "\"free_slots\": %llu, \"bits_per_value\": %.6g, \"total_bits_per_value\": "
-                     "%.6g, \"fragmentation\": %.6g}",
+                     "%.6g, \"fragmentation\": %.6g, \"asymptotic_bits_per_value\": %.6g, "
+                     "\"fixed_bytes\": %llu}",
                      (unsigned long long)s->tokens, (unsigned long long)s->tokens_appended,
                      (unsigned long long)s->tokens_evicted, (unsigned long long)s->payload_bytes,
                      (unsigned long long)s->metadata_bytes,
@@ -1894,7 +1902,8 @@ static size_t kvq__stats_obj(char *dst, size_t cap, const kvq_stats *s) {
                      (unsigned long long)s->bytes_written, (unsigned long long)s->bytes_read,
                      (unsigned long long)s->reencodes, (unsigned long long)s->pages,
                      (unsigned long long)s->free_slots, s->bits_per_value, s->total_bits_per_value,
-                     s->fragmentation);
+                     s->fragmentation, s->asymptotic_bits_per_value,
+                     (unsigned long long)s->fixed_bytes);
     return n < 0 ? 0 : (size_t)n;
 }
 
