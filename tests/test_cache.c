@@ -128,11 +128,13 @@ static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, double
     float *ref = malloc(QH * d * sizeof(float)), *ref2 = malloc(QH * d * sizeof(float));
     float *K = malloc((n + 1) * H * d * sizeof(float)), *V = malloc((n + 1) * H * d * sizeof(float));
     int32_t *kp = malloc((n + 1) * sizeof(int32_t));
-    CHECK_OK(kvq_cache_get_kv(c, layer, -1, 0, n, K, V, n * H * d));
     CHECK_OK(kvq_cache_positions(c, layer, kp, n));
     double worst1 = 0, worst2 = 0;
     int32_t qps[3] = {s->pos[s->n - 1], s->pos[s->n / 2], s->pos[0]};
     for (int qi = 0; qi < 3; qi++) {
+        /* what this attend sees (an attend that reaches the newest token
+         * settles staged tokens after it: the next one sees them encoded) */
+        CHECK_OK(kvq_cache_get_kv(c, layer, -1, 0, n, K, V, n * H * d));
         tu_fill_gauss(r, q, QH * d, 1.0f);
         CHECK_OK(kvq_cache_attend(c, layer, q, &qps[qi], 1, out, QH * d, NULL, 0));
         naive_attend(H, QH, d, s->n, s->k + layer * s->n * H * d, s->v + layer * s->n * H * d,
@@ -223,15 +225,32 @@ static void test_window_prerope_center_chan(tu_rng *r) {
     base_cfg(&cfg, &s, "f32", "f32");
     cfg.k_prerope = 1;
     check_filled(&cfg, &s, 1, 13, 0, 1e-5, 0, "f32 pre-RoPE", r);
-    /* centring is exact in f32 */
+    /* centring (given channel means: the pre-RoPE means of the keys, what
+     * calibration would supply) is exact in f32 */
+    float *cen = calloc(s.L * s.H * s.d, sizeof(float));
+    for (size_t l = 0; l < s.L; l++)
+        for (size_t t = 0; t < s.n; t++)
+            for (size_t i = 0; i < s.H * s.d; i++)
+                cen[l * s.H * s.d + i] += s.kpre[(l * s.n + t) * s.H * s.d + i] / (float)s.n;
     base_cfg(&cfg, &s, "f32", "f32");
     cfg.k_center = 1;
+    cfg.k_center_values = cen;
     check_filled(&cfg, &s, 0, 30, 1, 1e-5, 1e-5, "f32 centred", r);
     /* centring + pre-RoPE + tq keys */
     base_cfg(&cfg, &s, "tq4", "tq4");
     cfg.k_center = 1;
+    cfg.k_center_values = cen;
     cfg.k_prerope = 1;
     check_filled(&cfg, &s, 1, 30, 1, 0.25, 0, "tq4 centred pre-RoPE", r);
+    /* a centre without values is refused (it would come from the sequence) */
+    base_cfg(&cfg, &s, "f32", "f32");
+    cfg.k_center = 1;
+    {
+        kvq_cache *bad = NULL;
+        CHECK_STATUS(kvq_cache_create(&bad, &cfg), KVQ_ERR_INVALID_ARG);
+        CHECK(bad == NULL);
+    }
+    free(cen);
     /* channel layout int8 keys, pages of 16: partial page stays f16 */
     const char *ck[] = {"int8", "int4", "int3", "int2"};
     const double ct[] = {2e-2, 0.2, 0.35, 0.7};

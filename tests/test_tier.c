@@ -334,6 +334,15 @@ static void test_snapshot_prefix(const char *url, tu_rng *r) {
     for (size_t l = 0; l < 2; l++) {
         CHECK_OK(kvq_cache_append(b, l, K + got * H * D, V + got * H * D, NULL, 200 - got));
     }
+    /* an attend of the newest token settles b's staged tokens, as the
+     * prefix_put settled a's */
+    {
+        float q[QH * D], o[QH * D];
+        memset(q, 0, sizeof q);
+        int32_t qp = 199;
+        for (size_t l = 0; l < 2; l++)
+            CHECK_OK(kvq_cache_attend(b, l, q, &qp, 1, o, QH * D, NULL, 0));
+    }
     compare_kv(b, a);
     int32_t other[300];
     memcpy(other, ids, sizeof other);

@@ -5,13 +5,23 @@
  * holding, for every KV head, a K area and a V area (P encoded vectors each,
  * or for channel-layout keys a per-page header of channel scales/minimums
  * followed by P packed code rows), so all heads of a layer share one slot
- * numbering. Tokens that are not encoded yet (the full-precision recent
- * window, or the open page of channel-layout keys) live in an f16 staging
- * block attached to their page. Slot metadata: position (-1 = free), state,
- * and (utility policy) the EMA score.
+ * numbering. Slot metadata: position (-1 = free), state, and (utility
+ * policy) the EMA score.
  *
- * Invariants: a page block exists iff the page has a valid or pending slot
- * or is the open channel page; every allocation is counted in the layer's
+ * Causal staging (cache_page.c): an append writes the K and V of lossy
+ * codecs into an f16 staging block of their page (lossless f32/f16 codecs
+ * are written to the block at once) and marks the slot PEND; the slot is
+ * encoded ("settled") only by a later call: at the start of the next append
+ * and at the end of an attend that reached the newest token, every pending
+ * token but the newest R-1 (R = recent_window) is encoded. So the queries
+ * of a chunk see the chunk exactly, and a decode step sees its own token
+ * and the R-1 before it exactly. Channel-layout key pages are encoded as a
+ * whole once full and settled (pg->encoded); until then their keys stay in
+ * staging whatever the slot states say.
+ *
+ * Invariants: a page block exists iff the page has a valid slot or is the
+ * open channel page; a staging block exists iff the page has a PEND slot or
+ * unencoded channel keys; every allocation is counted in the layer's
  * payload/metadata byte counters at the size it was allocated with.
  */
 #ifndef KVQ_CACHE_IMPL_H
@@ -31,9 +41,20 @@ typedef struct kvq__head {
     size_t vbytes;
     size_t k_off, v_off; /* offsets in the page block */
     size_t k_hdr;        /* channel layout: bytes of the per-page header (scales + mins) */
+    /* staging: keys / values of this head wait in f16 until settled (lossy
+     * codecs and channel keys); their offsets in a page's staging block, in
+     * uint16 units (SIZE_MAX when not staged) */
+    int kstage, vstage;
+    size_t ks_off, vs_off;
 } kvq__head;
 
 enum { KVQ__TIER_HOT = 0, KVQ__TIER_WARM = 1, KVQ__TIER_COLD = 2 };
+
+typedef struct {
+    float key;
+    int32_t pos;
+    uint32_t slot;
+} kvq__cand;
 
 typedef struct kvq__page {
     uint8_t *block;  /* NULL when the page is not allocated or is cold */
@@ -61,8 +82,7 @@ typedef struct kvq__layer {
     size_t wblock_bytes;
     size_t tier_pages[3], tier_tokens[3];
     uint64_t tier_bytes_cold; /* bytes of this layer's records in the store */
-    int chan_mode; /* a head has channel-layout keys: those keys wait in f16 until the page is
-                      full; everything else is encoded on arrival */
+    int chan_mode; /* a head has channel-layout keys (pages filled in order, encoded whole) */
     size_t block_bytes, stage_bytes;
     kvq__page *pages;
     size_t n_pages; /* length of pages[] (allocated or not) */
@@ -73,7 +93,8 @@ typedef struct kvq__layer {
     uint32_t *free_stack;
     size_t n_free;
     size_t slots_cap; /* capacity of the per-slot arrays (multiple of P) */
-    uint32_t *pend_slot; /* ring of pending slots in arrival order (token layout) */
+    kvq__cand *evs;       /* eviction scratch (slots_cap entries): eviction never allocates */
+    uint32_t *pend_slot; /* ring of staged slots in arrival order (stale entries: evicted) */
     int32_t *pend_pos;
     size_t pend_head, pend_count, pend_cap;
     size_t open_page; /* channel layout: page being filled, or SIZE_MAX */
@@ -93,9 +114,9 @@ typedef struct kvq__work {
     uint8_t *qpk, *qpf, *qpw; /* prepared queries: hot K codec, f16 staging, warm K codec */
     float *accw;              /* accumulator in the warm V codec's domain */
     uint64_t tier_reads[3];
-    uint8_t *cls;          /* slot classes of the current block */
+    uint8_t *cls, *vcls;   /* key / value slot classes of the current block */
     size_t *bpages;        /* pages of the current block */
-    int *bne, *bnp;        /* their encoded / pending visible counts */
+    int *bne, *bnp;        /* their encoded / staged visible value counts */
     int32_t *rqp;          /* query position of each row of the tile */
     uint64_t bytes_read;
 } kvq__work;
@@ -113,7 +134,7 @@ struct kvq_cache {
     int budget_pending_ratio;
     float *rope_freq; /* rope_dims/2 */
     size_t rope_dims;
-    kvq__work *work; /* one per thread */
+    kvq__work *work; /* one per thread; work[0].scratch also serves settling */
     size_t n_threads;
     size_t max_qp, max_acc;
     size_t block_pages;                     /* pages per online-softmax block */
@@ -136,17 +157,45 @@ static inline const kvq__head *kvq__page_heads(const kvq__layer *ly, const kvq__
                                                                                       : ly->heads;
 }
 
-/* cache.c internals shared with cache_tier.c */
-typedef struct {
-    float key;
-    int32_t pos;
-    uint32_t slot;
-} kvq__cand;
-void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot);
-void kvq__purge_free(kvq_cache *c, kvq__layer *ly, size_t p);
+/* internals shared between the cache's files */
+/* cache.c: creation, codec registry, layouts, workspaces */
+kvq_status kvq__get_codec(kvq_cache *c, const char *spec, kvq_codec **out);
+void kvq__layout_layer(kvq_cache *c, kvq__layer *ly);
+kvq_status kvq__work_alloc(kvq_cache *c, kvq__work *w);
+void kvq__work_free(kvq_cache *c, kvq__work *w);
+void kvq__track_total_peak(kvq_cache *c);
+
+/* cache_page.c: pages, slots and staging */
+void kvq__layer_release(kvq_cache *c, kvq__layer *ly);
 kvq_status kvq__grow_pages(kvq_cache *c, kvq__layer *ly, size_t n_pages);
+kvq_status kvq__page_alloc(kvq_cache *c, kvq__layer *ly, size_t p, int stage);
+void kvq__page_unalloc(kvq_cache *c, kvq__layer *ly, size_t p);
+void kvq__maybe_free_page(kvq_cache *c, kvq__layer *ly, size_t p);
+void kvq__maybe_free_stage(kvq_cache *c, kvq__layer *ly, size_t p);
+void kvq__purge_free(kvq_cache *c, kvq__layer *ly, size_t p);
 void kvq__push_free_slot(kvq__layer *ly, uint32_t slot);
 void kvq__push_page_free(kvq_cache *c, kvq__layer *ly, size_t p);
+/* Writes one token (k, v: [H][d]) into slot: staged parts into the page's
+ * staging (the slot becomes PEND when it has any), the rest encoded. */
+void kvq__put_token(kvq_cache *c, kvq__layer *ly, size_t slot, const float *k, const float *v);
+/* Encodes every pending token but the newest max(R, 1) - 1 (with all,
+ * every pending token), then the channel key pages that are full and
+ * settled; frees staging that holds nothing more. Never fails. */
+void kvq__settle(kvq_cache *c, kvq__layer *ly, int all);
+/* A page's staged key / value rows of head hd: [P][d] f16 */
+static inline uint16_t *kvq__stage_k(const kvq__page *pg, const kvq__head *hd) {
+    return pg->stage + hd->ks_off;
+}
+static inline uint16_t *kvq__stage_v(const kvq__page *pg, const kvq__head *hd) {
+    return pg->stage + hd->vs_off;
+}
+
+/* cache_evict.c */
+void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot);
+/* Evicts down to target tokens by the policy, never the newest keep_new
+ * tokens; sinks and the protected window shrink to fit the target. Never
+ * fails. */
+void kvq__evict_to(kvq_cache *c, kvq__layer *ly, size_t target, size_t keep_new);
 /* "k=<spec>,v=<spec>;..." for the heads' codecs (cache_tier.c); returns the length. */
 size_t kvq__heads_layout(const kvq_cache *c, const kvq__head *hs, char *buf, size_t n);
 kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *n);

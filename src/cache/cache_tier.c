@@ -386,7 +386,7 @@ kvq_status kvq__tier_enforce(kvq_cache *c, size_t layer) {
         size_t nc = 0;
         for (size_t p = 0; p < ly->n_pages; p++) {
             kvq__page *pg = &ly->pages[p];
-            if (pg->tier != tier || !pg->block || !pg->n_valid || pg->n_pending ||
+            if (pg->tier != tier || !pg->block || !pg->n_valid || pg->n_pending || pg->stage ||
                 p == ly->open_page)
                 continue;
             int prot = 0;

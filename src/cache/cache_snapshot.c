@@ -1,5 +1,5 @@
 /*
- * snapshot.c - saving and restoring caches through a kvq_store: whole-cache
+ * cache_snapshot.c - saving and restoring caches through a kvq_store: whole-cache
  * (or token-prefix) snapshots, and vLLM-style prefix caching where each full
  * page is keyed by a hash of the token ids up to its end. Pages travel as
  * page records (record.c), so every byte is checksummed; a snapshot's
@@ -7,8 +7,8 @@
  * is never mistaken for a complete one. Restores are all or nothing: the
  * target cache must be empty and is left empty when anything fails.
  */
-#include "../cache/cache_impl.h"
-#include "record.h"
+#include "cache_impl.h"
+#include "../tier/record.h"
 
 #include <stdio.h>
 
@@ -263,7 +263,7 @@ static kvq_status kvq__install_page(kvq_cache *c, size_t l, size_t p, const kvq_
         pg->min_pos = r->positions[i] < pg->min_pos ? r->positions[i] : pg->min_pos;
         ly->n_tokens++;
     }
-    pg->encoded = pg->n_pending == 0;
+    pg->encoded = stg == NULL; /* what still waits for encoding travels staged */
     return KVQ_OK;
 }
 
@@ -275,21 +275,33 @@ static void kvq__finish_restore(kvq_cache *c, kvq__layer *ly) {
         if (!pg->block)
             continue;
         if (ly->chan_mode) {
-            if (pg->n_pending || pg->filled < P)
+            if (!pg->encoded && pg->filled < P)
                 ly->open_page = p;
             continue;
         }
         kvq__push_page_free(c, ly, p);
     }
-    /* pending tokens of the recent window, in position order */
-    if (!ly->chan_mode && c->cfg.recent_window && !ly->pend_slot) {
-        size_t cap = 2 * c->cfg.recent_window + 2;
+    /* pending tokens, in position order */
+    size_t npend = 0;
+    for (size_t p = 0; p < ly->n_pages; p++)
+        npend += ly->pages[p].block ? ly->pages[p].n_pending : 0;
+    if (npend && npend > ly->pend_cap) {
+        size_t cap = 2 * npend + c->cfg.recent_window + 2;
+        kvq__lfree(c, ly, ly->pend_slot, ly->pend_cap * sizeof(uint32_t), 1);
+        kvq__lfree(c, ly, ly->pend_pos, ly->pend_cap * sizeof(int32_t), 1);
+        ly->pend_cap = 0;
         ly->pend_slot = kvq__lalloc(c, ly, cap * sizeof(uint32_t), 1);
         ly->pend_pos = kvq__lalloc(c, ly, cap * sizeof(int32_t), 1);
-        if (ly->pend_slot && ly->pend_pos)
+        if (ly->pend_slot && ly->pend_pos) {
             ly->pend_cap = cap;
+        } else { /* stays staged, in no ring: only larger */
+            kvq__lfree(c, ly, ly->pend_slot, cap * sizeof(uint32_t), 1);
+            kvq__lfree(c, ly, ly->pend_pos, cap * sizeof(int32_t), 1);
+            ly->pend_slot = NULL;
+            ly->pend_pos = NULL;
+        }
     }
-    if (!ly->chan_mode && ly->pend_slot && ly->pend_pos && ly->pend_cap) {
+    if (ly->pend_slot && ly->pend_pos && ly->pend_cap) {
         ly->pend_head = ly->pend_count = 0;
         for (int32_t last = -1;;) {
             size_t best = SIZE_MAX;
@@ -453,6 +465,8 @@ kvq_status kvq_cache_prefix_put(kvq_cache *c, kvq_store *s, const int32_t *ids, 
         return KVQ_ERR_INVALID_ARG;
     if (!kvq__prefix_ok(c))
         return KVQ_ERR_UNSUPPORTED;
+    for (size_t l = 0; l < c->L; l++) /* what the next call would encode is owed now */
+        kvq__settle(c, &c->layers[l], 0);
     uint64_t cfg = kvq__config_hash(c), h = 0xcbf29ce484222325ull;
     char key[128];
     for (size_t j = 0; (j + 1) * c->P <= n; j++) {

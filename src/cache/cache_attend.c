@@ -1,0 +1,429 @@
+/*
+ * cache_attend.c - kvq_cache_attend: attention straight over the encoded
+ * pages through the codecs' fused score/accumulate kernels (online softmax
+ * over blocks of pages, tiles of query rows = query tokens x the query
+ * heads of a GQA group, no decoded copy of the cache), staged tokens scored
+ * from their f16 rows, pre-RoPE keys rotated page by page, centred keys
+ * corrected by <q, centre>. An attend that reaches the newest token then
+ * updates utility scores, fixes a ratio budget, evicts to the budget and
+ * settles pending tokens (the next decode step sees them encoded).
+ */
+#include "cache_impl.h"
+#include "../kernels/kernels.h"
+
+#include <pthread.h>
+
+/* RoPE at position pos on one vector (pairs (2i, 2i+1), llama2.c order). */
+static void kvq__rope(const kvq_cache *c, float *x, int32_t pos) {
+    for (size_t i = 0; i < c->rope_dims / 2; i++) {
+        float val = (float)pos * c->rope_freq[i];
+        float fcr = cosf(val), fci = sinf(val);
+        float v0 = x[2 * i], v1 = x[2 * i + 1];
+        x[2 * i] = v0 * fcr - v1 * fci;
+        x[2 * i + 1] = v0 * fci + v1 * fcr;
+    }
+}
+
+
+
+typedef struct {
+    kvq_cache *c;
+    kvq__layer *ly;
+    const float *q;
+    const int32_t *qpos;
+    size_t T;
+    float *out;
+    float *attn; /* [H][slots] sums of attention weights, or NULL */
+    kvq__work *w;
+    size_t h0, hstep;
+    kvq_status st;
+} kvq__attn_job;
+
+/* Scores of the keys of page p for head h into sc (stride ss) for the nr
+ * scaled query rows of the tile: encoded slots through the fused kernel,
+ * pending slots from the f16 staging; slots that are free, or in the future
+ * of a row's query (causal mask), get -inf. */
+static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, const uint8_t *cls,
+                             int ne, int npd, size_t nr, kvq__work *w, float *sc, size_t ss) {
+    const kvq__page *pg = &ly->pages[p];
+    const kvq__head *hd = kvq__page_heads(ly, pg) + h;
+    const uint16_t *stk = hd->kstage ? kvq__stage_k(pg, hd) : NULL;
+    const uint8_t *qpk = pg->tier == KVQ__TIER_WARM && c->warm_distinct ? w->qpw : w->qpk;
+    const int32_t *pos = ly->pos + p * c->P;
+    size_t P = c->P, d = c->d;
+    if (c->cfg.k_prerope) {
+        /* decode the page's keys (one page, never the cache), add the centre
+         * back, rotate each at its position, then score in float */
+        for (size_t i = 0; i < P; i++) {
+            float *row = w->scratch + i * d;
+            if (cls[i] == KVQ__ENC) {
+                if (hd->kchan_bits)
+                    kvq__chan_decode_row(pg->block + hd->k_off, d, P, hd->kchan_bits, i, row);
+                else
+                    hd->kc->k.decode(hd->kc, row, pg->block + hd->k_off + i * hd->kbytes, 1);
+                if (ly->center)
+                    for (size_t t = 0; t < d; t++)
+                        row[t] += ly->center[h * d + t];
+            } else if (cls[i] == KVQ__PEND) {
+                c->f16->k.decode(c->f16, row, (const uint8_t *)(stk + i * d), 1);
+            } else {
+                continue;
+            }
+            kvq__rope(c, row, pos[i]);
+        }
+        for (size_t r = 0; r < nr; r++)
+            for (size_t i = 0; i < P; i++) {
+                float s = -INFINITY;
+                if (cls[i] && pos[i] <= w->rqp[r]) {
+                    const float *row = w->scratch + i * d, *qg = w->qs + r * d;
+                    s = 0.0f;
+                    for (size_t t = 0; t < d; t++)
+                        s += qg[t] * row[t];
+                }
+                sc[r * ss + i] = s;
+            }
+        if (ne)
+            w->bytes_read += hd->k_hdr + P * hd->kbytes;
+        return;
+    }
+    if (ne) {
+        if (hd->kchan_bits)
+            kvq__chan_score(pg->block + hd->k_off, d, P, hd->kchan_bits, w->qs, nr, sc, ss);
+        else
+            hd->kc->k.score(hd->kc, sc, ss, qpk, nr, pg->block + hd->k_off, P);
+        for (size_t r = 0; r < nr; r++)
+            if (w->cdot[r] != 0.0f)
+                for (size_t i = 0; i < P; i++)
+                    sc[r * ss + i] += w->cdot[r];
+        w->bytes_read += hd->k_hdr + P * hd->kbytes;
+    }
+    if (npd)
+        c->f16->k.score(c->f16, w->sc2, P, w->qpf, nr, (const uint8_t *)stk, P);
+    for (size_t i = 0; i < P; i++) {
+        if (cls[i] == KVQ__PEND)
+            for (size_t r = 0; r < nr; r++)
+                sc[r * ss + i] = w->sc2[r * P + i];
+        else if (cls[i] != KVQ__ENC)
+            for (size_t r = 0; r < nr; r++)
+                sc[r * ss + i] = -INFINITY;
+    }
+    /* causal mask: only pages that reach past a row's query position */
+    for (size_t r = 0; r < nr; r++)
+        for (size_t i = 0; i < P; i++)
+            if (pos[i] > w->rqp[r])
+                sc[r * ss + i] = -INFINITY;
+}
+
+/* Attention of KV head h, flash-style over tiles of query rows (several
+ * query tokens x the query heads of the group): blocks of pages are scored
+ * for all rows at once, folded into per-row running maxima and sums (online
+ * softmax), and their values accumulated with the exponentiated weights. */
+static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
+    kvq_cache *c = jb->c;
+    kvq__layer *ly = jb->ly;
+    kvq__work *w = jb->w;
+    const kvq__head *hd = &ly->heads[h], *wd = &ly->wheads[h];
+    size_t P = c->P, d = c->d, G = c->G, QH = c->QH, BW = c->block_pages * P;
+    size_t alen = hd->vc->acc_len, walen = wd->vc->acc_len, tile = c->rows_max / G;
+    /* warm pages need their own prepared query and accumulator only when the
+     * warm codecs differ; otherwise they share the hot ones (same sums) */
+    const int warm = ly->tier_pages[KVQ__TIER_WARM] > 0 && c->warm_distinct;
+    const float scale = 1.0f / sqrtf((float)d);
+    uint8_t *cls = w->cls, *vcls = w->vcls;
+    size_t *bp = w->bpages;
+    int *bne = w->bne, *bnp = w->bnp;
+    for (size_t t0 = 0; t0 < jb->T; t0 += tile) {
+        size_t nt = KVQ__MIN(tile, jb->T - t0), nr = nt * G;
+        int32_t qmax = INT32_MIN;
+        for (size_t tt = 0; tt < nt; tt++)
+            for (size_t g = 0; g < G; g++) {
+                size_t r = tt * G + g;
+                const float *src = jb->q + ((t0 + tt) * QH + h * G + g) * d;
+                for (size_t i = 0; i < d; i++)
+                    w->qs[r * d + i] = src[i] * scale;
+                w->m[r] = -INFINITY;
+                w->l[r] = 0.0f;
+                w->rqp[r] = jb->qpos[t0 + tt];
+                float cd = 0.0f;
+                if (ly->center && !c->cfg.k_prerope)
+                    for (size_t i = 0; i < d; i++)
+                        cd += w->qs[r * d + i] * ly->center[h * d + i];
+                w->cdot[r] = cd;
+                qmax = KVQ__MAX(qmax, w->rqp[r]);
+            }
+        if (!c->cfg.k_prerope) {
+            if (hd->kc)
+                kvq__codec_prep(hd->kc, w->qpk, w->qs, nr);
+            if (warm && wd->kc)
+                kvq__codec_prep(wd->kc, w->qpw, w->qs, nr);
+            kvq__codec_prep(c->f16, w->qpf, w->qs, nr);
+        }
+        if (warm)
+            memset(w->accw, 0, nr * walen * sizeof(float));
+        memset(w->acc, 0, nr * alen * sizeof(float));
+        memset(w->accs, 0, nr * d * sizeof(float));
+        int any_pend = 0;
+        size_t p = 0;
+        while (p < ly->n_pages) {
+            /* gather a block of pages with tokens visible to the tile */
+            size_t nb = 0;
+            for (; p < ly->n_pages && nb < c->block_pages; p++) {
+                const kvq__page *pg = &ly->pages[p];
+                if (!pg->block || pg->min_pos > qmax)
+                    continue; /* cold pages were promoted before attention when visible */
+                /* where each visible token's key and value are read from:
+                 * encoded (ENC) or staged in f16 (PEND); channel keys are
+                 * staged until their page is encoded */
+                const kvq__head *ph = kvq__page_heads(ly, pg) + h;
+                uint8_t *cl = cls + nb * P, *vcl = vcls + nb * P;
+                int ne = 0, npd = 0, vne = 0, vnp = 0;
+                const int32_t *pos = ly->pos + p * P;
+                const uint8_t *stt = ly->state + p * P;
+                const uint8_t kpage = ph->kchan_bits && !pg->encoded ? KVQ__PEND : KVQ__ENC;
+                for (size_t i = 0; i < P; i++) {
+                    uint8_t st = KVQ__STATE(stt[i]), kc, vc;
+                    if (pos[i] < 0 || pos[i] > qmax)
+                        st = KVQ__FREE;
+                    kc = vc = st;
+                    if (st != KVQ__FREE) {
+                        kc = ph->kchan_bits ? kpage : (st == KVQ__PEND && ph->kstage ? KVQ__PEND : KVQ__ENC);
+                        vc = st == KVQ__PEND && ph->vstage ? KVQ__PEND : KVQ__ENC;
+                    }
+                    cl[i] = kc;
+                    vcl[i] = vc;
+                    ne += kc == KVQ__ENC;
+                    npd += kc == KVQ__PEND;
+                    vne += vc == KVQ__ENC;
+                    vnp += vc == KVQ__PEND;
+                }
+                if (!ne && !npd)
+                    continue;
+                bp[nb] = p;
+                bne[nb] = vne;
+                bnp[nb] = vnp;
+                kvq__page_scores(c, ly, h, p, cl, ne, npd, nr, w, w->sc + nb * P, BW);
+                any_pend |= vnp;
+                nb++;
+            }
+            if (!nb)
+                break;
+            size_t width = nb * P;
+            for (size_t r = 0; r < nr; r++) {
+                float *sc = w->sc + r * BW;
+                if (rawsc)
+                    for (size_t b = 0; b < nb; b++)
+                        memcpy(rawsc + r * ly->slots_cap + bp[b] * P, sc + b * P, P * sizeof(float));
+                float bm = -INFINITY;
+                for (size_t i = 0; i < width; i++)
+                    bm = sc[i] > bm ? sc[i] : bm;
+                float mnew = bm > w->m[r] ? bm : w->m[r];
+                if (mnew == -INFINITY) {
+                    for (size_t i = 0; i < width; i++)
+                        sc[i] = 0.0f;
+                    continue;
+                }
+                if (mnew > w->m[r] && w->l[r] > 0.0f) {
+                    float f = expf(w->m[r] - mnew);
+                    for (size_t i = 0; i < alen; i++)
+                        w->acc[r * alen + i] *= f;
+                    if (warm)
+                        for (size_t i = 0; i < walen; i++)
+                            w->accw[r * walen + i] *= f;
+                    if (any_pend)
+                        for (size_t i = 0; i < d; i++)
+                            w->accs[r * d + i] *= f;
+                    w->l[r] *= f;
+                }
+                w->m[r] = mnew;
+                w->l[r] += c->exp_block(sc, width, mnew);
+            }
+            for (size_t b = 0; b < nb; b++) {
+                const kvq__page *pg = &ly->pages[bp[b]];
+                const float *wb = w->sc + b * P;
+                const int pw = pg->tier == KVQ__TIER_WARM && c->warm_distinct;
+                const kvq__head *ph = pw ? wd : hd;
+                float *acc = pw ? w->accw : w->acc;
+                size_t al = pw ? walen : alen;
+                if (bnp[b]) {
+                    /* split the weights: encoded slots vs staged slots */
+                    const uint8_t *cl = vcls + b * P;
+                    for (size_t r = 0; r < nr; r++)
+                        for (size_t i = 0; i < P; i++) {
+                            float x = wb[r * BW + i];
+                            w->w[r * P + i] = cl[i] == KVQ__ENC ? x : 0.0f;
+                            w->w2[r * P + i] = cl[i] == KVQ__PEND ? x : 0.0f;
+                        }
+                    c->f16->k.accum(c->f16, w->accs, d, w->w2, P, nr,
+                                    (const uint8_t *)kvq__stage_v(pg, ph), P);
+                    if (bne[b])
+                        ph->vc->k.accum(ph->vc, acc, al, w->w, P, nr, pg->block + ph->v_off, P);
+                } else {
+                    ph->vc->k.accum(ph->vc, acc, al, wb, BW, nr, pg->block + ph->v_off, P);
+                }
+                if (bne[b])
+                    w->bytes_read += P * ph->vbytes;
+            }
+        }
+        for (size_t tt = 0; tt < nt; tt++)
+            for (size_t g = 0; g < G; g++) {
+                size_t r = tt * G + g;
+                float *o = jb->out + ((t0 + tt) * QH + h * G + g) * d;
+                memset(o, 0, d * sizeof(float));
+                if (hd->vc->k.finish)
+                    hd->vc->k.finish(hd->vc, o, w->acc + r * alen);
+                else
+                    for (size_t i = 0; i < d; i++)
+                        o[i] += w->acc[r * alen + i];
+                if (warm) {
+                    if (wd->vc->k.finish)
+                        wd->vc->k.finish(wd->vc, o, w->accw + r * walen);
+                    else
+                        for (size_t i = 0; i < d; i++)
+                            o[i] += w->accw[r * walen + i];
+                }
+                float inv = w->l[r] > 0.0f ? 1.0f / w->l[r] : 0.0f;
+                for (size_t i = 0; i < d; i++)
+                    o[i] = (o[i] + (any_pend ? w->accs[r * d + i] : 0.0f)) * inv;
+            }
+        if (rawsc && jb->attn) {
+            float *a = jb->attn + h * ly->slots_cap;
+            for (size_t s = 0; s < ly->n_pages * P; s++) {
+                if (ly->pos[s] < 0 || !ly->pages[s / P].block || ly->pages[s / P].min_pos > qmax)
+                    continue;
+                float sum = 0.0f;
+                for (size_t r = 0; r < nr; r++)
+                    if (w->l[r] > 0.0f && ly->pos[s] <= w->rqp[r])
+                        sum += expf(rawsc[r * ly->slots_cap + s] - w->m[r]) / w->l[r];
+                a[s] += sum;
+            }
+        }
+    }
+}
+
+static void *kvq__attn_thread(void *arg) {
+    kvq__attn_job *jb = (kvq__attn_job *)arg;
+    kvq_cache *c = jb->c;
+    float *rawsc = NULL;
+    if (jb->attn) {
+        rawsc = (float *)kvq__alloc(&c->alloc, c->rows_max * jb->ly->slots_cap * sizeof(float) + 64);
+        if (!rawsc) {
+            jb->st = KVQ_ERR_NOMEM;
+            return NULL;
+        }
+    }
+    for (size_t h = jb->h0; h < c->H; h += jb->hstep)
+        kvq__attend_head(jb, h, rawsc);
+    kvq__free(&c->alloc, rawsc);
+    return NULL;
+}
+
+kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const int32_t *qpos,
+                            size_t T, float *out, size_t out_capacity, float *token_attn,
+                            size_t token_attn_capacity) {
+    if (!c || !q || !qpos || !out || T == 0)
+        return KVQ_ERR_INVALID_ARG;
+    if (layer >= c->L)
+        return KVQ_ERR_RANGE;
+    kvq__layer *ly = &c->layers[layer];
+    size_t QH = c->QH, d = c->d, H = c->H;
+    if (T > SIZE_MAX / (QH * d) || out_capacity < T * QH * d)
+        return KVQ_ERR_DST_TOO_SMALL;
+    if (token_attn && token_attn_capacity < H * ly->n_tokens)
+        return KVQ_ERR_DST_TOO_SMALL;
+    if (!kvq__all_finite(q, T * QH * d))
+        return KVQ_ERR_NONFINITE;
+    if (c->tiers) {
+        int32_t qmax = INT32_MIN;
+        for (size_t t = 0; t < T; t++)
+            qmax = qpos[t] > qmax ? qpos[t] : qmax;
+        kvq_status tst = kvq__tier_before_attend(c, layer, qmax);
+        if (tst != KVQ_OK)
+            return tst;
+    }
+    int want_attn = token_attn != NULL || c->cfg.policy == KVQ_POLICY_UTILITY;
+    float *attn = NULL;
+    kvq__cand *sorted = NULL;
+    size_t n_sorted = 0;
+    if (want_attn && ly->slots_cap) {
+        attn = (float *)kvq__calloc(&c->alloc, H * ly->slots_cap * sizeof(float));
+        if (!attn)
+            return KVQ_ERR_NOMEM;
+        if (token_attn) {
+            sorted = kvq__sorted_tokens(c, ly, &n_sorted);
+            if (!sorted) {
+                kvq__free(&c->alloc, attn);
+                return KVQ_ERR_NOMEM;
+            }
+        }
+    }
+    kvq__attn_job jobs[256];
+    pthread_t th[256];
+    size_t nt = c->n_threads;
+    for (size_t i = 0; i < nt; i++) {
+        jobs[i] = (kvq__attn_job){c, ly, q, qpos, T, out, attn, &c->work[i], i, nt, KVQ_OK};
+        c->work[i].bytes_read = 0;
+    }
+    int running[256] = {0};
+    for (size_t i = 1; i < nt; i++)
+        running[i] = pthread_create(&th[i], NULL, kvq__attn_thread, &jobs[i]) == 0;
+    kvq__attn_thread(&jobs[0]);
+    for (size_t i = 1; i < nt; i++) /* a thread that could not start runs here */
+        if (!running[i])
+            kvq__attn_thread(&jobs[i]);
+    kvq_status st = KVQ_OK;
+    for (size_t i = 0; i < nt; i++) {
+        if (running[i])
+            pthread_join(th[i], NULL);
+        if (jobs[i].st != KVQ_OK)
+            st = jobs[i].st;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        ly->bytes_read += c->work[i].bytes_read;
+        for (int k = 0; k < 3; k++) {
+            c->ts.reads[k] += c->work[i].tier_reads[k];
+            c->work[i].tier_reads[k] = 0;
+        }
+    }
+    if (st == KVQ_OK && attn) {
+        if (token_attn)
+            for (size_t h = 0; h < H; h++)
+                for (size_t r = 0; r < n_sorted; r++)
+                    token_attn[h * n_sorted + r] = attn[h * ly->slots_cap + sorted[r].slot];
+        if (c->cfg.policy == KVQ_POLICY_UTILITY) {
+            float norm = 1.0f / (float)(QH * T);
+            for (size_t s = 0; s < ly->n_pages * c->P; s++) {
+                if (ly->pos[s] < 0)
+                    continue;
+                float a = 0.0f;
+                for (size_t h = 0; h < H; h++)
+                    a += attn[h * ly->slots_cap + s];
+                ly->score[s] = 0.9f * ly->score[s] + 0.1f * a * norm;
+            }
+        }
+    }
+    kvq__free(&c->alloc, attn);
+    kvq__free(&c->alloc, sorted);
+    if (st != KVQ_OK)
+        return st;
+    int32_t qmax = INT32_MIN;
+    for (size_t t = 0; t < T; t++)
+        qmax = qpos[t] > qmax ? qpos[t] : qmax;
+    if (ly->appended && qmax >= ly->last_pos) {
+        /* the newest token's query has attended: its chunk is subject to
+         * the budget now, and what a next decode step would see encoded is
+         * encoded */
+        if (c->budget_pending_ratio) {
+            double b = ceil(c->cfg.budget_ratio * (double)ly->appended);
+            c->budget = b < 1 ? 1 : b > (double)c->cfg.max_tokens ? c->cfg.max_tokens : (size_t)b;
+            c->budget_pending_ratio = 0;
+        }
+        if (c->cfg.policy != KVQ_POLICY_NONE && c->budget)
+            kvq__evict_to(c, ly, c->budget, 0);
+        kvq__settle(c, ly, 0);
+        kvq__track_total_peak(c);
+    }
+    if (c->tiers)
+        (void)kvq__tier_enforce(c, layer);
+    return st;
+}
+

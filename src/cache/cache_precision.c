@@ -1,0 +1,185 @@
+/*
+ * cache_precision.c - switching the codec of a layer's keys or values (one
+ * KV head or all) at run time: the layer's pending tokens are settled
+ * first, then every page is re-encoded into a new block (all blocks
+ * allocated before any is replaced), and the layouts follow.
+ */
+#include "cache_impl.h"
+
+size_t kvq__reencode_slots(const kvq__layer *ly, size_t p, size_t P, const kvq_codec *from,
+                           const uint8_t *src, size_t fb, const kvq_codec *to, uint8_t *dst,
+                           size_t tb, int pend, double *err, double *ref) {
+    const size_t d = from->d;
+    float a[KVQ__MAX_HEAD_DIM], b[KVQ__MAX_HEAD_DIM];
+    size_t m = 0;
+    for (size_t i = 0; i < P; i++) {
+        int s = KVQ__STATE(ly->state[p * P + i]);
+        if (s != KVQ__ENC && !(pend && s == KVQ__PEND))
+            continue;
+        from->k.decode(from, a, src + i * fb, 1);
+        to->k.encode(to, dst + i * tb, a, 1);
+        m++;
+        if (!err)
+            continue;
+        to->k.decode(to, b, dst + i * tb, 1);
+        for (size_t t = 0; t < d; t++) {
+            *err += ((double)a[t] - b[t]) * ((double)a[t] - b[t]);
+            *ref += (double)a[t] * a[t];
+        }
+    }
+    return m;
+}
+
+kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_value,
+                                   const char *spec, double *added_nmse) {
+    if (!c || !spec)
+        return KVQ_ERR_INVALID_ARG;
+    c->errbuf[0] = 0;
+    if (layer >= (int)c->L || layer < -1 || kv_head >= (int)c->H || kv_head < -1)
+        return KVQ_ERR_RANGE;
+    if (!is_value && strncmp(spec, "chan:", 5) == 0)
+        return KVQ_ERR_UNSUPPORTED; /* channel key pages are re-encoded only as whole pages */
+    for (size_t l = 0; l < c->L && !is_value; l++)
+        if (c->layers[l].chan_mode && (layer < 0 || (size_t)layer == l))
+            return KVQ_ERR_UNSUPPORTED;
+    for (size_t l = 0; l < c->L; l++)
+        if (c->layers[l].tier_pages[KVQ__TIER_WARM] || c->layers[l].tier_pages[KVQ__TIER_COLD])
+            return KVQ_ERR_UNSUPPORTED; /* warm and cold pages keep the layout they left with */
+    kvq_codec *nc = NULL;
+    kvq_status st = kvq__get_codec(c, spec, &nc);
+    if (st != KVQ_OK)
+        return st;
+    if (nc->qp_bytes > c->max_qp || nc->acc_len > c->max_acc) {
+        /* the attention workspaces grow for the new codec, all or nothing */
+        size_t oq = c->max_qp, oa = c->max_acc;
+        c->max_qp = KVQ__MAX(oq, nc->qp_bytes);
+        c->max_acc = KVQ__MAX(oa, nc->acc_len);
+        kvq__work *nw = (kvq__work *)kvq__calloc(&c->alloc, c->n_threads * sizeof *nw);
+        st = nw ? KVQ_OK : KVQ_ERR_NOMEM;
+        for (size_t t = 0; t < c->n_threads && st == KVQ_OK; t++)
+            st = kvq__work_alloc(c, &nw[t]);
+        if (st != KVQ_OK) {
+            for (size_t t = 0; nw && t < c->n_threads; t++)
+                kvq__work_free(c, &nw[t]);
+            kvq__free(&c->alloc, nw);
+            c->max_qp = oq;
+            c->max_acc = oa;
+            return st;
+        }
+        for (size_t t = 0; t < c->n_threads; t++)
+            kvq__work_free(c, &c->work[t]);
+        kvq__free(&c->alloc, c->work);
+        c->work = nw;
+    }
+    size_t P = c->P;
+    double err = 0.0, ref = 0.0;
+    size_t l0 = layer < 0 ? 0 : (size_t)layer, l1 = layer < 0 ? c->L : (size_t)layer + 1;
+    for (size_t l = l0; l < l1; l++) {
+        kvq__layer *ly = &c->layers[l];
+        /* staged tokens are encoded with the codec they were staged for;
+         * after this only channel keys remain in staging */
+        kvq__settle(c, ly, 1);
+        /* new layout for this layer */
+        kvq__head *nh = (kvq__head *)kvq__alloc(&c->alloc, c->H * sizeof *nh);
+        if (!nh) {
+            st = KVQ_ERR_NOMEM;
+            break;
+        }
+        memcpy(nh, ly->heads, c->H * sizeof *nh);
+        for (size_t h = 0; h < c->H; h++)
+            if (kv_head < 0 || (size_t)kv_head == h) {
+                if (is_value)
+                    nh[h].vc = nc;
+                else
+                    nh[h].kc = nc;
+            }
+        kvq__head *oh = ly->heads;
+        size_t old_block = ly->block_bytes, old_meta = kvq__block_codec_meta(c, ly);
+        size_t old_stage = ly->stage_bytes;
+        ly->heads = nh;
+        kvq__layout_layer(c, ly);
+        size_t new_block = ly->block_bytes, new_meta = kvq__block_codec_meta(c, ly);
+        size_t new_stage = ly->stage_bytes;
+        ly->heads = oh;
+        kvq__layout_layer(c, ly);
+        /* the staged channel keys come first in both layouts (a layer with
+         * channel keys switches only its values) */
+        size_t kpart = 0;
+        for (size_t h = 0; h < c->H; h++)
+            kpart += oh[h].kchan_bits ? c->P * c->d * sizeof(uint16_t) : 0;
+        /* allocate every new block first: all or nothing */
+        uint8_t **nb = (uint8_t **)kvq__calloc(&c->alloc, 2 * (ly->n_pages + 1) * sizeof *nb);
+        uint8_t **ns = nb ? nb + ly->n_pages + 1 : NULL;
+        int ok = nb != NULL;
+        for (size_t p = 0; ok && p < ly->n_pages; p++) {
+            if (ly->pages[p].block) {
+                nb[p] = (uint8_t *)kvq__calloc(&c->alloc, new_block);
+                ok = nb[p] != NULL;
+            }
+            if (ok && ly->pages[p].stage && new_stage != old_stage) {
+                ns[p] = (uint8_t *)kvq__calloc(&c->alloc, new_stage);
+                ok = ns[p] != NULL;
+            }
+        }
+        if (!ok) {
+            for (size_t p = 0; nb && p < ly->n_pages; p++) {
+                kvq__free(&c->alloc, nb[p]);
+                kvq__free(&c->alloc, ns[p]);
+            }
+            kvq__free(&c->alloc, nb);
+            kvq__free(&c->alloc, nh);
+            st = KVQ_ERR_NOMEM;
+            break;
+        }
+        for (size_t p = 0; p < ly->n_pages; p++) {
+            kvq__page *pg = &ly->pages[p];
+            if (!pg->block)
+                continue;
+            for (size_t h = 0; h < c->H; h++) {
+                kvq__head *o = &oh[h], *n = &nh[h];
+                int target = kv_head < 0 || (size_t)kv_head == h;
+                /* keys */
+                int rekey = !is_value && target && !o->kchan_bits;
+                if (!rekey) {
+                    memcpy(nb[p] + n->k_off, pg->block + o->k_off, o->k_hdr + o->kbytes * P);
+                } else {
+                    size_t m = kvq__reencode_slots(ly, p, P, o->kc, pg->block + o->k_off, o->kbytes,
+                                                   n->kc, nb[p] + n->k_off, n->kbytes, 0, &err, &ref);
+                    ly->reencodes += m;
+                    ly->bytes_written += m * n->kbytes;
+                }
+                /* values */
+                if (!(is_value && target)) {
+                    memcpy(nb[p] + n->v_off, pg->block + o->v_off, o->vbytes * P);
+                } else {
+                    size_t m = kvq__reencode_slots(ly, p, P, o->vc, pg->block + o->v_off, o->vbytes,
+                                                   n->vc, nb[p] + n->v_off, n->vbytes, 0, &err,
+                                                   &ref);
+                    ly->reencodes += m;
+                    ly->bytes_written += m * n->vbytes;
+                }
+            }
+            kvq__lfree(c, ly, pg->block, old_block, 0);
+            pg->block = nb[p];
+            ly->payload_bytes += new_block;
+            ly->codec_meta_bytes += new_meta - old_meta;
+            if (ns[p]) {
+                memcpy(ns[p], pg->stage, KVQ__MIN(kpart, new_stage));
+                kvq__lfree(c, ly, pg->stage, old_stage, 0);
+                pg->stage = (uint16_t *)ns[p];
+                ly->payload_bytes += new_stage;
+            }
+        }
+        kvq__free(&c->alloc, nb);
+        memcpy(ly->heads, nh, c->H * sizeof *nh);
+        kvq__free(&c->alloc, nh);
+        kvq__layout_layer(c, ly);
+        if (ly->payload_bytes + ly->meta_bytes > ly->peak_bytes)
+            ly->peak_bytes = ly->payload_bytes + ly->meta_bytes;
+    }
+    kvq__track_total_peak(c);
+    if (added_nmse)
+        *added_nmse = ref > 0 ? err / ref : 0.0;
+    return st;
+}
+
