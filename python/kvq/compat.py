@@ -198,10 +198,10 @@ class AdaptiveKVCache:
 
     heads are KV heads; q_heads (default heads) are the query heads of
     update(query=...)/attend. protect_recent (the newest tokens that are
-    never evicted) defaults to min(128, budget // 4). The library keeps at
-    least sinks + protect_recent tokens, so the effective budget per layer is
-    min(max(budget, sinks + protect_recent), max_tokens) (stats() reports
-    it). Other KVCache options (page, recent_window, k_layout, threads, ...)
+    never evicted) defaults to min(128, budget // 4); when sinks +
+    protect_recent exceed the budget, the protected window (then the sinks)
+    shrink to fit, so the effective budget per layer is min(budget,
+    max_tokens) (stats() reports it). Other KVCache options (page, recent_window, k_layout, threads, ...)
     pass through **options.
 
     Layouts (heads first, as in the prototypes): keys/values
@@ -219,7 +219,9 @@ class AdaptiveKVCache:
     attention_weights are then only checked (finite numbers). Without a
     query, attention_weights cannot influence eviction: they are checked
     and counted in stats()["ignored_attention_weights"], and the tokens keep
-    the utility from earlier attends. Pass the query to get utility eviction.
+    the utility from earlier attends; the budget is then applied at once
+    (the new tokens may go too, as in a prefill compressed after the fact).
+    Pass the query to get utility eviction after attention.
     """
 
     def __init__(self, heads, head_dim, budget, layers=1, q_heads=None, k_codec="int8",
@@ -232,8 +234,7 @@ class AdaptiveKVCache:
         self.q_heads = int(q_heads) if q_heads is not None else self.heads
         self.layers = int(layers)
         self.budget = int(budget)
-        self.effective_budget = min(max(self.budget, int(sinks) + int(protect_recent)),
-                                    int(max_tokens))
+        self.effective_budget = min(self.budget, int(max_tokens))
         self.cache = KVCache(layers=self.layers, kv_heads=self.heads, q_heads=self.q_heads,
                              head_dim=self.head_dim, max_tokens=max_tokens, k_codec=k_codec,
                              v_codec=v_codec, policy=policy, budget=self.budget, sinks=sinks,
@@ -284,6 +285,7 @@ class AdaptiveKVCache:
             if query is None:
                 self.ignored_attention_weights += 1
         if query is None:
+            self.cache.set_budget(self.effective_budget)  # no attend will do it
             return None
         qp = self._next_pos[layer] - 1 if query_position is None else query_position
         return self.attend(query, layer, qp)

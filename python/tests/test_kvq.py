@@ -460,6 +460,9 @@ class TestKVCache(unittest.TestCase):
                                         max_tokens=128, k_codec=kc, v_codec=vc, isa=isa,
                                         overrides=ov)
                     cache.append(0, K, V)
+                    # the prefill's own attend sees it exactly and settles it;
+                    # the next attend runs over the encoded pages
+                    cache.attend(0, q[:1], qpos[:1])
                     out = cache.attend(0, q, qpos)
                     k, v = cache.get_kv(0)
                     ref = ref_attend(k, v, pos, q, qpos)
@@ -482,8 +485,14 @@ class TestKVCache(unittest.TestCase):
         np.testing.assert_array_equal(pre.get_kv(0)[0], K)  # stored pre-RoPE
 
         ref = ref_attend(K, V, pos, q, qpos)
+        # a centre must be given (one estimated from the sequence would
+        # depend on its chunking and on the text under evaluation)
+        with self.assertRaises(kvq.KvqError):
+            kvq.KVCache(layers=1, kv_heads=H, q_heads=QH, head_dim=d, max_tokens=n,
+                        k_codec="f32", v_codec="f32", k_center=True)
         cen = kvq.KVCache(layers=1, kv_heads=H, q_heads=QH, head_dim=d, max_tokens=n,
-                          k_codec="f32", v_codec="f32", k_center=True)
+                          k_codec="f32", v_codec="f32",
+                          k_center_values=K.mean(axis=0, keepdims=True))
         cen.append(0, K, V, pos)
         np.testing.assert_allclose(cen.attend(0, q, qpos), ref, atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(cen.get_kv(0)[0], K, atol=1e-5)
@@ -499,8 +508,10 @@ class TestKVCache(unittest.TestCase):
                           k_codec="int8", v_codec="int8", recent_window=8)
         for a in range(0, n, 7):
             win.append(0, K[a:a + 7], V[a:a + 7], pos[a:a + 7])
+            win.attend(0, q[:1], pos[min(a + 6, n - 1):][:1])  # settles all but 7
         k, v = win.get_kv(0)
-        np.testing.assert_allclose(k[-8:], K[-8:], rtol=1e-3, atol=1e-3)  # f16 staged
+        np.testing.assert_allclose(k[-7:], K[-7:], rtol=1e-3, atol=1e-3)  # f16 staged
+        self.assertGreater(np.abs(k[:-8] - K[:-8]).max(), 1e-3)  # encoded int8
         out = win.attend(0, q, qpos)
         ref = ref_attend(k, v, pos, q, qpos)
         self.assertLessEqual(np.abs(out - ref).max(), attn_tol("int8") * np.abs(ref).max())
@@ -522,6 +533,7 @@ class TestKVCache(unittest.TestCase):
         ch = kvq.KVCache(layers=1, kv_heads=H, head_dim=d, max_tokens=n, k_codec="int4",
                          v_codec="f16", k_layout="channel", page=16)
         ch.append(0, K, V)
+        ch.attend(0, q, [n - 1])  # the prefill's attend; then the pages are encoded
         k, v = ch.get_kv(0)
         self.assertLess(nmse(K, k), 0.02)
         out = ch.attend(0, q, [n - 1])
@@ -538,6 +550,7 @@ class TestKVCache(unittest.TestCase):
                                     {"codec": fitted, "layer": 0, "head": 0, "values": True}])
         for layer in (0, 1):
             ov.append(layer, K, V)
+            ov.attend(layer, q, [n - 1])
         # layer 1 (int4 values) is smaller than all-f16 pages (4 of 16 tokens)
         self.assertLess(ov.stats(1)["payload_bytes"], 4 * 16 * H * 4 * d)
         k0, v0 = ov.get_kv(0)
@@ -553,6 +566,7 @@ class TestKVCache(unittest.TestCase):
         # a fitted Codec passed as the default codec carries its state along
         c = kvq.KVCache(layers=1, kv_heads=H, head_dim=d, max_tokens=n, v_codec=fitted)
         c.append(0, K, V)
+        c.attend(0, q, [n - 1])
         self.assertLess(nmse(V, c.get_kv(0)[1]), NMSE_BOUND["nuq4"] * 1.5)
 
     def test_eviction_fifo_and_window(self):
@@ -564,9 +578,14 @@ class TestKVCache(unittest.TestCase):
                 c = kvq.KVCache(layers=1, kv_heads=H, head_dim=d, max_tokens=200, k_codec="int8",
                                 v_codec="int4", policy=policy, budget=40, sinks=4,
                                 protect_recent=8, page=16)
+                q = gauss(r, 1, H, d)
                 for a in range(0, 100, 7):
+                    before = c.tokens(0)
                     c.append(0, K[a:a + 7], V[a:a + 7])
                     appended = min(a + 7, 100)
+                    # nothing of the chunk leaves before its queries attended
+                    self.assertEqual(c.tokens(0), before + appended - a)
+                    c.attend(0, q, [appended - 1])
                     self.assertEqual(c.tokens(0), min(appended, 40))
                 pos = c.positions(0)
                 # sinks 0..3 and the 36 most recent tokens stay
@@ -582,11 +601,19 @@ class TestKVCache(unittest.TestCase):
                 c.set_budget(20)
                 self.assertEqual(c.tokens(0), 20)
                 np.testing.assert_array_equal(c.positions(0), np.r_[0:4, 84:100])
-        # the budget never goes below sinks + protect_recent
+        # a budget below sinks + protect_recent shrinks the protected window,
+        # then the sinks: a prefill is attended whole, then compressed
         c = kvq.KVCache(layers=1, kv_heads=H, head_dim=d, max_tokens=200, policy="fifo",
                         budget=5, sinks=4, protect_recent=8)
         c.append(0, K, V)
-        self.assertEqual(c.tokens(0), 12)
+        self.assertEqual(c.tokens(0), 100)
+        c.attend(0, gauss(r, 1, H, d), [99])
+        np.testing.assert_array_equal(c.positions(0), np.r_[95:100])
+        c = kvq.KVCache(layers=1, kv_heads=H, head_dim=d, max_tokens=200, policy="fifo",
+                        budget=10, sinks=4, protect_recent=8)
+        c.append(0, K, V)
+        c.attend(0, gauss(r, 1, H, d), [99])
+        np.testing.assert_array_equal(c.positions(0), np.r_[0:2, 92:100])
         # policy none: full
         c = kvq.KVCache(layers=1, kv_heads=H, head_dim=d, max_tokens=50)
         c.append(0, K[:50], V[:50])
@@ -629,7 +656,8 @@ class TestKVCache(unittest.TestCase):
         K, V, _ = self.make_seq(r, 37, H, d)
         c.append(0, K, V)
         c.append(2, K[:5], V[:5])
-        c.attend(0, gauss(r, 2, 4, d), [36, 36])
+        c.attend(0, gauss(r, 2, 4, d), [36, 36])  # sees the chunk staged, then settles it
+        c.attend(0, gauss(r, 2, 4, d), [36, 36])  # reads the encoded pages
         names = [n for n, _ in _lib.STATS_FIELDS]
         tot = c.stats()
         self.assertEqual(list(tot), names)
@@ -688,6 +716,7 @@ class TestKVCache(unittest.TestCase):
         K, V, pos = self.make_seq(r, n, H, d, step=1, start=0)
         for layer in (0, 1):
             c.append(layer, K, V)
+            c.attend(layer, gauss(r, 1, QH, d), [n - 1])  # settles the prefill
         k0, v0 = c.get_kv(0)
         before = c.stats(0)
         added = c.set_precision("int4", layer=0, values=True)
@@ -916,6 +945,9 @@ class TestCompat(unittest.TestCase):
         self.assertEqual(ac.positions(1)[-1], 100)
         kk, vv = ac.get_kv(1)
         self.assertEqual(kk.shape, (H, 64, d))
+        # (tokens not attended yet wait in f16 staging beside their pages: the
+        # attend of layer 0 settles them before the bytes are compared)
+        ac.update(gauss(r, H, d), gauss(r, H, d), layer=0, query=gauss(r, H, 1, d))
         s = ac.stats(-1)
         self.assertEqual(s["tokens"], 128)
         self.assertLess(s["stored_bytes"], s["fp16_bytes"])
