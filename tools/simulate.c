@@ -404,6 +404,19 @@ int kvq_tool_simulate(int argc, char **argv) {
     cfg.protect_recent = o.window;
     cfg.k_layout = strcmp(o.layout, "channel") ? KVQ_LAYOUT_TOKEN : KVQ_LAYOUT_CHANNEL;
     cfg.k_prerope = o.prerope, cfg.k_center = o.center, cfg.n_threads = o.threads;
+    /* --k-center: channel means of the prompt's keys, known when the prompt
+     * is prefilled (the library takes a centre only as given values) */
+    float *center = NULL;
+    if (o.center) {
+        const float *Ks = o.prerope ? D.kpre : D.k;
+        size_t np = D.prompt ? D.prompt : 1;
+        center = calloc(L * H * d, sizeof(float));
+        for (size_t l = 0; center && l < L; l++)
+            for (size_t t = 0; t < np && t < N; t++)
+                for (size_t i = 0; i < H * d; i++)
+                    center[l * H * d + i] += Ks[(l * N + t) * H * d + i] / (float)np;
+        cfg.k_center_values = center;
+    }
     kvq_cache_config hot_cfg = cfg; /* the same cache with every page hot */
     kvq_store *store = NULL;
     if (o.cold) {
@@ -636,6 +649,6 @@ int kvq_tool_simulate(int argc, char **argv) {
     kvq_cache_free(allhot);
     kvq_store_close(store);
     free(out), free(tattn), free(pos), free(qpos), free(p), free(pg);
-    free(D.k), free(D.kpre), free(D.v), free(D.q);
+    free(D.k), free(D.kpre), free(D.v), free(D.q), free(center);
     return 0;
 }
