@@ -203,6 +203,29 @@ KVQ_API kvq_status kvq_codec_load_file(kvq_codec *codec, const char *path);
  * attention at its token's position. Each token keeps its position, so
  * eviction never shifts the positions of the tokens that remain.
  *
+ * Causality: appending n tokens and attending with their n queries gives
+ * what n single-token append+attend steps give, except that the queries of
+ * a chunk see that chunk's keys and values exactly (as an engine's prefill
+ * does). An append stores lossy K/V in f16 staging (f32/f16 codecs store
+ * directly); a later call encodes them: the next append, and the end of an
+ * attend whose queries reach the newest token, encode every staged token
+ * but the newest max(recent_window, 1) - 1. So a decode step's query sees
+ * its own token and the recent_window - 1 before it exactly and everything
+ * older as stored, and the bytes a token is stored as never depend on how
+ * the sequence was chunked (a prefill + attend and token-by-token decoding
+ * leave bit-identical pages). Channel-layout key pages are encoded once
+ * full and settled.
+ *
+ * Eviction (policies below) runs at the end of an attend that reaches the
+ * newest token, after the utility scores include that chunk's attention,
+ * so a prefill longer than the budget is attended whole and compressed
+ * afterwards (as kvpress does) and the budget holds after every
+ * append+attend step. An append evicts only older tokens: those over the
+ * budget when no attend ran since, or to keep max_tokens. The first `sinks`
+ * tokens and the newest `protect_recent` are never evicted; when the budget
+ * is smaller than both together the protected window shrinks to fit, then
+ * the sinks. max_tokens bounds the tokens stored whenever a call returns.
+ *
  * Thread safety: a cache is not safe for concurrent mutation; append, evict,
  * set_precision and attend (which updates utility scores and counters) on
  * one cache must be serialized by the caller. Read-only calls (get_kv,
@@ -248,15 +271,17 @@ typedef struct kvq_cache_config {
     size_t sinks;               /* first tokens never evicted (4) */
     kvq_policy policy;          /* default KVQ_POLICY_NONE */
     size_t budget_tokens;       /* per layer, 0 = none (max_tokens bounds it) */
-    double budget_ratio;        /* > 0: budget = ceil(ratio * length of the first append) */
+    double budget_ratio;        /* > 0: budget = ceil(ratio * tokens appended when the first
+                                   attend reaching the newest token ends: the prefill's
+                                   length); in decode-only use give budget_tokens instead */
     size_t protect_recent;      /* most recent tokens never evicted (128) */
     kvq_layout k_layout;        /* default token */
     int k_prerope;              /* keys are given before RoPE; RoPE applied in attention */
     double rope_theta;          /* 10000 */
     size_t rope_dims;           /* rotary dims (0 = head_dim); pairs (2i, 2i+1) */
     int k_center;               /* subtract a per-(layer, head) channel mean from keys */
-    const float *k_center_values; /* [n_layers][n_kv_heads][head_dim], or NULL = estimate
-                                     from the first append of each layer */
+    const float *k_center_values; /* [n_layers][n_kv_heads][head_dim], required with
+                                     k_center (channel means from calibration data) */
     size_t n_threads;           /* attention worker threads (1) */
     const kvq_allocator *allocator;
     kvq_isa isa;
@@ -298,11 +323,10 @@ KVQ_API void kvq_cache_free(kvq_cache *cache);
 
 /* Appends n_tokens tokens to one layer. k and v are [n_tokens][n_kv_heads]
  * [head_dim]; positions[n_tokens] strictly increase and continue after the
- * last appended position (NULL: the next positions in order). With a policy
- * set, the new tokens are inserted and the policy then evicts, so that the
- * layer holds at most its budget when the call returns (new tokens may be
- * evicted at once when the chunk is larger than the budget allows). On
- * error nothing is stored. */
+ * last appended position (NULL: the next positions in order). The new
+ * tokens stay until their queries have attended (see "Eviction" above). On
+ * error nothing is stored (earlier staged tokens may have been encoded, as
+ * the next call would do anyway). */
 KVQ_API kvq_status kvq_cache_append(kvq_cache *cache, size_t layer, const float *k,
                                     const float *v, const int32_t *positions, size_t n_tokens);
 
@@ -335,13 +359,15 @@ KVQ_API kvq_status kvq_cache_get_kv(const kvq_cache *cache, size_t layer, int kv
                                     size_t capacity);
 
 /* Switches the K or V codec of a layer (and one KV head, or all with -1) at
- * run time: pages are decoded and re-encoded with the new codec; new tokens
- * use it. *added_nmse (optional) gets the error the re-encode added:
+ * run time: staged tokens are first encoded with the old codec (all of
+ * them, the recent window included), then pages are decoded and re-encoded
+ * with the new codec; new tokens use it. *added_nmse (optional) gets the error the re-encode added:
  * sum ||old decoded - new decoded||^2 / sum ||old decoded||^2. */
 KVQ_API kvq_status kvq_cache_set_precision(kvq_cache *cache, int layer, int kv_head,
                                            int is_value, const char *codec, double *added_nmse);
 
-/* Evicts down to the budget now (the policy also runs inside append). */
+/* Sets the budget (at most max_tokens) and evicts down to it now, new
+ * tokens included. */
 KVQ_API kvq_status kvq_cache_set_budget(kvq_cache *cache, size_t budget_tokens);
 
 typedef struct kvq_stats {
