@@ -1,8 +1,10 @@
 #!/bin/sh
 # model_cli_test.sh - the model commands of the kvq tool on the real
-# stories260K model: generate (greedy sample), eval --json (f32 reference and
-# the exact JSON keys), calibrate on a small budget of tokens, eval --alloc of
-# the result, sweep (CSV and SVG), and bad arguments.
+# stories260K model: generate (greedy sample), eval --json (decoding through
+# an f32 cache, the exact JSON keys, the figures beside the mean, --prefill,
+# --budget-ratio, --save-logits / --base-logits and their checks, --skip /
+# --max-lines, the eviction policies), calibrate on a small budget of tokens,
+# eval --alloc of the result, sweep (CSV and SVG), and bad arguments.
 # Usage: sh tests/model_cli_test.sh path/to/kvq   (data: $KVQ_DATA or ../shared/data)
 # Prints "N passed, N failed"; exits 1 on failure.
 
@@ -30,23 +32,113 @@ case "$out" in
     *) bad "generate greedy: $out" ;;
 esac
 
-"$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --json > "$TMP/e.json" 2>"$TMP/err" && ok || bad "eval f32"
-$PY - "$TMP/e.json" <<'PYEOF' && ok || bad "eval --json keys and f32 identity"
-import json, sys
-d = json.load(open(sys.argv[1]))
-keys = ["nll_f32", "nll", "ppl_f32", "ppl", "kl", "top1_agree", "bits_per_value", "tokens"]
-assert list(d.keys()) == keys, d.keys()
-assert d["nll"] == d["nll_f32"] and d["kl"] == 0 and d["top1_agree"] == 1, d
-assert d["tokens"] > 100
-PYEOF
+# ---- eval: decode semantics, the figures beside the mean, the reference file
+E="eval --model $M --tokenizer $T"
+KEYS='["nll_f32", "nll", "ppl_f32", "ppl", "kl", "top1_agree", "bits_per_value", "tokens",
+ "delta_nll", "delta_nll_stderr", "kl_stderr", "kl_median", "kl_p99", "kl_max", "dp_top_mean_abs",
+ "asymptotic_bits_per_value", "fixed_bytes_per_sequence", "tokens_kept_mean", "sequences", "prefill"]'
+run 0 "eval f32" $E --text "$TMP/two.txt" --json
+# Decoding token by token through an f32 cache differs from the f32 prefill
+# only in float summation order (~1e-7 relative on the logits): a log-prob
+# moves by far less than 1e-4, and each 16-bit code that flips adds at most
+# step^2 / 2 = 1.2e-7 (times the token's probability) to KL.
+check_json "eval --json keys and the f32 cache decoding" "
+assert list(d) == $KEYS, list(d)
+assert abs(d['delta_nll']) <= 1e-4 and abs(d['nll'] - d['nll_f32']) <= 1e-4, d
+assert 0 <= d['kl'] <= 1e-6 and d['kl_max'] <= 1e-6 and d['dp_top_mean_abs'] <= 1e-4, d
+assert d['sequences'] == 2 and d['prefill'] == 0 and d['tokens'] > 100, d
+assert d['asymptotic_bits_per_value'] == 32, d
+"
+# a prefill covering each story is the reference's own forward call: identical
+run 0 "eval f32 --prefill 512" $E --text "$TMP/two.txt" --json --prefill 512
+check_json "eval f32 with a whole-story prefill is exact" "
+assert d['kl'] == 0 and d['kl_max'] == 0 and d['kl_median'] == 0 and d['kl_stderr'] == 0, d
+assert d['nll'] == d['nll_f32'] and d['delta_nll'] == 0 and d['top1_agree'] == 1, d
+assert d['dp_top_mean_abs'] == 0 and d['prefill'] == 512, d
+"
+# one story of n tokens without a policy: prediction t attends to t + 1 tokens
+run 0 "eval one story" $E --text "$TXT" --max-lines 1 --json
+check_json "tokens_kept_mean without a policy" "
+n = d['tokens'] + 1
+assert d['sequences'] == 1 and abs(d['tokens_kept_mean'] - n / 2) <= 5e-4, d
+"
+KEPT_PY='
+import math
+n, P = d["tokens"] + 1, d["prefill"]
+B = math.ceil(R * (P if 0 < P < n else n))
+# the prefill queries see the chunk; a decode step sees what the cache held (at most B) and itself
+bound = sum(t + 1 if t < P else min(t, B) + 1 for t in range(n - 1)) / (n - 1)
+assert d["tokens_kept_mean"] <= bound + 5e-4 and d["tokens_kept_mean"] < n / 2, (d, bound)
+'
+run 0 "eval --budget-ratio" $E --text "$TXT" --max-lines 1 --json --policy window --budget-ratio 0.5 --window 32
+check_json "--budget-ratio 0.5 keeps at most ceil(0.5 n)" "R = 0.5
+$KEPT_PY"
+run 0 "eval --prefill --budget-ratio" $E --text "$TXT" --max-lines 1 --json --prefill 64 --policy window --budget-ratio 0.5 --window 32
+check_json "--budget-ratio with --prefill 64 keeps at most 32 after it" "R = 0.5
+$KEPT_PY
+assert d['prefill'] == 64"
 
-"$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --json --k-codec int8 --v-codec int4 > "$TMP/e2.json" 2>/dev/null && ok || bad "eval int8/int4"
-$PY - "$TMP/e2.json" <<'PYEOF' && ok || bad "eval int8/int4 figures"
-import json, sys
-d = json.load(open(sys.argv[1]))
-assert 0 < d["kl"] < 0.05 and 0.9 < d["top1_agree"] <= 1, d
-assert 8.5 < d["bits_per_value"] < 9.5, d   # (10 + 8) / 2 plus page slack
-PYEOF
+run 0 "eval int8/int4 --save-logits" $E --text "$TMP/two.txt" --json --k-codec int8 --v-codec int4 --save-logits "$TMP/ref.bin"
+cp "$TMP/out" "$TMP/e2.json"
+check_json "eval int8/int4 figures" "
+# head_dim 8: int8 = 8 bits + an fp16 scale per vector (10), int4 = 4 bits + fp16 scale and minimum (8)
+assert d['asymptotic_bits_per_value'] == 9 and d['bits_per_value'] >= 9, d
+assert d['fixed_bytes_per_sequence'] >= 0 and d['tokens_kept_mean'] > 1, d
+assert 0 < d['kl'] <= d['kl_max'] and 0 <= d['kl_median'] <= d['kl_p99'] <= d['kl_max'], d
+assert d['kl_stderr'] * d['tokens'] ** 0.5 <= d['kl_max'], d   # sd <= range
+assert abs(d['delta_nll'] - (d['nll'] - d['nll_f32'])) <= 2e-6, d
+assert 0 < d['dp_top_mean_abs'] < 1 and 0 < d['top1_agree'] <= 1 and d['kl'] < 0.05, d
+"
+# 24 + 2 * 512 bytes per predicted token after a 64-byte header
+[ "$(wc -c < "$TMP/ref.bin")" -eq $((64 + $($PY -c "import json; print(json.load(open('$TMP/e2.json'))['tokens'])") * 1048)) ] && ok || bad "--save-logits file size"
+ls "$TMP"/ref.bin.tmp.* > /dev/null 2>&1 && bad "--save-logits left its temporary file" || ok
+run 0 "eval --base-logits" $E --text "$TMP/two.txt" --json --k-codec int8 --v-codec int4 --base-logits "$TMP/ref.bin"
+cmp -s "$TMP/out" "$TMP/e2.json" && ok || bad "--base-logits changes the figures: $(cat "$TMP/out")"
+run 1 "--base-logits of another text" $E --text "$TMP/other.txt" --base-logits "$TMP/ref.bin"
+expect_in "$TMP/err" "another text" "--base-logits text mismatch"
+cp "$M" "$TMP/m2.bin"
+printf '\001' | dd of="$TMP/m2.bin" bs=1 seek=$(($(wc -c < "$M") - 1)) conv=notrunc 2>/dev/null
+run 1 "--base-logits of another model" eval --model "$TMP/m2.bin" --tokenizer "$T" --text "$TMP/two.txt" --base-logits "$TMP/ref.bin"
+expect_in "$TMP/err" "another model" "--base-logits model mismatch"
+head -c 5000 "$TMP/ref.bin" > "$TMP/short.bin"
+run 1 "truncated --base-logits" $E --text "$TMP/two.txt" --base-logits "$TMP/short.bin"
+expect_in "$TMP/err" "truncated" "--base-logits truncated"
+cp "$TMP/ref.bin" "$TMP/bad.bin"
+printf '\377' | dd of="$TMP/bad.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
+run 1 "corrupt --base-logits" $E --text "$TMP/two.txt" --base-logits "$TMP/bad.bin"
+expect_in "$TMP/err" "corrupt" "--base-logits corrupt"
+run 1 "--base-logits not a reference" $E --text "$TMP/two.txt" --base-logits "$TXT"
+run 2 "--save-logits with --base-logits" $E --text "$TMP/two.txt" --save-logits "$TMP/x.bin" --base-logits "$TMP/ref.bin"
+run 1 "--save-logits into a missing folder" $E --text "$TMP/two.txt" --save-logits "$TMP/no/such/x.bin"
+
+# line selection: --skip 2 --max-lines 2 is lines 3 and 4
+run 0 "eval --skip --max-lines" $E --text "$TXT" --skip 2 --max-lines 2 --json --k-codec int8 --v-codec int8
+cp "$TMP/out" "$TMP/sel.json"
+run 0 "eval lines 3-4" $E --text "$TMP/other.txt" --json --k-codec int8 --v-codec int8
+cmp -s "$TMP/out" "$TMP/sel.json" && ok || bad "--skip 2 --max-lines 2 differs from lines 3-4"
+for v in -1 1x "" " 2" 1e3; do
+    run 2 "--skip '$v'" $E --text "$TMP/two.txt" --skip "$v"
+done
+run 2 "--max-lines 0" $E --text "$TMP/two.txt" --max-lines 0
+run 2 "--max-lines -3" $E --text "$TMP/two.txt" --max-lines -3
+run 2 "calibrate --skip x" calibrate --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --target-bits 5 -o "$TMP/x.json" --skip x
+run 1 "--skip past the end" $E --text "$TMP/two.txt" --skip 2
+expect_in "$TMP/err" "0 selected" "--skip past the end names the selection"
+run 2 "--k-center without centre values" $E --text "$TMP/two.txt" --k-center
+expect_in "$TMP/err" "calibration data" "--k-center message"
+
+# eviction measured as decoding (issue 9): utility keeps the same number of
+# tokens as window and loses less, at a fixed budget and at a ratio
+for b in "--budget 128" "--budget-ratio 0.5"; do
+    run 0 "eval window $b" $E --text "$TXT" --json --policy window $b --window 32
+    cp "$TMP/out" "$TMP/win.json"
+    run 0 "eval utility $b" $E --text "$TXT" --json --policy utility $b --window 32
+    check_json "utility beats window at $b" "
+w = json.load(open('$TMP/win.json'))
+assert d['kl'] < w['kl'] and d['nll'] != w['nll'], (d, w)
+assert d['tokens_kept_mean'] == w['tokens_kept_mean'] < 245, (d, w)
+"
+done
 
 "$KVQ" calibrate --model "$M" --tokenizer "$T" --text "$TMP/short.txt" --target-bits 5 --max-tokens 64 -o "$TMP/a.json" --json > "$TMP/c.json" 2>"$TMP/err" && ok || bad "calibrate: $(cat "$TMP/err")"
 $PY - "$TMP/c.json" "$TMP/a.json" <<'PYEOF' && ok || bad "calibrate output"

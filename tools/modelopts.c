@@ -6,6 +6,10 @@
  */
 #include "modelopts.h"
 
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +19,49 @@ void kvqt_modelopts_init(kvqt_modelopts *o, int with_text) {
     o->with_text = with_text;
 }
 
+/* Strict conversions of an option's value: 0, or -1 with a message. */
+static int kvqt_parse_ull(const char *cmd, const char *opt, const char *v,
+                          unsigned long long *out) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!isdigit((unsigned char)v[0]) || *end || errno == ERANGE) {
+        fprintf(stderr, "kvq %s: %s needs a count (decimal digits), got '%s'\n", cmd, opt, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int kvqt_parse_size(const char *cmd, const char *opt, const char *v, size_t *out) {
+    unsigned long long x;
+    if (kvqt_parse_ull(cmd, opt, v, &x) != 0)
+        return -1;
+    if (x > SIZE_MAX) {
+        fprintf(stderr, "kvq %s: %s %s is too large\n", cmd, opt, v);
+        return -1;
+    }
+    *out = (size_t)x;
+    return 0;
+}
+
+static int kvqt_parse_double(const char *cmd, const char *opt, const char *v, double *out) {
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x)) {
+        fprintf(stderr, "kvq %s: %s needs a number, got '%s'\n", cmd, opt, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 /* 1 when argv[*i] is one of the model options followed by its value (both
- * consumed), 0 otherwise. */
-static int kvqt_modelopts_parse(kvqt_modelopts *o, int argc, char **argv, int *i) {
+ * consumed), 0 when it is not, -1 on a bad value (message printed). */
+static int kvqt_modelopts_parse(kvqt_modelopts *o, int argc, char **argv, int *i, const char *cmd) {
     if (*i + 1 >= argc)
         return 0;
-    const char *a = argv[*i];
+    const char *a = argv[*i], *v = argv[*i + 1];
     const char **dst = NULL;
     if (!strcmp(a, "--model"))
         dst = &o->model;
@@ -28,14 +69,29 @@ static int kvqt_modelopts_parse(kvqt_modelopts *o, int argc, char **argv, int *i
         dst = &o->tokenizer;
     else if (o->with_text && !strcmp(a, "--text"))
         dst = &o->text;
-    if (!dst)
+    if (dst) {
+        *dst = v;
+    } else if (o->with_text && !strcmp(a, "--skip")) {
+        if (kvqt_parse_size(cmd, a, v, &o->skip) != 0)
+            return -1;
+    } else if (o->with_text && !strcmp(a, "--max-lines")) {
+        if (kvqt_parse_size(cmd, a, v, &o->max_lines) != 0)
+            return -1;
+        if (o->max_lines == 0) {
+            fprintf(stderr, "kvq %s: --max-lines needs at least 1\n", cmd);
+            return -1;
+        }
+    } else {
         return 0;
-    *dst = argv[++*i];
+    }
+    ++*i;
     return 1;
 }
 
-/* 1 when argv[*i] is one of opts (its value consumed), 0 otherwise. */
-static int kvqt_opt_parse(const kvqt_opt *opts, size_t nopts, int argc, char **argv, int *i) {
+/* 1 when argv[*i] is one of opts (its value consumed), 0 when it is not, -1
+ * on a bad value (message printed). */
+static int kvqt_opt_parse(const kvqt_opt *opts, size_t nopts, int argc, char **argv, int *i,
+                          const char *cmd) {
     const char *a = argv[*i];
     for (size_t k = 0; k < nopts; k++) {
         const kvqt_opt *op = &opts[k];
@@ -48,23 +104,37 @@ static int kvqt_opt_parse(const kvqt_opt *opts, size_t nopts, int argc, char **a
         if (*i + 1 >= argc)
             return 0;
         const char *v = argv[++*i];
+        int r = 0;
         switch (op->kind) {
         case KVQT_OPT_STR:
             *(const char **)op->dst = v;
             break;
         case KVQT_OPT_SIZE:
-            *(size_t *)op->dst = strtoul(v, NULL, 10);
+            r = kvqt_parse_size(cmd, a, v, (size_t *)op->dst);
             break;
         case KVQT_OPT_ULL:
-            *(unsigned long long *)op->dst = strtoull(v, NULL, 10);
+            r = kvqt_parse_ull(cmd, a, v, (unsigned long long *)op->dst);
             break;
         case KVQT_OPT_DOUBLE:
-            *(double *)op->dst = strtod(v, NULL);
+            r = kvqt_parse_double(cmd, a, v, (double *)op->dst);
             break;
         case KVQT_OPT_FLAG:
             break;
         }
-        return 1;
+        return r ? -1 : 1;
+    }
+    return 0;
+}
+
+/* The options as a whole: a centre needs its values. */
+static int kvqt_cacheopts_consistent(const kvqt_cacheopts *co, const char *cmd) {
+    if (co->k_center && !co->center_values) {
+        fprintf(stderr,
+                "kvq %s: --k-center needs the centre from calibration data: give --alloc FILE "
+                "with a \"center\" (kvq calibrate writes one); the text under evaluation is "
+                "never used to estimate it\n",
+                cmd);
+        return -1;
     }
     return 0;
 }
@@ -72,18 +142,20 @@ static int kvqt_opt_parse(const kvqt_opt *opts, size_t nopts, int argc, char **a
 int kvqt_model_args(int argc, char **argv, const char *cmd, kvqt_modelopts *mo, kvqt_cacheopts *co,
                     const kvqt_opt *opts, size_t nopts) {
     for (int i = 1; i < argc; i++) {
-        if (co) {
-            int r = kvqt_cacheopts_parse(co, argc, argv, &i, cmd);
-            if (r < 0)
-                return KVQT_ARGS_BAD_VALUE;
-            if (r)
-                continue;
-        }
-        if (kvqt_modelopts_parse(mo, argc, argv, &i) || kvqt_opt_parse(opts, nopts, argc, argv, &i))
+        int r = co ? kvqt_cacheopts_parse(co, argc, argv, &i, cmd) : 0;
+        if (!r)
+            r = kvqt_modelopts_parse(mo, argc, argv, &i, cmd);
+        if (!r)
+            r = kvqt_opt_parse(opts, nopts, argc, argv, &i, cmd);
+        if (r < 0)
+            return KVQT_ARGS_BAD_VALUE;
+        if (r)
             continue;
         fprintf(stderr, "kvq %s: unknown or incomplete option '%s'\n", cmd, argv[i]);
         return KVQT_ARGS_UNKNOWN;
     }
+    if (co && kvqt_cacheopts_consistent(co, cmd) != 0)
+        return KVQT_ARGS_BAD_VALUE;
     return 0;
 }
 
@@ -151,16 +223,39 @@ static char **kvqt_read_lines(const char *path, size_t *n) {
     return lines;
 }
 
+/* Keeps lines skip .. skip + max_lines - 1 (max_lines 0: all after skip). */
+static void kvqt_select_lines(kvqt_model_session *s, size_t skip, size_t max_lines) {
+    size_t first = skip < s->nlines ? skip : s->nlines;
+    size_t keep = s->nlines - first;
+    if (max_lines && keep > max_lines)
+        keep = max_lines;
+    for (size_t i = 0; i < s->nlines; i++)
+        if (i < first || i >= first + keep)
+            free(s->lines[i]);
+    memmove(s->lines, s->lines + first, keep * sizeof *s->lines);
+    s->nlines = keep;
+}
+
 int kvqt_model_session_open(kvqt_model_session *s, const kvqt_modelopts *o, size_t min_lines,
                             const char *cmd, const char *text_note) {
     memset(s, 0, sizeof *s);
+    s->model_path = o->model;
     if (kvqt_model_open(o->model, o->tokenizer, &s->model, &s->tok, cmd))
         return -1;
     if (!o->with_text)
         return 0;
     s->lines = kvqt_read_lines(o->text, &s->nlines);
-    if (!s->lines || s->nlines < min_lines) {
+    if (!s->lines) {
         fprintf(stderr, "kvq %s: cannot read %s%s\n", cmd, o->text, text_note);
+        kvqt_model_session_close(s);
+        return -1;
+    }
+    size_t all = s->nlines;
+    kvqt_select_lines(s, o->skip, o->max_lines);
+    if (s->nlines < min_lines) {
+        fprintf(stderr, "kvq %s: %s: %zu non-empty lines, %zu selected (--skip %zu, --max-lines "
+                        "%zu); at least %zu needed\n",
+                cmd, o->text, all, s->nlines, o->skip, o->max_lines, min_lines);
         kvqt_model_session_close(s);
         return -1;
     }
