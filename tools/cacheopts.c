@@ -145,7 +145,8 @@ void kvqt_cacheopts_apply(const kvqt_cacheopts *o, kvq_cache_config *cfg) {
 
 void kvqt_cacheopts_usage(FILE *f) {
     fprintf(f, "cache options: --k-codec C --v-codec C (f32) --k-layout token|channel --k-prerope\n"
-               "  --k-center --alloc FILE --policy none|window|fifo|utility --budget N\n"
+               "  --alloc FILE --k-center (the centre of --alloc's calibration data)\n"
+               "  --policy none|window|fifo|utility --budget N\n"
                "  --budget-ratio R --window N (protected recent, 128) --sinks N (4) --page N (16)\n"
                "  --recent N (f16 recent window, 0) --threads N (1)\n"
                "  --prefix-store file:DIR|redis://HOST:PORT (reuse pages of shared prompt prefixes)\n");
