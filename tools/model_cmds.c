@@ -188,6 +188,15 @@ static void kvqt_eval_print_text(const kvqt_eval_result *r, const kvqt_cacheopts
         printf("prefill %zu then decoding; cache %s\n", r->prefill, desc);
     else
         printf("decoding token by token; cache %s\n", desc);
+    static const char *policies[] = {"none", "window", "fifo", "utility"};
+    if (o->policy != KVQ_POLICY_NONE && (size_t)o->policy < 4) {
+        printf("  policy %s, budget ", policies[o->policy]);
+        if (o->budget_ratio > 0)
+            printf("ceil(%g x the %s length)", o->budget_ratio, r->prefill ? "prefill" : "sequence");
+        else
+            printf("%zu tokens", o->budget);
+        printf(", sinks %zu, protected window %zu\n", o->sinks, o->window);
+    }
     const char *row = "  %-30s %12s %12s\n";
     printf(row, "", "f32 cache", "kvq cache");
     printf("  %-30s %12.5f %12.5f\n", "mean NLL (nats)", r->nll_f32, r->nll);

@@ -175,7 +175,8 @@ typedef struct ev_ctx {
     kvq_model_info in;
     const kvqt_evalopts *eo;
     const char *cmd;
-    kvqt_cacheopts *run_o;    /* a copy of the options; budget set per sequence */
+    kvqt_cacheopts *run_o;    /* a copy of the options, budget set per sequence from ratio */
+    double ratio;             /* --budget-ratio (the library's own ratio is left at 0) */
     kvqt_cacheopts f32o;
     kvqt_ref_cmp cmp;
     kvqt_ref_file file;
@@ -217,6 +218,8 @@ static int ev_ctx_init(ev_ctx *cx, const kvq_model *m, const kvqt_cacheopts *o,
         return -1;
     }
     *cx->run_o = *o;
+    cx->ratio = o->budget_ratio;
+    cx->run_o->budget_ratio = 0;
     for (size_t t = 0; t < S; t++)
         cx->rows[t].codes = cx->codes + t * V;
     return 0;
@@ -288,8 +291,8 @@ static size_t ev_budget(double ratio, size_t prefill, size_t n) {
 }
 
 static kvq_cache *ev_story_cache(ev_ctx *cx, size_t n) {
-    if (cx->run_o->budget_ratio > 0)
-        cx->run_o->budget = ev_budget(cx->run_o->budget_ratio, cx->eo->prefill, n);
+    if (cx->ratio > 0)
+        cx->run_o->budget = ev_budget(cx->ratio, cx->eo->prefill, n);
     return kvqt_make_cache(cx->m, cx->run_o, cx->cmd);
 }
 
