@@ -21,4 +21,18 @@ float kvq__exp_block_ref(float *x, size_t n, float m);
 float kvq__exp_block_avx2(float *x, size_t n, float m);
 kvq__exp_block_fn kvq__exp_block_select(kvq_isa isa);
 
+/* out[t*d + i] = sum_{j<n} W[i*n + j] * x[t*n + j] for i < d, t < nt: a d x n
+ * row-major weight matrix times nt vectors (the model runner's products).
+ * The reference sums in index order; the SIMD paths block over rows and
+ * tokens and sum over vector lanes. Each output of either is within
+ * gamma_n * sum_j |W x| of exact, gamma_n = n u / (1 - n u), u = 2^-24. */
+typedef void (*kvq__matmul_fn)(float *out, const float *x, const float *W, size_t n, size_t d,
+                               size_t nt);
+void kvq__matmul_ref(float *out, const float *x, const float *W, size_t n, size_t d, size_t nt);
+void kvq__matmul_avx2(float *out, const float *x, const float *W, size_t n, size_t d, size_t nt);
+void kvq__matmul_avx512(float *out, const float *x, const float *W, size_t n, size_t d, size_t nt);
+/* AUTO: the widest path the CPU has (AVX-512, AVX2, scalar); an ISA the CPU
+ * lacks falls back to the next narrower one. */
+kvq__matmul_fn kvq__matmul_select(kvq_isa isa);
+
 #endif

@@ -4,10 +4,18 @@
  * (v1 fp32; v2 Q8_0, dequantized to f32 at load), and runs the forward pass
  * in f32: RMSNorm, RoPE (interleaved pairs, theta 10000), grouped-query
  * attention through kvq_cache_append/kvq_cache_attend, SwiGLU, and the
- * classifier. Numerics follow llama2.c's run.c (float sums in index order)
- * so that an f32 cache reproduces its reference figures.
+ * classifier. Numerics follow llama2.c's run.c, so that an f32 cache
+ * reproduces its reference figures; the matrix products run through
+ * kvq__matmul_* (src/kernels/matmul.c), whose path (AVX-512, AVX2 or the
+ * scalar reference that sums in index order like run.c) is chosen once at
+ * load from the CPU. A call of n tokens runs each product over all n at once
+ * (the SIMD paths block over tokens, so a prefill reads each weight matrix a
+ * few times instead of n times); a single token (decode) streams every weight
+ * once, bound by memory bandwidth.
  */
-#include "../common/common.h"
+#include "model_impl.h"
+
+#include "../kernels/kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +24,8 @@ struct kvq_model {
     kvq_allocator alloc;
     kvq_model_info info;
     float *data; /* all weights, f32 */
+    size_t n_data;
+    kvq__matmul_fn mm; /* chosen once at load */
     const float *emb, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn, *w1, *w2, *w3, *rms_final, *wcls;
 };
 
@@ -32,7 +42,8 @@ static void kvq__q80_dequant(const uint8_t *src, size_t n, size_t gs, float *dst
     }
 }
 
-kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator *alloc) {
+kvq_status kvq__model_load_isa(kvq_model **out, const char *path, const kvq_allocator *alloc,
+                               kvq_isa isa) {
     if (!out || !path)
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
@@ -106,6 +117,8 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
     m->alloc = al;
     m->info = in;
     m->data = w;
+    m->n_data = total;
+    m->mm = kvq__matmul_select(isa);
     float *p = w;
     m->emb = p, p += n_emb;
     m->rms_att = p, p += n_rms;
@@ -189,6 +202,21 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
     return KVQ_OK;
 }
 
+kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator *alloc) {
+    return kvq__model_load_isa(out, path, alloc, KVQ_ISA_AUTO);
+}
+
+const char *kvq__model_kernel_name(const kvq_model *m) {
+    if (m->mm == kvq__matmul_avx512)
+        return "avx512";
+    return m->mm == kvq__matmul_avx2 ? "avx2" : "scalar";
+}
+
+const float *kvq__model_weights(const kvq_model *m, size_t *n) {
+    *n = m->n_data;
+    return m->data;
+}
+
 void kvq_model_free(kvq_model *m) {
     if (!m)
         return;
@@ -228,50 +256,27 @@ static void kvq__rmsnorm(float *o, const float *x, const float *w, size_t n) {
         o[j] = w[j] * (ss * x[j]);
 }
 
-/* out[t][i] = sum_j W[i][j] x[t][j] for nt vectors (strides n and d), W is
- * d x n row-major. Each sum runs in index order like llama2.c's matmul; four
- * vectors at a time give independent chains the CPU can overlap. */
-static void kvq__matmul_n(float *out, const float *x, const float *W, size_t n, size_t d,
-                          size_t nt) {
-    size_t t = 0;
-    for (; t + 4 <= nt; t += 4) {
-        const float *x0 = x + t * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
-        for (size_t i = 0; i < d; i++) {
-            const float *row = W + i * n;
-            float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
-            for (size_t j = 0; j < n; j++) {
-                float w = row[j];
-                v0 += w * x0[j];
-                v1 += w * x1[j];
-                v2 += w * x2[j];
-                v3 += w * x3[j];
-            }
-            out[t * d + i] = v0;
-            out[(t + 1) * d + i] = v1;
-            out[(t + 2) * d + i] = v2;
-            out[(t + 3) * d + i] = v3;
-        }
+/* cs[2p], cs[2p + 1] = cos, sin of pos * 10000^(-2p / head_dim) for the
+ * head_dim / 2 pairs of one position (llama2.c's expressions, computed once
+ * per token instead of once per head and layer). */
+static void kvq__rope_table(float *cs, size_t head_dim, int32_t pos) {
+    for (size_t i = 0; i < head_dim; i += 2) {
+        float freq = 1.0f / powf(10000.0f, (float)i / (float)head_dim);
+        float val = (float)pos * freq;
+        cs[i] = cosf(val);
+        cs[i + 1] = sinf(val);
     }
-    for (; t < nt; t++)
-        for (size_t i = 0; i < d; i++) {
-            const float *row = W + i * n, *xt = x + t * n;
-            float v = 0.0f;
-            for (size_t j = 0; j < n; j++)
-                v += row[j] * xt[j];
-            out[t * d + i] = v;
-        }
 }
 
-static void kvq__rope_vec(float *x, size_t len, size_t head_dim, int32_t pos) {
-    for (size_t i = 0; i < len; i += 2) {
-        size_t hd = i % head_dim;
-        float freq = 1.0f / powf(10000.0f, (float)hd / (float)head_dim);
-        float val = (float)pos * freq;
-        float fcr = cosf(val), fci = sinf(val);
-        float v0 = x[i], v1 = x[i + 1];
-        x[i] = v0 * fcr - v1 * fci;
-        x[i + 1] = v0 * fci + v1 * fcr;
-    }
+/* Rotates the interleaved pairs of every head of x (len values). */
+static void kvq__rope_vec(float *x, size_t len, size_t head_dim, const float *cs) {
+    for (size_t h = 0; h < len; h += head_dim)
+        for (size_t i = 0; i < head_dim; i += 2) {
+            float fcr = cs[i], fci = cs[i + 1];
+            float v0 = x[h + i], v1 = x[h + i + 1];
+            x[h + i] = v0 * fcr - v1 * fci;
+            x[h + i + 1] = v0 * fci + v1 * fcr;
+        }
 }
 
 kvq_status kvq_model_forward(const kvq_model *m, kvq_cache *cache, const int32_t *tokens, size_t n,
@@ -295,7 +300,7 @@ kvq_status kvq_model_forward(const kvq_model *m, kvq_cache *cache, const int32_t
     if (cc.n_layers != in->n_layers || cc.n_kv_heads != in->n_kv_heads ||
         cc.n_q_heads != in->n_heads || cc.head_dim != hs)
         return KVQ_ERR_MISMATCH;
-    size_t fl = n * (3 * D + 2 * kvd + 2 * HD) + D;
+    size_t fl = n * (3 * D + 2 * kvd + 2 * HD + hs);
     float *buf = (float *)kvq__alloc(&m->alloc, fl * sizeof(float));
     int32_t *pos = (int32_t *)kvq__alloc(&m->alloc, n * sizeof(int32_t));
     if (!buf || !pos) {
@@ -304,49 +309,50 @@ kvq_status kvq_model_forward(const kvq_model *m, kvq_cache *cache, const int32_t
         return KVQ_ERR_NOMEM;
     }
     float *x = buf, *xb = x + n * D, *q = xb + n * D, *k = q + n * D, *v = k + n * kvd;
-    float *hb = v + n * kvd, *hb2 = hb + n * HD, *tmp = hb2 + n * HD;
+    float *hb = v + n * kvd, *hb2 = hb + n * HD, *rope = hb2 + n * HD;
     for (size_t t = 0; t < n; t++) {
         pos[t] = pos0 + (int32_t)t;
+        kvq__rope_table(rope + t * hs, hs, pos[t]);
         memcpy(x + t * D, m->emb + (size_t)tokens[t] * D, D * sizeof(float));
     }
     for (size_t l = 0; l < in->n_layers && st == KVQ_OK; l++) {
         for (size_t t = 0; t < n; t++)
             kvq__rmsnorm(xb + t * D, x + t * D, m->rms_att + l * D, D);
-        kvq__matmul_n(q, xb, m->wq + l * D * D, D, D, n);
-        kvq__matmul_n(k, xb, m->wk + l * D * kvd, D, kvd, n);
-        kvq__matmul_n(v, xb, m->wv + l * D * kvd, D, kvd, n);
+        m->mm(q, xb, m->wq + l * D * D, D, D, n);
+        m->mm(k, xb, m->wk + l * D * kvd, D, kvd, n);
+        m->mm(v, xb, m->wv + l * D * kvd, D, kvd, n);
         for (size_t t = 0; t < n; t++) {
-            kvq__rope_vec(q + t * D, D, hs, pos[t]);
+            kvq__rope_vec(q + t * D, D, hs, rope + t * hs);
             if (!cc.k_prerope)
-                kvq__rope_vec(k + t * kvd, kvd, hs, pos[t]);
+                kvq__rope_vec(k + t * kvd, kvd, hs, rope + t * hs);
         }
         st = kvq_cache_append(cache, l, k, v, pos, n);
         if (st == KVQ_OK)
             st = kvq_cache_attend(cache, l, q, pos, n, xb, n * D, NULL, 0);
         if (st != KVQ_OK)
             break;
-        kvq__matmul_n(q, xb, m->wo + l * D * D, D, D, n); /* q is free: attention output proj */
+        m->mm(q, xb, m->wo + l * D * D, D, D, n); /* q is free: attention output proj */
         for (size_t i = 0; i < n * D; i++)
             x[i] += q[i];
         for (size_t t = 0; t < n; t++)
             kvq__rmsnorm(xb + t * D, x + t * D, m->rms_ffn + l * D, D);
-        kvq__matmul_n(hb, xb, m->w1 + l * D * HD, D, HD, n);
-        kvq__matmul_n(hb2, xb, m->w3 + l * D * HD, D, HD, n);
+        m->mm(hb, xb, m->w1 + l * D * HD, D, HD, n);
+        m->mm(hb2, xb, m->w3 + l * D * HD, D, HD, n);
         for (size_t i = 0; i < n * HD; i++) {
             float a = hb[i];
             a *= 1.0f / (1.0f + expf(-a));
             hb[i] = a * hb2[i];
         }
-        kvq__matmul_n(q, hb, m->w2 + l * D * HD, HD, D, n);
+        m->mm(q, hb, m->w2 + l * D * HD, HD, D, n);
         for (size_t i = 0; i < n * D; i++)
             x[i] += q[i];
     }
     if (st == KVQ_OK && logits) {
+        /* the classifier over all wanted tokens in one product (xb is free) */
         size_t t0 = last_only ? n - 1 : 0;
-        for (size_t t = t0; t < n; t++) {
-            kvq__rmsnorm(tmp, x + t * D, m->rms_final, D);
-            kvq__matmul_n(logits + (t - t0) * V, tmp, m->wcls, D, V, 1);
-        }
+        for (size_t t = t0; t < n; t++)
+            kvq__rmsnorm(xb + t * D, x + t * D, m->rms_final, D);
+        m->mm(logits, xb + t0 * D, m->wcls, D, V, n - t0);
     }
     kvq__free(&m->alloc, buf);
     kvq__free(&m->alloc, pos);
