@@ -197,8 +197,15 @@ static void test_matmul_paths(void) {
         const char *name;
         kvq__matmul_fn fn;
         int ok;
-    } paths[] = {{"avx2", kvq__matmul_avx2, kvq__cpu_has_avx2()},
-                 {"avx512", kvq__matmul_avx512, kvq__cpu_has_avx512()}};
+    } paths[] = {
+#if defined(__x86_64__)
+        {"avx2", kvq__matmul_avx2, kvq__cpu_has_avx2()},
+        {"avx512", kvq__matmul_avx512, kvq__cpu_has_avx512()},
+#else
+        {"avx2", kvq__matmul_ref, 0},
+        {"avx512", kvq__matmul_ref, 0},
+#endif
+    };
     uint64_t seed = 9;
     printf("matmul paths: seed %llu, avx2 %s, avx512 %s\n", (unsigned long long)seed,
            paths[0].ok ? "tested" : "not on this CPU", paths[1].ok ? "tested" : "not on this CPU");

@@ -207,9 +207,14 @@ kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator
 }
 
 const char *kvq__model_kernel_name(const kvq_model *m) {
+#if defined(__x86_64__)
     if (m->mm == kvq__matmul_avx512)
         return "avx512";
-    return m->mm == kvq__matmul_avx2 ? "avx2" : "scalar";
+    if (m->mm == kvq__matmul_avx2)
+        return "avx2";
+#endif
+    (void)m;
+    return "scalar";
 }
 
 const float *kvq__model_weights(const kvq_model *m, size_t *n) {
