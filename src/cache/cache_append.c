@@ -37,7 +37,17 @@ static kvq_status kvq__append_check(const kvq_cache *c, const kvq__layer *ly, co
 static kvq_status kvq__ring_reserve(kvq_cache *c, kvq__layer *ly, size_t need) {
     if (need <= ly->pend_cap)
         return KVQ_OK;
-    size_t cap = KVQ__MAX(need + c->cfg.recent_window + 2, 2 * ly->pend_cap);
+    return kvq__ring_resize(c, ly, kvq__ring_cap(c, need));
+}
+
+size_t kvq__ring_cap(const kvq_cache *c, size_t need) {
+    size_t cap = 4;
+    while (cap < need || cap < c->cfg.recent_window + 2)
+        cap *= 2;
+    return cap;
+}
+
+kvq_status kvq__ring_resize(kvq_cache *c, kvq__layer *ly, size_t cap) {
     uint32_t *slot = kvq__lalloc(c, ly, cap * sizeof(uint32_t), 1);
     int32_t *pos = kvq__lalloc(c, ly, cap * sizeof(int32_t), 1);
     if (!slot || !pos) {

@@ -102,11 +102,13 @@ kvq__cand *kvq__sorted_tokens(const kvq_cache *c, const kvq__layer *ly, size_t *
 void kvq__evict_to(kvq_cache *c, kvq__layer *ly, size_t target, size_t keep_new) {
     if (ly->n_tokens <= target || c->cfg.policy == KVQ_POLICY_NONE || !ly->evs)
         return;
-    /* what is protected: the newest max(window, keep_new), then the sinks,
-     * each shrunk so that the target can be reached */
-    size_t prot = KVQ__MIN(c->cfg.protect_recent, target);
+    /* what is protected: the sinks, then the newest tokens (the window
+     * shrinks first to fit the target); the newest keep_new always */
+    size_t sinks = KVQ__MIN(c->cfg.sinks, target);
+    size_t prot = KVQ__MIN(c->cfg.protect_recent, target - sinks);
     prot = KVQ__MAX(prot, keep_new);
-    size_t sinks = target > prot ? KVQ__MIN(c->cfg.sinks, target - prot) : 0;
+    if (sinks + prot > target)
+        sinks = target > prot ? target - prot : 0;
     int util = c->cfg.policy == KVQ_POLICY_UTILITY;
     kvq__cand *a = ly->evs;
     size_t n = 0;

@@ -182,6 +182,11 @@ void kvq__put_token(kvq_cache *c, kvq__layer *ly, size_t slot, const float *k, c
  * every pending token), then the channel key pages that are full and
  * settled; frees staging that holds nothing more. Never fails. */
 void kvq__settle(kvq_cache *c, kvq__layer *ly, int all);
+/* The pending ring's capacity: a power of two >= need and >= R + 2, so
+ * that it does not depend on the chunking once a chunk is settled; resize
+ * keeps the entries (cap >= pend_count), all or nothing. */
+size_t kvq__ring_cap(const kvq_cache *c, size_t need);
+kvq_status kvq__ring_resize(kvq_cache *c, kvq__layer *ly, size_t cap);
 /* A page's staged key / value rows of head hd: [P][d] f16 */
 static inline uint16_t *kvq__stage_k(const kvq__page *pg, const kvq__head *hd) {
     return pg->stage + hd->ks_off;

@@ -39,9 +39,11 @@ void kvq__layer_release(kvq_cache *c, kvq__layer *ly) {
 kvq_status kvq__grow_pages(kvq_cache *c, kvq__layer *ly, size_t n_pages) {
     if (n_pages <= ly->pages_cap)
         return KVQ_OK;
-    size_t cap = KVQ__MAX(n_pages, ly->pages_cap * 2);
-    if (cap < 4)
-        cap = 4;
+    /* a power of two: the table's size never depends on how the tokens
+     * were chunked */
+    size_t cap = 4;
+    while (cap < n_pages)
+        cap *= 2;
     size_t slots = cap * c->P;
     int util = c->cfg.policy == KVQ_POLICY_UTILITY;
     int evict = c->cfg.policy != KVQ_POLICY_NONE;
@@ -274,6 +276,11 @@ void kvq__settle(kvq_cache *c, kvq__layer *ly, int all) {
         if (!ly->chan_mode)
             kvq__maybe_free_stage(c, ly, slot / c->P);
     }
+    /* a ring grown for a long chunk goes back to its usual size (if that
+     * cannot be allocated it stays larger) */
+    size_t cap = kvq__ring_cap(c, ly->pend_count);
+    if (ly->pend_cap > cap)
+        (void)kvq__ring_resize(c, ly, cap);
     if (!ly->chan_mode)
         return;
     float *rows = c->work[0].scratch;
