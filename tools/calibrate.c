@@ -1,225 +1,114 @@
 /*
  * calibrate.c - `kvq calibrate`: per-head mixed precision, made automatic.
- * For every (layer, KV head, K or V) unit it measures, on the calibration
- * text, the KL divergence (f32 || compressed) of the next-token
- * distributions when only that unit is compressed with each candidate
- * (per-channel int keys in pages of 32, fitted nuq tables, TurboQuant with
- * an 8-bit norm code, int, f16), then allocates bits greedily: every unit
- * starts at its cheapest candidate and the upgrade with the best KL saved
- * per bit added is taken while the average bits per value (every codec
- * byte counted) stays within the target. Keys are stored pre-RoPE and
- * centred (calibrated channel means), which makes per-channel statistics
- * stable. The result is a complete cache configuration in JSON, fitted
- * tables included, that every command loads with --alloc.
+ *
+ * A unit is the keys or the values of one KV head of one layer. For every
+ * unit and candidate codec the tool measures KL(f32 || compressed) of the
+ * next-token distributions with only that unit compressed, decoding the
+ * calibration text token by token as inference (and kvq eval) does: each
+ * query sees the cache as it was when its token was decoded, so a channel
+ * page is seen quantized only once a later token has settled it. Decoding is
+ * one model call per token, so the measurement is kept cheap:
+ *   - it runs on the first sens_tokens predicted tokens of the text (whole
+ *     stories), and scores every stride-th of them (the classifier of a
+ *     large vocabulary costs more than the layers; unscored tokens still
+ *     pass through the cache);
+ *   - only the candidates of 4 bits and below are measured. Dearer ones
+ *     (nuq5, nuq6, int8) change the output by less than their 4-bit sibling;
+ *     their KL is taken as the measured KL of the unit's most accurate
+ *     token-codec candidate times the ratio of reconstruction errors on the
+ *     calibration samples (KL is second order in a small error), and f16
+ *     counts as exact;
+ *   - the runs of different units are independent and spread over --jobs
+ *     threads.
+ * The public model API gives logits only (no hidden states or queries), so
+ * every sensitivity is a whole decode of the measured tokens.
+ *
+ * Bits are the cache's asymptotic bits per value (kvq_stats): the payload
+ * of one token in a full encoded page, channel-page headers and alignment
+ * included. Each unit's cost is measured exactly on a one-head cache and
+ * the units add up to the whole cache's figure. The allocation starts at
+ * every unit's cheapest candidate and takes, while the mean stays within the
+ * target, the upgrade with the most KL saved per bit added. The fixed cost of
+ * a sequence (f16 staging of tokens not yet encoded, the recent window,
+ * unfilled page slots) does not grow with its length: it is reported in
+ * bytes beside the asymptotic figure, both measured by decoding the whole
+ * calibration text with the allocation.
+ *
+ * Keys are stored pre-RoPE and centred on their per-channel mean over the
+ * calibration text (written into the allocation), which makes per-channel
+ * statistics stable. The result is a complete cache configuration in JSON,
+ * fitted tables included, that every model command loads with --alloc.
  */
 #include "kvq.h"
-#include "alloc_json.h"
 #include "benchlib.h"
-#include "cacheopts.h"
-#include "model_eval.h"
+#include "calibrate.h"
+#include "evalref.h"
+#include "modelopts.h"
 #include "tool.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#define CAL_MAX_CAND 12
+#define CAL_MAX_CAND 16
 
-typedef struct {
-    char codec[64];
-    double bits;   /* nominal bits per value, all codec bytes */
-    double kl;     /* KL with only this unit compressed */
+typedef struct cal_cand {
+    char codec[32];
+    double bits;     /* asymptotic bits per value of this unit alone */
+    double kl;       /* KL with only this unit compressed (measured or estimated) */
+    double mse;      /* mean squared reconstruction error on the samples; < 0 unknown */
+    int measure;     /* measured (1) or estimated from a measured sibling (0) */
     unsigned char *state;
     size_t state_size;
 } cal_cand;
 
-typedef struct {
+typedef struct cal_unit {
     int layer, head, is_value;
     cal_cand cand[CAL_MAX_CAND];
     int n_cand, chosen;
 } cal_unit;
 
-typedef struct {
+struct kvqt_calib {
     const kvq_model *m;
     kvq_model_info in;
-    int32_t **seq;
-    size_t *len, nseq, ntok;
-    float *ref_logp; /* [ntok][V] reference log-probabilities */
-    int32_t *next;   /* [ntok] */
-    size_t page;
-} cal_ctx;
-
-static void cal_logsoftmax(const float *x, size_t n, float *out) {
-    double mx = -1e300, s = 0;
-    for (size_t i = 0; i < n; i++)
-        mx = x[i] > mx ? x[i] : mx;
-    for (size_t i = 0; i < n; i++)
-        s += exp((double)x[i] - mx);
-    double ls = log(s) + mx;
-    for (size_t i = 0; i < n; i++)
-        out[i] = (float)((double)x[i] - ls);
-}
-
-/* Mean KL(f32 || o) and NLL over the calibration tokens; payload bits. */
-static int cal_eval(const cal_ctx *cx, const kvqt_cacheopts *o, double *kl, double *nll, double *bits) {
-    size_t V = cx->in.vocab_size, S = cx->in.seq_len;
-    float *lg = malloc(S * V * sizeof(float)), *lp = malloc(V * sizeof(float));
-    double k = 0, nl = 0, pb = 0, vals = 0;
-    size_t at = 0;
-    int rc = 0;
-    for (size_t s = 0; s < cx->nseq && rc == 0; s++) {
-        kvq_cache *c = kvqt_make_cache(cx->m, o, "calibrate");
-        if (!c || kvq_model_forward(cx->m, c, cx->seq[s], cx->len[s], 0, lg, S * V, 0) != KVQ_OK) {
-            rc = -1;
-            kvq_cache_free(c);
-            break;
-        }
-        for (size_t t = 0; t + 1 < cx->len[s]; t++, at++) {
-            cal_logsoftmax(lg + t * V, V, lp);
-            const float *r = cx->ref_logp + at * V;
-            double d = 0;
-            for (size_t i = 0; i < V; i++)
-                d += exp((double)r[i]) * ((double)r[i] - lp[i]);
-            k += d;
-            nl -= lp[cx->next[at]];
-        }
-        kvq_stats st;
-        kvq_cache_stats(c, -1, &st);
-        pb += (double)st.payload_bytes * 8.0;
-        vals += (double)st.tokens * cx->in.n_kv_heads * cx->in.head_dim * 2.0;
-        kvq_cache_free(c);
-    }
-    free(lg);
-    free(lp);
-    if (rc)
-        return rc;
-    *kl = k / (double)cx->ntok;
-    *nll = nl / (double)cx->ntok;
-    *bits = vals > 0 ? pb / vals : 0;
-    return 0;
-}
-
-/* Options with every unit at f32 except the chosen candidates. */
-static void cal_opts(kvqt_cacheopts *o, const cal_unit *u, size_t nu, int only, int cand,
-                     const float *center, size_t ncenter, size_t page) {
-    kvqt_cacheopts_init(o);
-    o->k_prerope = 1;
-    o->k_center = 1;
-    o->center_values = (float *)center; /* borrowed: never freed through o */
-    o->center_count = ncenter;
-    o->page = page;
-    for (size_t i = 0; i < nu; i++) {
-        if (only >= 0 && (int)i != only)
-            continue;
-        const cal_cand *c = &u[i].cand[only >= 0 ? cand : u[i].chosen];
-        kvq_codec_override *ov = &o->ovr[o->n_ovr];
-        memset(ov, 0, sizeof *ov);
-        ov->layer = u[i].layer;
-        ov->kv_head = u[i].head;
-        ov->is_value = u[i].is_value;
-        snprintf(o->ovr_codec[o->n_ovr], sizeof o->ovr_codec[0], "%s", c->codec);
-        ov->codec = o->ovr_codec[o->n_ovr];
-        ov->state = c->state;
-        ov->state_size = c->state_size;
-        o->n_ovr++;
-    }
-}
-
-static double cal_avg_bits(const cal_unit *u, size_t nu) {
-    double b = 0;
-    for (size_t i = 0; i < nu; i++)
-        b += u[i].cand[u[i].chosen].bits;
-    return b / (double)nu;
-}
-
-/* Greedy: from the current choice, repeatedly take the upgrade with the most
- * KL saved per bit added while the nominal average stays within budget. */
-static void cal_greedy(cal_unit *U, size_t nu, double budget) {
-    for (;;) {
-        double cur = cal_avg_bits(U, nu), best_ratio = 0;
-        int bu = -1, bc = -1;
-        for (size_t i = 0; i < nu; i++) {
-            const cal_cand *a = &U[i].cand[U[i].chosen];
-            for (int c = 0; c < U[i].n_cand; c++) {
-                const cal_cand *b = &U[i].cand[c];
-                double db = b->bits - a->bits, dk = a->kl - b->kl;
-                if (db <= 0 || dk <= 0 || cur + db / (double)nu > budget + 1e-9)
-                    continue;
-                if (dk / db > best_ratio) {
-                    best_ratio = dk / db;
-                    bu = (int)i;
-                    bc = c;
-                }
-            }
-        }
-        if (bu < 0)
-            return;
-        U[bu].chosen = bc;
-    }
-}
-
-/* A fitted candidate: creates the codec, fits it on samples, keeps its state. */
-static int cal_add(cal_unit *u, const char *spec, size_t d, const float *samples, size_t ns,
-                   size_t page) {
-    cal_cand *c = &u->cand[u->n_cand];
-    memset(c, 0, sizeof *c);
-    snprintf(c->codec, sizeof c->codec, "%s", spec);
-    if (!strncmp(spec, "chan:int", 8)) {
-        c->bits = atoi(spec + 8) + 32.0 / (double)page;
-        u->n_cand++;
-        return 0;
-    }
-    kvq_codec *k = NULL;
-    if (kvq_codec_create(&k, spec, d, NULL) != KVQ_OK)
-        return -1;
-    if (kvq_codec_fit(k, samples, ns) != KVQ_OK) {
-        kvq_codec_free(k);
-        return -1;
-    }
-    c->bits = kvq_codec_bits_per_value(k);
-    if (kvq_codec_state_bytes(k) > 0) {
-        size_t n;
-        kvq_codec_save_state(k, NULL, 0, &n);
-        c->state = malloc(n);
-        kvq_codec_save_state(k, c->state, n, &n);
-        c->state_size = n;
-    }
-    kvq_codec_free(k);
-    u->n_cand++;
-    return 0;
-}
-
-static void cal_hex(FILE *f, const unsigned char *p, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        fprintf(f, "%02x", p[i]);
-}
-
-struct kvqt_calib {
-    cal_ctx cx;
+    kvqt_calib_opts o;
+    int32_t *tk;         /* every sequence's tokens, back to back */
+    size_t *start, *len; /* per sequence */
+    size_t nseq, ntok;   /* sequences, predicted tokens */
+    size_t sens_seq;     /* the first sens_seq sequences are the sensitivity runs' */
+    size_t sens_tok;     /* their predicted tokens */
+    kvqt_ref_row *ref;   /* [ntok] f32 reference rows, in text order */
+    uint16_t *codes;     /* their codes [ntok][vocab] */
+    float *center;       /* [layers][kv heads][head_dim] */
     cal_unit *U;
-    size_t nu, L, H, d;
-    float *center;
-    size_t ntok;
+    size_t nu;
+    double seconds;
 };
 
-void kvqt_calib_free(kvqt_calib *cb) {
-    if (!cb)
-        return;
-    for (size_t i = 0; i < cb->nu; i++)
-        for (int c = 0; c < cb->U[i].n_cand; c++)
-            free(cb->U[i].cand[c].state);
-    free(cb->U);
-    free(cb->center);
-    free(cb->cx.ref_logp);
-    free(cb->cx.next);
-    for (size_t s = 0; s < cb->cx.nseq; s++)
-        free(cb->cx.seq[s]);
-    free(cb->cx.seq);
-    free(cb->cx.len);
-    free(cb);
-}
+/* One measuring run's figures. */
+typedef struct cal_meas {
+    double kl, nll, nll_ref, top1;
+    size_t scored;
+    double asym, fixed, bits;
+} cal_meas;
+
+/* ---- candidates ------------------------------------------------------------- */
+
+typedef struct cal_menu_item {
+    const char *codec;
+    int measure;
+} cal_menu_item;
+
+static const cal_menu_item cal_keys[] = {
+    {"chan:int2", 1}, {"chan:int3", 1}, {"chan:int4", 1}, {"nuq2", 1},
+    {"nuq3", 1},      {"nuq4", 1},      {"tq3:norm=8", 1}, {"tq4:norm=8", 1},
+    {"nuq5", 0},      {"nuq6", 0},      {"int8", 0},       {"f16", 0}};
+static const cal_menu_item cal_values[] = {
+    {"nuq2", 1}, {"nuq3", 1}, {"nuq4", 1}, {"tq2:norm=8", 1}, {"tq3:norm=8", 1},
+    {"tq4:norm=8", 1}, {"int4", 1}, {"nuq5", 0}, {"nuq6", 0}, {"int8", 0}, {"f16", 0}};
 
 /* 1 when spec is in the comma-separated list (NULL: every candidate). */
 static int cal_allowed(const char *list, const char *spec) {
@@ -236,139 +125,464 @@ static int cal_allowed(const char *list, const char *spec) {
     return 0;
 }
 
-kvqt_calib *kvqt_calib_prepare(const kvq_model *m, const kvq_tokenizer *tk, char **lines, size_t nl,
-                               size_t max_tokens, size_t page, int progress, const char *only) {
+/* The unit's asymptotic bits per value: a one-layer, one-head cache with
+ * this candidate beside an f16 partner, less the partner. */
+static int cal_unit_bits(const kvqt_calib *cb, int is_value, cal_cand *c) {
+    double asym[2];
+    for (int pass = 0; pass < 2; pass++) {
+        kvq_cache_config cfg;
+        kvq_cache_config_init(&cfg);
+        cfg.n_layers = 1, cfg.n_kv_heads = 1, cfg.n_q_heads = 1;
+        cfg.head_dim = cb->in.head_dim;
+        cfg.max_tokens = cb->o.page;
+        cfg.page_tokens = cb->o.page;
+        cfg.k_codec = "f16", cfg.v_codec = "f16";
+        kvq_codec_override ov = {0, 0, is_value, c->codec, c->state, c->state_size};
+        if (pass == 0) {
+            cfg.overrides = &ov;
+            cfg.n_overrides = 1;
+        }
+        kvq_cache *kc;
+        if (kvq_cache_create(&kc, &cfg) != KVQ_OK)
+            return -1;
+        kvq_stats st;
+        kvq_cache_stats(kc, -1, &st);
+        asym[pass] = st.asymptotic_bits_per_value;
+        kvq_cache_free(kc);
+    }
+    /* a one-head cache's figure is (K + V) / 2; the partner is asym[1] / 2 * 2 */
+    c->bits = 2.0 * asym[0] - asym[1];
+    return 0;
+}
+
+/* Creates the candidate's codec (fitted on the samples when it needs it),
+ * keeps its state and measures its reconstruction error. */
+static int cal_add(const kvqt_calib *cb, cal_unit *u, const char *spec, int measure,
+                   const float *smp, size_t ns) {
+    cal_cand *c = &u->cand[u->n_cand];
+    memset(c, 0, sizeof *c);
+    snprintf(c->codec, sizeof c->codec, "%s", spec);
+    c->measure = measure;
+    c->mse = -1;
+    size_t d = cb->in.head_dim;
+    if (strncmp(spec, "chan:", 5) != 0) {
+        kvq_codec *k = NULL;
+        if (kvq_codec_create(&k, spec, d, NULL) != KVQ_OK)
+            return -1;
+        int rc = 0;
+        if (kvq_codec_needs_fit(k) && kvq_codec_fit(k, smp, ns) != KVQ_OK)
+            rc = -1;
+        if (rc == 0 && kvq_codec_state_bytes(k) > 0) {
+            size_t n = 0;
+            kvq_codec_save_state(k, NULL, 0, &n);
+            c->state = malloc(n);
+            if (!c->state || kvq_codec_save_state(k, c->state, n, &n) != KVQ_OK)
+                rc = -1;
+            c->state_size = n;
+        }
+        size_t cap = kvq_codec_encode_bound(k, ns);
+        unsigned char *enc = rc == 0 ? malloc(cap) : NULL;
+        float *dec = rc == 0 ? malloc(ns * d * sizeof(float)) : NULL;
+        if (enc && dec && kvq_codec_encode(k, enc, cap, smp, ns) == KVQ_OK &&
+            kvq_codec_decode(k, dec, ns * d, enc, ns * kvq_codec_vector_bytes(k)) == KVQ_OK) {
+            double e = 0;
+            for (size_t i = 0; i < ns * d; i++)
+                e += ((double)dec[i] - smp[i]) * ((double)dec[i] - smp[i]);
+            c->mse = e / (double)(ns * d);
+        } else {
+            rc = -1;
+        }
+        free(enc), free(dec);
+        kvq_codec_free(k);
+        if (rc)
+            return -1;
+    }
+    if (cal_unit_bits(cb, u->is_value, c) != 0)
+        return -1;
+    u->n_cand++;
+    return 0;
+}
+
+/* ---- decoding runs ---------------------------------------------------------- */
+
+/* A cache of f32 heads, except the given overrides, with pre-RoPE centred
+ * keys, the calibration page and recent window. */
+static kvq_cache *cal_cache(const kvqt_calib *cb, const kvq_codec_override *ov, size_t nov) {
+    kvq_cache_config cfg;
+    kvq_cache_config_init(&cfg);
+    kvq_model_cache_shape(cb->m, &cfg);
+    cfg.k_codec = "f32";
+    cfg.v_codec = "f32";
+    cfg.overrides = nov ? ov : NULL;
+    cfg.n_overrides = nov;
+    cfg.k_prerope = 1;
+    cfg.k_center = 1;
+    cfg.k_center_values = cb->center;
+    cfg.page_tokens = cb->o.page;
+    cfg.recent_window = cb->o.recent;
+    char msg[256] = "";
+    cfg.err_msg = msg;
+    cfg.err_msg_size = sizeof msg;
+    kvq_cache *c = NULL;
+    kvq_status st = kvq_cache_create(&c, &cfg);
+    if (st != KVQ_OK)
+        fprintf(stderr, "kvq calibrate: cache: %s\n", msg[0] ? msg : kvq_strerror(st));
+    return c;
+}
+
+/* Decodes the first nseq sequences token by token through a cache with the
+ * overrides and compares every stride-th prediction with the reference.
+ * cmp and lg ([vocab]) are the caller's scratch. */
+static int cal_run(const kvqt_calib *cb, const kvq_codec_override *ov, size_t nov, size_t nseq,
+                   size_t stride, kvqt_ref_cmp *cmp, float *lg, cal_meas *out) {
+    memset(out, 0, sizeof *out);
+    size_t V = cb->in.vocab_size, at = 0;
+    double vals = 0, pb = 0;
+    for (size_t s = 0; s < nseq; s++) {
+        kvq_cache *c = cal_cache(cb, ov, nov);
+        if (!c)
+            return -1;
+        const int32_t *tk = cb->tk + cb->start[s];
+        size_t n = cb->len[s];
+        for (size_t t = 0; t < n; t++) {
+            int scored = t + 1 < n && t % stride == 0;
+            kvq_status st = kvq_model_forward(cb->m, c, tk + t, 1, (int32_t)t, scored ? lg : NULL, V, 1);
+            if (st != KVQ_OK) {
+                fprintf(stderr, "kvq calibrate: forward: %s\n", kvq_strerror(st));
+                kvq_cache_free(c);
+                return -1;
+            }
+            if (!scored)
+                continue;
+            kvqt_token_cmp r;
+            kvqt_ref_compare(cmp, &cb->ref[at + t], lg, tk[t + 1], &r);
+            out->kl += r.kl;
+            out->nll += r.nll;
+            out->nll_ref += r.nll_ref;
+            out->top1 += r.top1;
+            out->scored++;
+        }
+        at += n - 1;
+        kvq_stats st;
+        kvq_cache_stats(c, -1, &st);
+        out->asym = st.asymptotic_bits_per_value;
+        out->fixed += (double)st.fixed_bytes;
+        pb += (double)st.payload_bytes * 8.0;
+        vals += (double)st.tokens * (double)(cb->in.n_kv_heads * cb->in.head_dim) * 2.0;
+        kvq_cache_free(c);
+    }
+    if (out->scored) {
+        double k = (double)out->scored;
+        out->kl /= k, out->nll /= k, out->nll_ref /= k, out->top1 /= k;
+    }
+    out->fixed /= (double)(nseq ? nseq : 1);
+    out->bits = vals > 0 ? pb / vals : 0;
+    return 0;
+}
+
+/* ---- the sensitivity runs, spread over threads --------------------------- */
+
+typedef struct cal_job {
+    int unit, cand;
+} cal_job;
+
+typedef struct cal_pool {
+    kvqt_calib *cb;
+    cal_job *jobs;
+    size_t njobs, next, done;
+    int failed;
+    pthread_mutex_t mu;
+} cal_pool;
+
+static void *cal_worker(void *arg) {
+    cal_pool *p = arg;
+    kvqt_calib *cb = p->cb;
+    kvqt_ref_cmp cmp;
+    float *lg = malloc(cb->in.vocab_size * sizeof(float));
+    int ok = lg && kvqt_ref_cmp_init(&cmp, cb->in.vocab_size) == 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        if (!ok)
+            p->failed = 1;
+        size_t j = p->failed ? p->njobs : p->next++;
+        pthread_mutex_unlock(&p->mu);
+        if (j >= p->njobs)
+            break;
+        cal_unit *u = &cb->U[p->jobs[j].unit];
+        cal_cand *c = &u->cand[p->jobs[j].cand];
+        kvq_codec_override ov = {u->layer, u->head, u->is_value, c->codec, c->state, c->state_size};
+        cal_meas m;
+        int rc = cal_run(cb, &ov, 1, cb->sens_seq, cb->o.stride, &cmp, lg, &m);
+        pthread_mutex_lock(&p->mu);
+        if (rc)
+            p->failed = 1;
+        c->kl = m.kl > 0 ? m.kl : 0;
+        p->done++;
+        if (cb->o.progress)
+            fprintf(stderr, "\rmeasuring sensitivities %zu/%zu", p->done, p->njobs);
+        pthread_mutex_unlock(&p->mu);
+    }
+    if (ok)
+        kvqt_ref_cmp_free(&cmp);
+    free(lg);
+    return NULL;
+}
+
+static int cal_measure_all(kvqt_calib *cb) {
+    cal_pool p;
+    memset(&p, 0, sizeof p);
+    p.cb = cb;
+    for (size_t i = 0; i < cb->nu; i++)
+        for (int c = 0; c < cb->U[i].n_cand; c++)
+            p.njobs += cb->U[i].cand[c].measure;
+    p.jobs = malloc((p.njobs ? p.njobs : 1) * sizeof *p.jobs);
+    if (!p.jobs)
+        return -1;
+    size_t k = 0;
+    for (size_t i = 0; i < cb->nu; i++)
+        for (int c = 0; c < cb->U[i].n_cand; c++)
+            if (cb->U[i].cand[c].measure)
+                p.jobs[k++] = (cal_job){(int)i, c};
+    pthread_mutex_init(&p.mu, NULL);
+    size_t nth = cb->o.jobs > 1 ? cb->o.jobs : 1;
+    pthread_t *th = calloc(nth, sizeof *th);
+    size_t started = 0;
+    for (size_t t = 1; th && t < nth; t++, started++)
+        if (pthread_create(&th[t], NULL, cal_worker, &p) != 0)
+            break;
+    cal_worker(&p);
+    for (size_t t = 1; t <= started; t++)
+        pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&p.mu);
+    free(th);
+    free(p.jobs);
+    if (cb->o.progress)
+        fprintf(stderr, "\r%50s\r", "");
+    return p.failed ? -1 : 0;
+}
+
+/* The KL of candidates that were not measured: the unit's most accurate
+ * measured token codec scaled by the ratio of reconstruction errors; f16
+ * (and anything that reconstructs exactly) counts as exact. */
+static void cal_estimate(cal_unit *u) {
+    int a = -1;
+    for (int c = 0; c < u->n_cand; c++)
+        if (u->cand[c].measure && u->cand[c].mse > 0 && (a < 0 || u->cand[c].mse < u->cand[a].mse))
+            a = c;
+    for (int c = 0; c < u->n_cand; c++) {
+        cal_cand *x = &u->cand[c];
+        if (x->measure)
+            continue;
+        if (!strcmp(x->codec, "f16") || x->mse <= 0 || a < 0)
+            x->kl = 0;
+        else
+            x->kl = u->cand[a].kl * x->mse / u->cand[a].mse;
+    }
+}
+
+/* ---- preparation -------------------------------------------------------------- */
+
+void kvqt_calib_opts_init(kvqt_calib_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->page = 32;
+    o->sens_tokens = 768;
+    o->stride = 2;
+    o->jobs = 1;
+}
+
+void kvqt_calib_free(kvqt_calib *cb) {
+    if (!cb)
+        return;
+    for (size_t i = 0; cb->U && i < cb->nu; i++)
+        for (int c = 0; c < cb->U[i].n_cand; c++)
+            free(cb->U[i].cand[c].state);
+    free(cb->U), free(cb->center), free(cb->ref), free(cb->codes);
+    free(cb->tk), free(cb->start), free(cb->len);
+    free(cb);
+}
+
+/* The lines as sequences (BOS first, at most seq_len tokens, two or more). */
+static int cal_text(kvqt_calib *cb, const kvq_tokenizer *tok, char **lines, size_t nl) {
+    size_t total = 0;
+    for (size_t i = 0; i < nl; i++)
+        total += strlen(lines[i]) + 3;
+    cb->tk = malloc((total ? total : 1) * sizeof *cb->tk);
+    cb->start = malloc((nl ? nl : 1) * sizeof *cb->start);
+    cb->len = malloc((nl ? nl : 1) * sizeof *cb->len);
+    if (!cb->tk || !cb->start || !cb->len)
+        return -1;
+    size_t used = 0;
+    for (size_t i = 0; i < nl; i++) {
+        size_t n;
+        if (kvq_tokenizer_encode(tok, lines[i], 1, 0, cb->tk + used, total - used, &n) != KVQ_OK)
+            return -1;
+        n = n < cb->in.seq_len ? n : cb->in.seq_len;
+        if (n < 2)
+            continue;
+        cb->start[cb->nseq] = used;
+        cb->len[cb->nseq++] = n;
+        cb->ntok += n - 1;
+        used += n;
+        if (cb->sens_tok < cb->o.sens_tokens) {
+            cb->sens_seq = cb->nseq;
+            cb->sens_tok += n - 1;
+        }
+    }
+    return cb->ntok ? 0 : -1;
+}
+
+/* The f32 reference (one prefill of each sequence through an f32 cache, as
+ * kvq eval's) and the pre-RoPE keys and values of every layer and head:
+ * K and V are [layers * kv heads][tokens][head_dim]. */
+static int cal_reference(kvqt_calib *cb, float *K, float *Vv, size_t nkv) {
+    size_t V = cb->in.vocab_size, S = cb->in.seq_len, L = cb->in.n_layers;
+    size_t H = cb->in.n_kv_heads, d = cb->in.head_dim;
+    float *lg = malloc(S * V * sizeof(float));
+    float *rk = malloc(S * H * d * sizeof(float)), *rv = malloc(S * H * d * sizeof(float));
+    int rc = lg && rk && rv ? 0 : -1;
+    size_t at = 0, kat = 0;
+    for (size_t s = 0; s < cb->nseq && rc == 0; s++) {
+        const int32_t *tk = cb->tk + cb->start[s];
+        size_t n = cb->len[s];
+        for (int pre = 0; pre < 2 && rc == 0; pre++) {
+            kvq_cache_config cfg;
+            kvq_cache_config_init(&cfg);
+            kvq_model_cache_shape(cb->m, &cfg);
+            cfg.k_codec = "f32", cfg.v_codec = "f32";
+            cfg.k_prerope = pre;
+            kvq_cache *c = NULL;
+            if (kvq_cache_create(&c, &cfg) != KVQ_OK ||
+                kvq_model_forward(cb->m, c, tk, n, 0, pre ? NULL : lg, n * V, 0) != KVQ_OK) {
+                rc = -1;
+            } else if (!pre) {
+                for (size_t t = 0; t + 1 < n; t++)
+                    kvqt_ref_make(&cb->ref[at + t], lg + t * V, V, tk[t + 1]);
+            } else {
+                for (size_t l = 0; l < L && rc == 0; l++) {
+                    if (kvq_cache_get_kv(c, l, -1, 0, n, rk, rv, n * H * d) != KVQ_OK)
+                        rc = -1;
+                    for (size_t t = 0; t < n && rc == 0; t++)
+                        for (size_t h = 0; h < H; h++) {
+                            size_t u = l * H + h;
+                            memcpy(K + (u * nkv + kat + t) * d, rk + (t * H + h) * d, d * sizeof(float));
+                            memcpy(Vv + (u * nkv + kat + t) * d, rv + (t * H + h) * d, d * sizeof(float));
+                        }
+                }
+            }
+            kvq_cache_free(c);
+        }
+        at += n - 1;
+        kat += n;
+    }
+    free(lg), free(rk), free(rv);
+    return rc;
+}
+
+kvqt_calib *kvqt_calib_new(const kvq_model *m, const kvq_tokenizer *tok, char **lines,
+                           size_t nlines, const kvqt_calib_opts *o) {
+    double t0 = kvqb_now();
     kvqt_calib *cb = calloc(1, sizeof *cb);
     if (!cb)
         return NULL;
-    cal_ctx *cx = &cb->cx;
-    cx->m = m;
-    cx->page = page;
-    kvq_model_get_info(m, &cx->in);
-    size_t L = cx->in.n_layers, H = cx->in.n_kv_heads, d = cx->in.head_dim, V = cx->in.vocab_size;
-    cb->L = L, cb->H = H, cb->d = d;
-    cx->seq = calloc(nl, sizeof *cx->seq);
-    cx->len = calloc(nl, sizeof *cx->len);
-    for (size_t i = 0; i < nl && cx->ntok < max_tokens; i++) {
-        size_t cap = strlen(lines[i]) + 3, n;
-        cx->seq[cx->nseq] = malloc(cap * sizeof(int32_t));
-        kvq_tokenizer_encode(tk, lines[i], 1, 0, cx->seq[cx->nseq], cap, &n);
-        if (n > cx->in.seq_len)
-            n = cx->in.seq_len; /* whole sequences: their page slack is what eval will see */
-        if (n < 2) {
-            free(cx->seq[cx->nseq]);
-            continue;
-        }
-        cx->len[cx->nseq++] = n;
-        cx->ntok += n - 1;
-    }
-    if (!cx->ntok) {
+    cb->m = m;
+    cb->o = *o;
+    if (cb->o.stride < 1)
+        cb->o.stride = 1;
+    kvq_model_get_info(m, &cb->in);
+    size_t L = cb->in.n_layers, H = cb->in.n_kv_heads, d = cb->in.head_dim, V = cb->in.vocab_size;
+    if (cal_text(cb, tok, lines, nlines) != 0) {
+        fprintf(stderr, "kvq calibrate: the text has no line of two or more tokens\n");
         kvqt_calib_free(cb);
         return NULL;
     }
-    /* reference log-probs and the f32 keys/values (pre-RoPE) for fitting */
-    cx->ref_logp = malloc(cx->ntok * V * sizeof(float));
-    cx->next = malloc(cx->ntok * sizeof(int32_t));
-    size_t nkv = 0;
-    for (size_t s = 0; s < cx->nseq; s++)
-        nkv += cx->len[s];
+    size_t nkv = cb->ntok + cb->nseq;
+    cb->ref = malloc(cb->ntok * sizeof *cb->ref);
+    cb->codes = malloc(cb->ntok * V * sizeof *cb->codes);
     float *K = malloc(L * H * nkv * d * sizeof(float)), *Vv = malloc(L * H * nkv * d * sizeof(float));
-    float *lg = malloc(cx->in.seq_len * V * sizeof(float));
-    float *row = malloc(cx->in.seq_len * H * d * sizeof(float)), *rowv = malloc(cx->in.seq_len * H * d * sizeof(float));
-    size_t at = 0, kat = 0;
-    kvqt_cacheopts fo;
-    kvqt_cacheopts_init(&fo);
-    fo.k_prerope = 1;
-    for (size_t s = 0; s < cx->nseq; s++) {
-        kvq_cache *c = kvqt_make_cache(m, &fo, "calibrate");
-        kvq_model_forward(m, c, cx->seq[s], cx->len[s], 0, lg, cx->in.seq_len * V, 0);
-        for (size_t t = 0; t + 1 < cx->len[s]; t++, at++) {
-            cal_logsoftmax(lg + t * V, V, cx->ref_logp + at * V);
-            cx->next[at] = cx->seq[s][t + 1];
-        }
-        for (size_t l = 0; l < L; l++) {
-            kvq_cache_get_kv(c, l, -1, 0, cx->len[s], row, rowv, cx->len[s] * H * d);
-            for (size_t t = 0; t < cx->len[s]; t++)
-                for (size_t h = 0; h < H; h++) {
-                    memcpy(K + ((l * H + h) * nkv + kat + t) * d, row + (t * H + h) * d, d * sizeof(float));
-                    memcpy(Vv + ((l * H + h) * nkv + kat + t) * d, rowv + (t * H + h) * d, d * sizeof(float));
-                }
-        }
-        kat += cx->len[s];
-        kvq_cache_free(c);
-    }
-    free(lg), free(row), free(rowv);
-    /* channel means of the pre-RoPE keys, subtracted before fitting */
     cb->center = calloc(L * H * d, sizeof(float));
-    for (size_t u = 0; u < L * H; u++) {
-        for (size_t t = 0; t < nkv; t++)
+    cb->nu = L * H * 2;
+    cb->U = calloc(cb->nu, sizeof *cb->U);
+    int rc = cb->ref && cb->codes && K && Vv && cb->center && cb->U ? 0 : -1;
+    for (size_t t = 0; rc == 0 && t < cb->ntok; t++)
+        cb->ref[t].codes = cb->codes + t * V;
+    if (rc == 0 && cal_reference(cb, K, Vv, nkv) != 0) {
+        fprintf(stderr, "kvq calibrate: the f32 reference run failed\n");
+        rc = -1;
+    }
+    /* channel means of the pre-RoPE keys, subtracted before fitting */
+    for (size_t u = 0; rc == 0 && u < L * H; u++) {
+        double *acc = calloc(d, sizeof(double));
+        for (size_t t = 0; acc && t < nkv; t++)
             for (size_t j = 0; j < d; j++)
-                cb->center[u * d + j] += K[(u * nkv + t) * d + j];
-        for (size_t j = 0; j < d; j++)
-            cb->center[u * d + j] /= (float)nkv;
+                acc[j] += K[(u * nkv + t) * d + j];
+        for (size_t j = 0; acc && j < d; j++)
+            cb->center[u * d + j] = (float)(acc[j] / (double)nkv);
         for (size_t t = 0; t < nkv; t++)
             for (size_t j = 0; j < d; j++)
                 K[(u * nkv + t) * d + j] -= cb->center[u * d + j];
+        if (!acc)
+            rc = -1;
+        free(acc);
     }
-    /* candidates */
-    cb->nu = L * H * 2;
-    cb->U = calloc(cb->nu, sizeof *cb->U);
-    static const char *kc[] = {"chan:int2", "chan:int3", "chan:int4", "nuq2", "nuq3", "nuq4",
-                               "tq3:norm=8", "tq4:norm=8", "chan:int8", "nuq8", "f16"};
-    static const char *vc[] = {"nuq2", "nuq3", "nuq4", "tq2:norm=8", "tq3:norm=8", "tq4:norm=8",
-                               "int4", "int8", "nuq8", "f16"};
-    for (size_t l = 0; l < L; l++)
-        for (size_t h = 0; h < H; h++)
-            for (int isv = 0; isv < 2; isv++) {
+    for (size_t l = 0; rc == 0 && l < L; l++)
+        for (size_t h = 0; rc == 0 && h < H; h++)
+            for (int isv = 0; rc == 0 && isv < 2; isv++) {
                 cal_unit *u = &cb->U[(l * H + h) * 2 + (size_t)isv];
                 u->layer = (int)l, u->head = (int)h, u->is_value = isv;
                 const float *smp = (isv ? Vv : K) + (l * H + h) * nkv * d;
-                const char **list = isv ? vc : kc;
-                size_t nc = isv ? sizeof vc / sizeof vc[0] : sizeof kc / sizeof kc[0];
-                for (size_t c = 0; c < nc; c++)
-                    if (cal_allowed(only, list[c]))
-                        cal_add(u, list[c], d, smp, nkv, page);
-                if (u->n_cand == 0) {
+                const cal_menu_item *menu = isv ? cal_values : cal_keys;
+                size_t nm = isv ? sizeof cal_values / sizeof *cal_values
+                                : sizeof cal_keys / sizeof *cal_keys;
+                int anchor = 0;
+                for (size_t c = 0; c < nm; c++)
+                    if (cal_allowed(o->only, menu[c].codec))
+                        anchor |= menu[c].measure && strncmp(menu[c].codec, "chan:", 5) != 0;
+                for (size_t c = 0; rc == 0 && c < nm; c++) {
+                    if (!cal_allowed(o->only, menu[c].codec))
+                        continue;
+                    /* without a measured token codec to scale from, measure them all */
+                    int meas = menu[c].measure || (!anchor && strcmp(menu[c].codec, "f16") != 0);
+                    if (cal_add(cb, u, menu[c].codec, meas, smp, nkv) != 0) {
+                        fprintf(stderr, "kvq calibrate: candidate %s failed\n", menu[c].codec);
+                        rc = -1;
+                    }
+                }
+                if (rc == 0 && u->n_cand == 0) {
                     fprintf(stderr, "kvq calibrate: --codecs leaves no candidate for %s\n",
                             isv ? "values" : "keys");
-                    free(K), free(Vv);
-                    kvqt_calib_free(cb);
-                    return NULL;
+                    rc = -1;
                 }
             }
     free(K), free(Vv);
-    /* sensitivities: KL with only one unit compressed */
-    size_t done = 0, total = 0;
+    if (rc == 0 && cal_measure_all(cb) != 0) {
+        fprintf(stderr, "kvq calibrate: a sensitivity run failed\n");
+        rc = -1;
+    }
+    if (rc) {
+        kvqt_calib_free(cb);
+        return NULL;
+    }
     for (size_t i = 0; i < cb->nu; i++)
-        total += (size_t)cb->U[i].n_cand;
-    for (size_t i = 0; i < cb->nu; i++)
-        for (int c = 0; c < cb->U[i].n_cand; c++) {
-            kvqt_cacheopts o;
-            cal_opts(&o, cb->U, cb->nu, (int)i, c, cb->center, L * H * d, page);
-            double kl, nll, bits;
-            if (!strcmp(cb->U[i].cand[c].codec, "f16")) {
-                cb->U[i].cand[c].kl = 0; /* indistinguishable from f32 at this scale */
-            } else if (cal_eval(cx, &o, &kl, &nll, &bits) == 0) {
-                cb->U[i].cand[c].kl = kl > 0 ? kl : 0;
-            } else {
-                fprintf(stderr, "kvq calibrate: evaluating %s failed\n", cb->U[i].cand[c].codec);
-                kvqt_calib_free(cb);
-                return NULL;
-            }
-            done++;
-            if (progress)
-                fprintf(stderr, "\rmeasuring sensitivities %zu/%zu", done, total);
-        }
-    if (progress)
-        fprintf(stderr, "\r%50s\r", "");
-    if (getenv("KVQ_CALIB_DEBUG"))
+        cal_estimate(&cb->U[i]);
+    if (o->verbose)
         for (size_t i = 0; i < cb->nu; i++)
-            for (int c = 0; c < cb->U[i].n_cand; c++)
-                fprintf(stderr, "unit %zu L%d H%d %c %-12s bits %.3f kl %.6f\n", i, cb->U[i].layer,
-                        cb->U[i].head, cb->U[i].is_value ? 'V' : 'K', cb->U[i].cand[c].codec,
-                        cb->U[i].cand[c].bits, cb->U[i].cand[c].kl);
-    cb->ntok = cx->ntok;
+            for (int c = 0; c < cb->U[i].n_cand; c++) {
+                const cal_cand *x = &cb->U[i].cand[c];
+                fprintf(stderr, "unit L%d H%d %c %-12s bits %6.3f kl %.3e %s mse %.3e\n",
+                        cb->U[i].layer, cb->U[i].head, cb->U[i].is_value ? 'V' : 'K', x->codec,
+                        x->bits, x->kl, x->measure ? "measured " : "estimated", x->mse);
+            }
+    cb->seconds = kvqb_now() - t0;
     return cb;
+}
+
+/* ---- allocation --------------------------------------------------------------- */
+
+static double cal_mean_bits(const cal_unit *U, size_t nu) {
+    double b = 0;
+    for (size_t i = 0; i < nu; i++)
+        b += U[i].cand[U[i].chosen].bits;
+    return b / (double)nu;
 }
 
 static void cal_cheapest(cal_unit *U, size_t nu) {
@@ -382,159 +596,221 @@ static void cal_cheapest(cal_unit *U, size_t nu) {
     }
 }
 
-int kvqt_calib_allocate(kvqt_calib *cb, double target, const char *outp, kvqt_calib_result *res) {
-    cal_unit *U = cb->U;
-    size_t nu = cb->nu, L = cb->L, H = cb->H, d = cb->d;
-    memset(res, 0, sizeof *res);
+/* From the cheapest choice, repeatedly take the upgrade with the most KL
+ * saved per bit added while the mean stays within the budget. */
+static void cal_greedy(cal_unit *U, size_t nu, double budget) {
     cal_cheapest(U, nu);
-    if (cal_avg_bits(U, nu) > target) {
-        fprintf(stderr, "kvq calibrate: the cheapest allocation needs %.3f bits per value, above "
-                        "the target %.3f\n", cal_avg_bits(U, nu), target);
-        return 2;
-    }
-    /* the measured bits exceed the nominal ones by page slack and the f16
-     * open page of channel keys; bisect the nominal budget so that the
-     * measured bits meet the target */
-    double kl = 0, nll = 0, bits = 0, lo = cal_avg_bits(U, nu), hi = target;
-    int *best = malloc(nu * sizeof(int)), have = 0;
-    double best_kl = INFINITY, best_nll = 0, best_bits = 0;
-    for (int round = 0; round < 7; round++) {
-        double budget = round == 0 ? target : 0.5 * (lo + hi);
-        cal_cheapest(U, nu);
-        cal_greedy(U, nu, budget);
-        kvqt_cacheopts o;
-        cal_opts(&o, U, nu, -1, 0, cb->center, L * H * d, cb->cx.page);
-        if (cal_eval(&cb->cx, &o, &kl, &nll, &bits) != 0) {
-            free(best);
-            return 1;
-        }
-        if (bits <= target + 1e-9) {
-            if (kl < best_kl) {
-                best_kl = kl, best_nll = nll, best_bits = bits, have = 1;
-                for (size_t i = 0; i < nu; i++)
-                    best[i] = U[i].chosen;
+    double total = cal_mean_bits(U, nu) * (double)nu, cap = budget * (double)nu + 1e-9;
+    for (;;) {
+        double best_ratio = 0;
+        int bu = -1, bc = -1;
+        for (size_t i = 0; i < nu; i++) {
+            const cal_cand *a = &U[i].cand[U[i].chosen];
+            for (int c = 0; c < U[i].n_cand; c++) {
+                const cal_cand *b = &U[i].cand[c];
+                double db = b->bits - a->bits, dk = a->kl - b->kl;
+                if (db <= 0 || dk <= 0 || total + db > cap)
+                    continue;
+                if (dk / db > best_ratio) {
+                    best_ratio = dk / db;
+                    bu = (int)i;
+                    bc = c;
+                }
             }
-            if (round == 0)
-                break;
-            lo = budget;
-        } else {
-            hi = budget;
         }
+        if (bu < 0)
+            return;
+        total += U[bu].cand[bc].bits - U[bu].cand[U[bu].chosen].bits;
+        U[bu].chosen = bc;
     }
-    if (!have) {
-        free(best);
-        fprintf(stderr, "kvq calibrate: no allocation meets %.3f bits per value as stored\n", target);
-        return 2;
-    }
-    for (size_t i = 0; i < nu; i++)
-        U[i].chosen = best[i];
-    free(best);
-    kvqt_cacheopts f32o;
-    kvqt_cacheopts_init(&f32o);
-    double bk, bn, bb;
-    cal_eval(&cb->cx, &f32o, &bk, &bn, &bb);
-    res->target = target;
-    res->bits = best_bits;
-    res->nominal_bits = cal_avg_bits(U, nu);
-    res->kl = best_kl;
-    res->nll = best_nll;
-    res->nll_f32 = bn;
-    res->tokens = cb->ntok;
-    FILE *f = fopen(outp, "w");
+}
+
+static void cal_hex(FILE *f, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "%02x", p[i]);
+}
+
+static int cal_write(const kvqt_calib *cb, const char *path, const kvqt_calib_report *r) {
+    FILE *f = fopen(path, "w");
     if (!f) {
-        fprintf(stderr, "kvq calibrate: cannot write %s\n", outp);
+        fprintf(stderr, "kvq calibrate: cannot write %s\n", path);
         return 1;
     }
-    fprintf(f, "{\"kvq_alloc\": 1, \"target_bits\": %.4f, \"bits_per_value\": %.4f, "
-               "\"nominal_bits\": %.4f, \"kl\": %.6g, \"nll\": %.6f, \"nll_f32\": %.6f, "
-               "\"calibration_tokens\": %zu,\n",
-            target, res->bits, res->nominal_bits, res->kl, res->nll, res->nll_f32, cb->ntok);
+    fprintf(f, "{\"kvq_alloc\": 1, \"target_bits\": %.4f, \"asymptotic_bits_per_value\": %.4f, "
+               "\"fixed_bytes_per_sequence\": %.0f, \"bits_per_value\": %.4f, "
+               "\"nominal_bits\": %.4f, \"kl\": %.6g, \"kl_estimate\": %.6g, \"nll\": %.6f, "
+               "\"nll_f32\": %.6f, \"calibration_tokens\": %zu, \"sensitivity_tokens\": %zu,\n",
+            r->target, r->asymptotic_bits, r->fixed_bytes, r->bits, r->asymptotic_bits, r->kl,
+            r->kl_estimate, r->nll, r->nll_f32, r->tokens, r->sens_tokens);
     fprintf(f, " \"k_codec\": \"f16\", \"v_codec\": \"f16\", \"k_layout\": \"token\", \"k_prerope\": "
-               "true, \"k_center\": true, \"page\": %zu, \"recent\": 0,\n \"overrides\": [\n",
-            cb->cx.page);
-    for (size_t i = 0; i < nu; i++) {
-        const cal_cand *c = &U[i].cand[U[i].chosen];
+               "true, \"k_center\": true, \"page\": %zu, \"recent\": %zu,\n \"overrides\": [\n",
+            cb->o.page, cb->o.recent);
+    for (size_t i = 0; i < cb->nu; i++) {
+        const cal_unit *u = &cb->U[i];
+        const cal_cand *c = &u->cand[u->chosen];
         fprintf(f, "  {\"layer\": %d, \"head\": %d, \"kind\": \"%s\", \"codec\": \"%s\", \"bits\": "
-                   "%.4f, \"kl_alone\": %.6g",
-                U[i].layer, U[i].head, U[i].is_value ? "v" : "k", c->codec, c->bits, c->kl);
+                   "%.4f, \"kl_alone\": %.6g, \"measured\": %s",
+                u->layer, u->head, u->is_value ? "v" : "k", c->codec, c->bits, c->kl,
+                c->measure ? "true" : "false");
         if (c->state) {
             fprintf(f, ", \"state\": \"");
             cal_hex(f, c->state, c->state_size);
             fprintf(f, "\"");
         }
-        fprintf(f, "}%s\n", i + 1 < nu ? "," : "");
+        fprintf(f, "}%s\n", i + 1 < cb->nu ? "," : "");
     }
+    size_t nc = cb->in.n_layers * cb->in.n_kv_heads * cb->in.head_dim;
     fprintf(f, " ],\n \"center\": [");
-    for (size_t i = 0; i < L * H * d; i++)
+    for (size_t i = 0; i < nc; i++)
         fprintf(f, "%s%.9g", i ? ", " : "", cb->center[i]);
     fprintf(f, "]}\n");
     if (fclose(f) != 0) {
-        fprintf(stderr, "kvq calibrate: writing %s failed\n", outp);
+        fprintf(stderr, "kvq calibrate: writing %s failed\n", path);
         return 1;
     }
     return 0;
 }
 
-static void kvqt_calib_print(const kvqt_calib *cb) {
+int kvqt_calib_solve(kvqt_calib *cb, double target, const char *out, kvqt_calib_report *r) {
+    memset(r, 0, sizeof *r);
+    cal_cheapest(cb->U, cb->nu);
+    double low = cal_mean_bits(cb->U, cb->nu);
+    if (low > target + 1e-9) {
+        fprintf(stderr, "kvq calibrate: the cheapest allocation needs %.3f bits per value, above "
+                        "the target %.3f\n", low, target);
+        return 2;
+    }
+    cal_greedy(cb->U, cb->nu, target);
+    kvq_codec_override *ov = calloc(cb->nu, sizeof *ov);
+    if (!ov)
+        return 1;
     for (size_t i = 0; i < cb->nu; i++) {
-        const cal_cand *c = &cb->U[i].cand[cb->U[i].chosen];
-        printf("  %-7d %-5d %-4s %-12s %6.3f %12.6f\n", cb->U[i].layer, cb->U[i].head,
-               cb->U[i].is_value ? "V" : "K", c->codec, c->bits, c->kl);
+        const cal_unit *u = &cb->U[i];
+        const cal_cand *c = &u->cand[u->chosen];
+        ov[i] = (kvq_codec_override){u->layer, u->head, u->is_value, c->codec, c->state,
+                                     c->state_size};
+        r->kl_estimate += c->kl;
+    }
+    kvqt_ref_cmp cmp;
+    float *lg = malloc(cb->in.vocab_size * sizeof(float));
+    cal_meas m;
+    int rc = lg && kvqt_ref_cmp_init(&cmp, cb->in.vocab_size) == 0 ? 0 : 1;
+    if (rc == 0) {
+        rc = cal_run(cb, ov, cb->nu, cb->nseq, 1, &cmp, lg, &m) ? 1 : 0;
+        kvqt_ref_cmp_free(&cmp);
+    }
+    free(lg), free(ov);
+    if (rc)
+        return rc;
+    if (m.asym > target + 1e-6) { /* the units' costs add up to the cache's: never expected */
+        fprintf(stderr, "kvq calibrate: the allocation stores %.4f bits per value, above %.4f\n",
+                m.asym, target);
+        return 1;
+    }
+    r->target = target;
+    r->asymptotic_bits = m.asym;
+    r->fixed_bytes = m.fixed;
+    r->bits = m.bits;
+    r->kl = m.kl;
+    r->nll = m.nll;
+    r->nll_f32 = m.nll_ref;
+    r->top1 = m.top1;
+    r->tokens = cb->ntok;
+    r->sens_tokens = cb->sens_tok;
+    r->seconds_measure = cb->seconds;
+    return out ? cal_write(cb, out, r) : 0;
+}
+
+const float *kvqt_calib_center(const kvqt_calib *cb, size_t *n) {
+    *n = cb->in.n_layers * cb->in.n_kv_heads * cb->in.head_dim;
+    return cb->center;
+}
+
+void kvqt_calib_print(const kvqt_calib *cb) {
+    printf("  %-6s %-5s %-4s %-12s %7s %12s\n", "layer", "head", "K/V", "codec", "bits", "KL alone");
+    for (size_t i = 0; i < cb->nu; i++) {
+        const cal_unit *u = &cb->U[i];
+        const cal_cand *c = &u->cand[u->chosen];
+        printf("  %-6d %-5d %-4s %-12s %7.3f %12.3e%s\n", u->layer, u->head,
+               u->is_value ? "V" : "K", c->codec, c->bits, c->kl, c->measure ? "" : " (est.)");
     }
 }
+
+/* ---- the command ---------------------------------------------------------------- */
 
 int kvq_tool_calibrate(int argc, char **argv) {
     const char *outp = NULL;
     double target = 0;
-    size_t max_tokens = 1024, page = 32;
-    int json = 0;
-    const char *only = NULL;
-    const kvqt_opt opts[] = {{"--codecs", KVQT_OPT_STR, &only},
+    int json = 0, verbose = 0;
+    kvqt_calib_opts co;
+    kvqt_calib_opts_init(&co);
+    const kvqt_opt opts[] = {{"--codecs", KVQT_OPT_STR, &co.only},
                              {"--target-bits", KVQT_OPT_DOUBLE, &target},
                              {"-o", KVQT_OPT_STR, &outp},
-                             {"--max-tokens", KVQT_OPT_SIZE, &max_tokens},
-                             {"--page", KVQT_OPT_SIZE, &page},
+                             {"--max-tokens", KVQT_OPT_SIZE, &co.sens_tokens},
+                             {"--stride", KVQT_OPT_SIZE, &co.stride},
+                             {"--page", KVQT_OPT_SIZE, &co.page},
+                             {"--recent", KVQT_OPT_SIZE, &co.recent},
+                             {"--jobs", KVQT_OPT_SIZE, &co.jobs},
+                             {"--verbose", KVQT_OPT_FLAG, &verbose},
                              {"--json", KVQT_OPT_FLAG, &json}};
     kvqt_modelopts mo;
     kvqt_modelopts_init(&mo, 1);
     int bad = kvqt_model_args(argc, argv, "calibrate", &mo, NULL, opts, KVQT_NOPTS(opts));
-    if (bad || !kvqt_modelopts_complete(&mo) || !outp || !(target > 0) || max_tokens < 16 ||
-        page < 1) {
-        fprintf(stderr, "usage: kvq calibrate --model M --tokenizer T --text FILE --target-bits B "
-                        "-o alloc.json [--json] [--max-tokens N (1024)] [--page N (32)]\n"
-                        "  [--codecs LIST (restrict the candidates, e.g. nuq4 or chan:int3,tq3:norm=8)]\n"
-                        "  candidates: keys chan:int2 chan:int3 chan:int4 nuq2 nuq3 nuq4 tq3:norm=8\n"
-                        "  tq4:norm=8 chan:int8 nuq8 f16; values nuq2 nuq3 nuq4 tq2:norm=8 tq3:norm=8\n"
-                        "  tq4:norm=8 int4 int8 nuq8 f16\n");
+    if (bad == KVQT_ARGS_BAD_VALUE)
+        return 2;
+    if (bad || !kvqt_modelopts_complete(&mo) || !outp || !(target > 0) || co.sens_tokens < 1 ||
+        co.page < 1 || co.stride < 1 || co.jobs < 1 || co.jobs > 256) {
+        fprintf(stderr,
+                "usage: kvq calibrate --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
+                "                     --target-bits B -o alloc.json [--json] [--verbose]\n"
+                "  [--max-tokens N (768: predicted tokens of the sensitivity runs)]\n"
+                "  [--stride N (2: score every N-th of them)] [--jobs N (1: threads)]\n"
+                "  [--page N (32)] [--recent N (0: f16 recent window of the allocation)]\n"
+                "  [--codecs LIST (restrict the candidates, e.g. nuq4 or chan:int3,tq3:norm=8)]\n"
+                "  B bounds the asymptotic bits per value (a long sequence's bytes per token);\n"
+                "  the fixed bytes of a sequence (staging, recent window, page slack) are reported\n"
+                "  candidates: keys chan:int2 chan:int3 chan:int4 nuq2 nuq3 nuq4 tq3:norm=8\n"
+                "  tq4:norm=8 nuq5 nuq6 int8 f16; values nuq2 nuq3 nuq4 tq2:norm=8 tq3:norm=8\n"
+                "  tq4:norm=8 int4 nuq5 nuq6 int8 f16\n");
         return 2;
     }
+    co.progress = !json && isatty(2);
+    co.verbose = verbose;
     kvqt_model_session ms;
     if (kvqt_model_session_open(&ms, &mo, 1, "calibrate", " (or it has no lines)"))
         return 1;
     double t0 = kvqb_now();
     int rc = 1;
-    kvqt_calib *cb = kvqt_calib_prepare(ms.model, ms.tok, ms.lines, ms.nlines, max_tokens, page,
-                                        !json && isatty(2), only);
-    kvqt_calib_result r;
+    kvqt_calib *cb = kvqt_calib_new(ms.model, ms.tok, ms.lines, ms.nlines, &co);
+    kvqt_calib_report r;
     if (cb)
-        rc = kvqt_calib_allocate(cb, target, outp, &r);
+        rc = kvqt_calib_solve(cb, target, outp, &r);
     if (rc == 0) {
+        double dn = r.nll_f32 > 0 ? 100.0 * (r.nll - r.nll_f32) / r.nll_f32 : 0;
         if (json) {
-            printf("{\"target_bits\": %.4f, \"bits_per_value\": %.4f, \"nominal_bits\": %.4f, "
-                   "\"kl\": %.6g, \"nll\": %.6f, \"nll_f32\": %.6f, \"tokens\": %zu, \"seconds\": "
-                   "%.1f, \"output\": ",
-                   target, r.bits, r.nominal_bits, r.kl, r.nll, r.nll_f32, r.tokens, kvqb_now() - t0);
+            printf("{\"target_bits\": %.4f, \"asymptotic_bits_per_value\": %.4f, "
+                   "\"fixed_bytes_per_sequence\": %.0f, \"bits_per_value\": %.4f, \"kl\": %.6g, "
+                   "\"kl_estimate\": %.6g, \"nll\": %.6f, \"nll_f32\": %.6f, \"delta_nll_pct\": "
+                   "%.4f, \"top1_agree\": %.6f, \"tokens\": %zu, \"sensitivity_tokens\": %zu, "
+                   "\"seconds_measure\": %.1f, \"seconds\": %.1f, \"output\": ",
+                   target, r.asymptotic_bits, r.fixed_bytes, r.bits, r.kl, r.kl_estimate, r.nll,
+                   r.nll_f32, dn, r.top1, r.tokens, r.sens_tokens, r.seconds_measure,
+                   kvqb_now() - t0);
             kvqb_json_str(stdout, outp);
             printf("}\n");
         } else {
-            printf("kvq calibrate: %zu calibration tokens, target %.3f bits per value\n", r.tokens,
-                   target);
-            printf("  %-7s %-5s %-4s %-12s %6s %12s\n", "layer", "head", "K/V", "codec", "bits",
-                   "KL alone");
+            printf("kvq calibrate: %zu calibration tokens (%zu in the sensitivity runs), target "
+                   "%.3f bits per value\n", r.tokens, r.sens_tokens, target);
             kvqt_calib_print(cb);
-            printf("measured on the calibration text: %.3f bits per value (nominal %.3f), KL %.5f, "
-                   "NLL %.4f (f32 %.4f)\n", r.bits, r.nominal_bits, r.kl, r.nll, r.nll_f32);
-            printf("wrote %s (%.1f s)\n", outp, kvqb_now() - t0);
+            printf("asymptotic %.3f bits per value, fixed %.0f bytes per sequence (%.3f bits per "
+                   "value as stored on the calibration text)\n",
+                   r.asymptotic_bits, r.fixed_bytes, r.bits);
+            printf("decoding the calibration text: KL %.5f (sum of units alone %.5f), NLL %.4f "
+                   "(f32 %.4f, %+.2f%%), top-1 %.4f\n",
+                   r.kl, r.kl_estimate, r.nll, r.nll_f32, dn, r.top1);
+            printf("wrote %s (%.1f s, sensitivities %.1f s)\n", outp, kvqb_now() - t0,
+                   r.seconds_measure);
         }
     }
     kvqt_calib_free(cb);

@@ -1,19 +1,30 @@
 /*
- * sweep.c - `kvq sweep`: runs eval over a list of cache configurations and
- * writes DIR/sweep.csv and DIR/sweep.svg, a plot of bits per value against
- * KL(f32 || compressed) on a log scale with one labelled point each.
+ * sweep.c - `kvq sweep`: evaluates a list of cache configurations as
+ * inference runs (kvq eval's decoding, token by token) and writes
+ * DIR/sweep.csv and DIR/sweep.svg, a plot of the asymptotic bits per value
+ * (what a long sequence stores per value, every byte counted) against
+ * KL(f32 || compressed) on a log scale, with fixed configurations,
+ * allocations calibrated in the run and saved allocations marked apart and
+ * named in a legend.
  *
  * --configs is a comma-separated list; each entry is
  *   CODEC            the same codec for K and V (e.g. int4, tq3:norm=8)
  *   KCODEC/VCODEC    keys and values (KCODEC may be chan:int<b>)
- *   calib:BITS       an allocation calibrated in this run at BITS bits/value
+ *   calib:BITS       an allocation calibrated in this run for BITS asymptotic
+ *                    bits per value
  *   alloc:FILE       a saved allocation
- * optionally followed by modifiers "+prerope", "+center", "+page=N".
+ * optionally followed by modifiers "+prerope", "+center" (the key centre of
+ * the calibration lines), "+page=N", "+recent=N".
+ *
+ * With --calib-lines N the first N selected lines are the calibration text
+ * (of calib: entries and +center) and only the others are evaluated, so
+ * that every point is measured on text its calibration has not seen.
  */
 #include "kvq.h"
-#include "benchlib.h"
 #include "alloc_json.h"
+#include "benchlib.h"
 #include "cacheopts.h"
+#include "calibrate.h"
 #include "model_eval.h"
 #include "tool.h"
 
@@ -27,27 +38,63 @@
 
 #define SW_MAX 64
 
+enum { SW_FIXED, SW_CALIB, SW_ALLOC, SW_KINDS };
+static const char *const sw_kind_name[SW_KINDS] = {"fixed", "calibrated", "alloc"};
+static const char *const sw_kind_legend[SW_KINDS] = {
+    "one codec for K, one for V", "calibrated in this run (per-head codecs)", "saved allocation"};
+static const char *const sw_kind_color[SW_KINDS] = {"#1f77b4", "#d62728", "#2ca02c"};
+
 typedef struct {
     char label[160];
+    int kind;
     kvqt_eval_result r;
     int ok;
 } sw_row;
 
-static const char *sw_default =
-    "f16,int8,int4,int2,tq4,tq3,tq2,int8/tq3,chan:int4/int4+prerope+page=32,calib:6,calib:4.5,calib:3.5";
+static const char *sw_default = "f16,int8,int4,tq4,tq3,tq2,nuq4,int8/tq3,chan:int4/tq4:norm=8+prerope,"
+                                "chan:int3/tq3:norm=8+prerope,calib:6,calib:4.5,calib:3.5";
 
-static void sw_svg(const char *path, const sw_row *rows, size_t n) {
+static void sw_xml(FILE *f, const char *s) {
+    for (; *s; s++) {
+        if (*s == '<')
+            fputs("&lt;", f);
+        else if (*s == '>')
+            fputs("&gt;", f);
+        else if (*s == '&')
+            fputs("&amp;", f);
+        else if (*s == '"')
+            fputs("&quot;", f);
+        else
+            fputc(*s, f);
+    }
+}
+
+/* One marker: a circle (fixed), a diamond (calibrated) or a triangle (alloc). */
+static void sw_marker(FILE *f, int kind, double x, double y) {
+    const char *c = sw_kind_color[kind];
+    if (kind == SW_FIXED)
+        fprintf(f, "<circle class=\"point\" cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\"/>\n", x, y, c);
+    else if (kind == SW_CALIB)
+        fprintf(f, "<path class=\"point\" d=\"M%.1f %.1fl7 7l-7 7l-7 -7z\" fill=\"%s\"/>\n", x,
+                y - 7, c);
+    else
+        fprintf(f, "<path class=\"point\" d=\"M%.1f %.1fl6.5 11h-13z\" fill=\"%s\"/>\n", x, y - 7, c);
+}
+
+static void sw_svg(const char *path, const char *title, const sw_row *rows, size_t n) {
     FILE *f = fopen(path, "w");
     if (!f)
         return;
-    const double W = 900, Hh = 560, ml = 80, mr = 30, mt = 40, mb = 60;
+    const double W = 960, Hh = 600, ml = 80, mr = 30, mt = 50, mb = 60;
     double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
+    int used[SW_KINDS] = {0};
     for (size_t i = 0; i < n; i++) {
         if (!rows[i].ok)
             continue;
-        double x = rows[i].r.bits_per_value, y = fmax(rows[i].r.kl, 1e-6);
+        double x = rows[i].r.asymptotic_bits_per_value, y = fmax(rows[i].r.kl, 1e-6);
         xmin = fmin(xmin, x), xmax = fmax(xmax, x);
         ymin = fmin(ymin, y), ymax = fmax(ymax, y);
+        used[rows[i].kind] = 1;
     }
     if (xmin > xmax) {
         fclose(f);
@@ -60,8 +107,9 @@ static void sw_svg(const char *path, const sw_row *rows, size_t n) {
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                "font-family=\"sans-serif\" font-size=\"12\">\n", W, Hh);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"%.0f\" y=\"24\" font-size=\"16\" text-anchor=\"middle\">kvq: KV-cache "
-               "bits per value vs KL(f32 || compressed)</text>\n", W / 2);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">", W / 2);
+    sw_xml(f, title);
+    fprintf(f, "</text>\n");
     double pw = W - ml - mr, ph = Hh - mt - mb;
 #define SX(x) (ml + ((x) - xmin) / (xmax - xmin) * pw)
 #define SY(y) (mt + (ly1 - log10(y)) / (ly1 - ly0) * ph)
@@ -79,27 +127,38 @@ static void sw_svg(const char *path, const sw_row *rows, size_t n) {
     }
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
                "stroke=\"black\"/>\n", ml, mt, pw, ph);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">bits per value (every stored "
-               "byte of K and V)</text>\n", ml + pw / 2, Hh - 18);
-    fprintf(f, "<text transform=\"translate(20,%.1f) rotate(-90)\" text-anchor=\"middle\">KL "
-               "divergence (log scale)</text>\n", mt + ph / 2);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">asymptotic bits per value (a "
+               "long sequence's stored bytes of K and V per value)</text>\n", ml + pw / 2, Hh - 18);
+    fprintf(f, "<text transform=\"translate(20,%.1f) rotate(-90)\" text-anchor=\"middle\">KL(f32 "
+               "|| compressed) per predicted token, decoding (log scale)</text>\n", mt + ph / 2);
     for (size_t i = 0; i < n; i++) {
         if (!rows[i].ok)
             continue;
-        double x = SX(rows[i].r.bits_per_value), y = SY(fmax(rows[i].r.kl, 1e-6));
-        int cal = !strncmp(rows[i].label, "calib:", 6);
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\"/>\n", x, y,
-                cal ? "#d62728" : "#1f77b4");
+        double x = SX(rows[i].r.asymptotic_bits_per_value), y = SY(fmax(rows[i].r.kl, 1e-6));
+        sw_marker(f, rows[i].kind, x, y);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", x + 8, y - 6 - (double)(i % 2) * 10);
-        for (const char *p = rows[i].label; *p; p++) {
-            if (*p == '<')
-                fputs("&lt;", f);
-            else if (*p == '&')
-                fputs("&amp;", f);
-            else
-                fputc(*p, f);
-        }
+        sw_xml(f, rows[i].label);
         fprintf(f, "</text>\n");
+    }
+    /* legend, top right */
+    double lx = ml + pw - 300, ly = mt + 10;
+    int nk = used[0] + used[1] + used[2];
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"290\" height=\"%d\" fill=\"white\" "
+               "stroke=\"#999\"/>\n", lx, ly, 8 + 20 * nk);
+    for (int k = 0, row = 0; k < SW_KINDS; k++) {
+        if (!used[k])
+            continue;
+        double cy = ly + 14 + 20 * row++;
+        if (k == SW_FIXED)
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\"/>\n", lx + 14, cy,
+                    sw_kind_color[k]);
+        else if (k == SW_CALIB)
+            fprintf(f, "<path d=\"M%.1f %.1fl7 7l-7 7l-7 -7z\" fill=\"%s\"/>\n", lx + 14, cy - 7,
+                    sw_kind_color[k]);
+        else
+            fprintf(f, "<path d=\"M%.1f %.1fl6.5 11h-13z\" fill=\"%s\"/>\n", lx + 14, cy - 7,
+                    sw_kind_color[k]);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", lx + 28, cy + 4, sw_kind_legend[k]);
     }
 #undef SX
 #undef SY
@@ -107,21 +166,83 @@ static void sw_svg(const char *path, const sw_row *rows, size_t n) {
     fclose(f);
 }
 
+static int sw_csv(const char *path, const sw_row *rows, size_t n) {
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "config,kind,asymptotic_bits_per_value,fixed_bytes_per_sequence,bits_per_value,"
+               "total_bits_per_value,kl,kl_stderr,kl_median,kl_p99,nll,nll_f32,delta_nll_pct,"
+               "delta_nll_stderr_pct,ppl,ppl_f32,top1_agree,tokens\n");
+    for (size_t i = 0; i < n; i++) {
+        const kvqt_eval_result *r = &rows[i].r;
+        if (!rows[i].ok)
+            continue;
+        fprintf(f, "\"%s\",%s,%.4f,%.0f,%.4f,%.4f,%.6g,%.3g,%.6g,%.6g,%.6f,%.6f,%.4f,%.4f,%.5f,"
+                   "%.5f,%.5f,%zu\n",
+                rows[i].label, sw_kind_name[rows[i].kind], r->asymptotic_bits_per_value,
+                r->fixed_bytes_per_sequence, r->bits_per_value, r->total_bits_per_value, r->kl,
+                r->kl_stderr, r->kl_median, r->kl_p99, r->nll, r->nll_f32,
+                100 * (r->nll - r->nll_f32) / r->nll_f32, 100 * r->delta_nll_stderr / r->nll_f32,
+                exp(r->nll), exp(r->nll_f32), r->top1, r->tokens);
+    }
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* Parses the modifiers after the first '+' of spec (cut there). */
+static int sw_modifiers(char *spec, kvqt_cacheopts *o, int *center) {
+    char *plus = strchr(spec, '+');
+    if (!plus)
+        return 0;
+    *plus = 0;
+    char *save = NULL;
+    for (char *mod = strtok_r(plus + 1, "+", &save); mod; mod = strtok_r(NULL, "+", &save)) {
+        if (!strcmp(mod, "prerope"))
+            o->k_prerope = 1;
+        else if (!strcmp(mod, "center"))
+            *center = 1;
+        else if (!strncmp(mod, "page=", 5) && atoi(mod + 5) > 0)
+            o->page = (size_t)atoi(mod + 5);
+        else if (!strncmp(mod, "recent=", 7) && atoi(mod + 7) >= 0)
+            o->recent = (size_t)atoi(mod + 7);
+        else {
+            fprintf(stderr, "kvq sweep: unknown modifier '+%s'\n", mod);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int kvq_tool_sweep(int argc, char **argv) {
     const char *dir = NULL, *configs = sw_default;
-    size_t calib_tokens = 512;
+    kvqt_calib_opts co;
+    kvqt_calib_opts_init(&co);
+    size_t calib_lines = 0;
     const kvqt_opt opts[] = {{"--configs", KVQT_OPT_STR, &configs},
                              {"-o", KVQT_OPT_STR, &dir},
-                             {"--calib-tokens", KVQT_OPT_SIZE, &calib_tokens}};
+                             {"--calib-lines", KVQT_OPT_SIZE, &calib_lines},
+                             {"--calib-tokens", KVQT_OPT_SIZE, &co.sens_tokens},
+                             {"--jobs", KVQT_OPT_SIZE, &co.jobs}};
     kvqt_modelopts mo;
     kvqt_modelopts_init(&mo, 1);
-    if (kvqt_model_args(argc, argv, "sweep", &mo, NULL, opts, KVQT_NOPTS(opts)))
+    int bad = kvqt_model_args(argc, argv, "sweep", &mo, NULL, opts, KVQT_NOPTS(opts));
+    if (bad == KVQT_ARGS_BAD_VALUE)
         return 2;
-    if (!kvqt_modelopts_complete(&mo) || !dir) {
-        fprintf(stderr, "usage: kvq sweep --model M --tokenizer T --text FILE [--configs LIST] -o DIR\n"
-                        "  [--calib-tokens N (512)]\n  LIST entries: CODEC | KCODEC/VCODEC | "
-                        "calib:BITS | alloc:FILE, with +prerope +center +page=N\n  default: %s\n",
+    if (bad || !kvqt_modelopts_complete(&mo) || !dir || co.jobs < 1 || co.jobs > 256 ||
+        co.sens_tokens < 1) {
+        fprintf(stderr,
+                "usage: kvq sweep --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
+                "                 [--configs LIST] [--calib-lines N] [--calib-tokens N (768)]\n"
+                "                 [--jobs N (1)] -o DIR          # DIR/sweep.csv, DIR/sweep.svg\n"
+                "  LIST entries: CODEC | KCODEC/VCODEC | calib:BITS | alloc:FILE, with\n"
+                "  +prerope +center +page=N +recent=N; calib: and +center calibrate on the first\n"
+                "  --calib-lines lines, and every entry is evaluated on the lines after them\n"
+                "  default: %s\n",
                 sw_default);
+        return 2;
+    }
+    if (!calib_lines && (strstr(configs, "calib:") || strstr(configs, "+center"))) {
+        fprintf(stderr, "kvq sweep: calib: and +center entries need calibration lines "
+                        "(--calib-lines N)\n");
         return 2;
     }
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
@@ -131,106 +252,108 @@ int kvq_tool_sweep(int argc, char **argv) {
     kvqt_model_session ms;
     if (kvqt_model_session_open(&ms, &mo, 1, "sweep", ""))
         return 1;
+    if (calib_lines >= ms.nlines) {
+        fprintf(stderr, "kvq sweep: --calib-lines %zu leaves none of the %zu selected lines to "
+                        "evaluate\n", calib_lines, ms.nlines);
+        kvqt_model_session_close(&ms);
+        return 2;
+    }
+    char **eval_lines = ms.lines + calib_lines;
+    size_t n_eval = ms.nlines - calib_lines;
     char *list = strdup(configs);
-    sw_row rows[SW_MAX];
+    sw_row *rows = calloc(SW_MAX, sizeof *rows);
     size_t n = 0;
     kvqt_calib *cb = NULL;
     int rc = 0, progress = isatty(2);
+    co.progress = progress;
     char *lsave = NULL;
-    for (char *tok = strtok_r(list, ",", &lsave); tok && n < SW_MAX; tok = strtok_r(NULL, ",", &lsave)) {
+    for (char *tok = list ? strtok_r(list, ",", &lsave) : NULL; tok && rows && n < SW_MAX;
+         tok = strtok_r(NULL, ",", &lsave)) {
         sw_row *r = &rows[n++];
-        memset(r, 0, sizeof *r);
         snprintf(r->label, sizeof r->label, "%s", tok);
         kvqt_cacheopts o;
         kvqt_cacheopts_init(&o);
         char spec[160];
         snprintf(spec, sizeof spec, "%s", tok);
-        /* modifiers after the first '+' */
-        char *plus = strchr(spec, '+');
-        if (plus) {
-            *plus = 0;
-            char *save = NULL;
-            for (char *mod = strtok_r(plus + 1, "+", &save); mod; mod = strtok_r(NULL, "+", &save)) {
-                if (!strcmp(mod, "prerope"))
-                    o.k_prerope = 1;
-                else if (!strcmp(mod, "center"))
-                    o.k_center = 1;
-                else if (!strncmp(mod, "page=", 5))
-                    o.page = strtoul(mod + 5, NULL, 10);
-                else
-                    fprintf(stderr, "kvq sweep: unknown modifier '+%s' ignored\n", mod);
+        int center = 0, need_calib = !strncmp(spec, "calib:", 6);
+        if (sw_modifiers(spec, &o, &center) != 0) {
+            rc = 1;
+            continue;
+        }
+        need_calib |= center;
+        if (need_calib && !cb) {
+            cb = kvqt_calib_new(ms.model, ms.tok, ms.lines, calib_lines, &co);
+            if (!cb) {
+                rc = 1;
+                break;
             }
         }
+        char err[256];
         if (!strncmp(spec, "calib:", 6)) {
-            double bits = strtod(spec + 6, NULL);
-            if (!cb)
-                cb = kvqt_calib_prepare(ms.model, ms.tok, ms.lines, ms.nlines, calib_tokens, 32,
-                                        progress, NULL);
+            r->kind = SW_CALIB;
             char path[4096];
             snprintf(path, sizeof path, "%s/alloc-%s.json", dir, spec + 6);
-            kvqt_calib_result cr;
-            if (!cb || kvqt_calib_allocate(cb, bits, path, &cr) != 0) {
+            kvqt_calib_report cr;
+            if (kvqt_calib_solve(cb, strtod(spec + 6, NULL), path, &cr) != 0 ||
+                kvqt_alloc_load_into(path, &o, err, sizeof err) != 0) {
                 fprintf(stderr, "kvq sweep: %s: calibration failed\n", tok);
                 rc = 1;
                 continue;
             }
-            char err[256];
-            if (kvqt_alloc_load_into(path, &o, err, sizeof err) != 0) {
-                fprintf(stderr, "kvq sweep: %s: %s\n", path, err);
-                rc = 1;
-                continue;
-            }
         } else if (!strncmp(spec, "alloc:", 6)) {
-            char err[256];
+            r->kind = SW_ALLOC;
             if (kvqt_alloc_load_into(spec + 6, &o, err, sizeof err) != 0) {
                 fprintf(stderr, "kvq sweep: %s: %s\n", spec + 6, err);
                 rc = 1;
                 continue;
             }
         } else {
+            r->kind = SW_FIXED;
             char *slash = strchr(spec, '/');
-            if (slash) {
+            if (slash)
                 *slash = 0;
-                snprintf(o.k_codec, sizeof o.k_codec, "%.95s", spec);
-                snprintf(o.v_codec, sizeof o.v_codec, "%.95s", slash + 1);
-            } else {
-                snprintf(o.k_codec, sizeof o.k_codec, "%.95s", spec);
-                snprintf(o.v_codec, sizeof o.v_codec, "%.95s", spec);
+            snprintf(o.k_codec, sizeof o.k_codec, "%.95s", spec);
+            snprintf(o.v_codec, sizeof o.v_codec, "%.95s", slash ? slash + 1 : spec);
+        }
+        if (center) {
+            size_t nc;
+            const float *c = kvqt_calib_center(cb, &nc);
+            free(o.center_values);
+            o.center_values = malloc(nc * sizeof(float));
+            if (!o.center_values) {
+                rc = 1;
+                continue;
             }
+            memcpy(o.center_values, c, nc * sizeof(float));
+            o.center_count = nc;
+            o.k_center = 1;
         }
         double t0 = kvqb_now();
-        if (kvqt_eval_run(ms.model, ms.tok, ms.lines, ms.nlines, &o, 0, &r->r) == 0) {
+        if (kvqt_eval_run(ms.model, ms.tok, eval_lines, n_eval, &o, progress, &r->r) == 0) {
             r->ok = 1;
-            fprintf(stderr, "%-40s bits %7.3f  KL %.5f  dNLL %+.3f%%  top1 %.4f  (%.1f s)\n", r->label,
-                    r->r.bits_per_value, r->r.kl, 100 * (r->r.nll - r->r.nll_f32) / r->r.nll_f32,
-                    r->r.top1, kvqb_now() - t0);
+            fprintf(stderr, "%-42s asym %6.3f bits  fixed %7.0f B  KL %.5f  dNLL %+.3f%%  top1 %.4f  "
+                            "(%.1f s)\n", r->label, r->r.asymptotic_bits_per_value,
+                    r->r.fixed_bytes_per_sequence, r->r.kl,
+                    100 * (r->r.nll - r->r.nll_f32) / r->r.nll_f32, r->r.top1, kvqb_now() - t0);
         } else {
             fprintf(stderr, "kvq sweep: %s: eval failed\n", tok);
             rc = 1;
         }
         kvqt_cacheopts_free(&o);
     }
-    char path[4096];
+    char path[4096], title[512];
     snprintf(path, sizeof path, "%s/sweep.csv", dir);
-    FILE *f = fopen(path, "w");
-    if (f) {
-        fprintf(f, "config,bits_per_value,total_bits_per_value,kl,nll,nll_f32,delta_nll_pct,ppl,"
-                   "ppl_f32,top1_agree,tokens\n");
-        for (size_t i = 0; i < n; i++)
-            if (rows[i].ok)
-                fprintf(f, "\"%s\",%.4f,%.4f,%.6g,%.6f,%.6f,%.4f,%.5f,%.5f,%.5f,%zu\n", rows[i].label,
-                        rows[i].r.bits_per_value, rows[i].r.total_bits_per_value, rows[i].r.kl,
-                        rows[i].r.nll, rows[i].r.nll_f32,
-                        100 * (rows[i].r.nll - rows[i].r.nll_f32) / rows[i].r.nll_f32,
-                        exp(rows[i].r.nll), exp(rows[i].r.nll_f32), rows[i].r.top1, rows[i].r.tokens);
-        fclose(f);
-    } else {
+    if (!rows || sw_csv(path, rows, n) != 0)
         rc = 1;
-    }
+    const char *base = strrchr(mo.model, '/');
+    snprintf(title, sizeof title, "kvq sweep: %s, decoding %zu lines%s", base ? base + 1 : mo.model,
+             n_eval, calib_lines ? " not seen by calibration" : "");
     snprintf(path, sizeof path, "%s/sweep.svg", dir);
-    sw_svg(path, rows, n);
+    if (rows)
+        sw_svg(path, title, rows, n);
     printf("wrote %s/sweep.csv and %s/sweep.svg (%zu configurations)\n", dir, dir, n);
     kvqt_calib_free(cb);
+    free(rows);
     free(list);
     kvqt_model_session_close(&ms);
     return rc;
