@@ -608,12 +608,12 @@ class TestKVCache(unittest.TestCase):
         c.append(0, K, V)
         self.assertEqual(c.tokens(0), 100)
         c.attend(0, gauss(r, 1, H, d), [99])
-        np.testing.assert_array_equal(c.positions(0), np.r_[95:100])
+        np.testing.assert_array_equal(c.positions(0), np.r_[0:4, 99:100])
         c = kvq.KVCache(layers=1, kv_heads=H, head_dim=d, max_tokens=200, policy="fifo",
                         budget=10, sinks=4, protect_recent=8)
         c.append(0, K, V)
         c.attend(0, gauss(r, 1, H, d), [99])
-        np.testing.assert_array_equal(c.positions(0), np.r_[0:2, 92:100])
+        np.testing.assert_array_equal(c.positions(0), np.r_[0:4, 94:100])
         # policy none: full
         c = kvq.KVCache(layers=1, kv_heads=H, head_dim=d, max_tokens=50)
         c.append(0, K[:50], V[:50])
