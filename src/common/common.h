@@ -1,8 +1,8 @@
 /*
  * common.h - internal helpers shared by every part of libkvq: allocation
  * through the per-handle allocator, fp16/bf16 conversion, a seeded RNG,
- * CRC32C, finiteness checks and CPU feature detection. Depends on nothing
- * but libc and include/kvq.h.
+ * CRC32C, SHA-256, random bytes from the OS, finiteness checks and CPU
+ * feature detection. Depends on nothing but libc and include/kvq.h.
  */
 #ifndef KVQ_COMMON_H
 #define KVQ_COMMON_H
@@ -143,5 +143,23 @@ int kvq__cpu_has_avx512(void); /* F + BW + VL + DQ, OS-enabled */
 
 /* ---- CRC32C (Castagnoli), slicing-by-8 table built on first use ---- */
 uint32_t kvq__crc32c(uint32_t crc, const void *data, size_t size);
+
+/* ---- SHA-256 (FIPS 180-4), sha256.c ---- */
+#define KVQ__SHA256_BYTES 32
+typedef struct kvq__sha256_ctx {
+    uint32_t h[8];
+    uint64_t bytes; /* message length so far */
+    uint8_t buf[64];
+    size_t fill;
+} kvq__sha256_ctx;
+void kvq__sha256_init(kvq__sha256_ctx *s);
+void kvq__sha256_update(kvq__sha256_ctx *s, const void *data, size_t n);
+/* Writes the digest; s is spent (copy the context first to go on). */
+void kvq__sha256_final(kvq__sha256_ctx *s, uint8_t out[KVQ__SHA256_BYTES]);
+void kvq__sha256(const void *data, size_t n, uint8_t out[KVQ__SHA256_BYTES]);
+
+/* ---- random bytes from the OS (getrandom, else /dev/urandom), osrandom.c ----
+ * KVQ_ERR_IO when neither is available. */
+kvq_status kvq__os_random(void *buf, size_t n);
 
 #endif
