@@ -3,7 +3,8 @@
  * argument checks every backend relies on, the per-store lock, the call
  * counters and the last-error message. Listing runs the user's callback
  * outside the lock, on batches of keys copied under it, so the callback may
- * call the store.
+ * call the store. Also the internal put/get variants of the cache's cold
+ * tier (a time to live, the loss epoch: store_impl.h).
  */
 #include "store_impl.h"
 
@@ -147,7 +148,8 @@ static void begin(kvq_store *s) {
     s->err[0] = 0;
 }
 
-kvq_status kvq_store_put(kvq_store *s, const char *key, const void *data, size_t size) {
+kvq_status kvq__store_put_ttl(kvq_store *s, const char *key, const void *data, size_t size,
+                              uint64_t ttl_ms, uint64_t *epoch) {
     if (!s)
         return KVQ_ERR_INVALID_ARG;
     begin(s);
@@ -160,13 +162,20 @@ kvq_status kvq_store_put(kvq_store *s, const char *key, const void *data, size_t
         kvq__store_err(s, "put: value of %zu bytes is larger than 1 GiB", size);
         return done(s, KVQ_ERR_INVALID_ARG);
     }
-    kvq_status st = s->ops->put(s, key, klen, data, size);
+    kvq_status st = s->ops->put(s, key, klen, data, size, ttl_ms);
     if (st == KVQ_OK)
         s->st.puts++;
+    if (epoch)
+        *epoch = s->epoch;
     return done(s, st);
 }
 
-kvq_status kvq_store_get(kvq_store *s, const char *key, void **data, size_t *size) {
+kvq_status kvq_store_put(kvq_store *s, const char *key, const void *data, size_t size) {
+    return kvq__store_put_ttl(s, key, data, size, 0, NULL);
+}
+
+kvq_status kvq__store_get_ep(kvq_store *s, const char *key, void **data, size_t *size,
+                             uint64_t *epoch) {
     if (!s)
         return KVQ_ERR_INVALID_ARG;
     begin(s);
@@ -183,10 +192,29 @@ kvq_status kvq_store_get(kvq_store *s, const char *key, void **data, size_t *siz
         s->st.gets++;
         *data = d;
         *size = n;
-    } else if (st == KVQ_ERR_RANGE) {
+    } else if (st == KVQ_ERR_RANGE && !s->err[0]) {
         kvq__store_err(s, "no key '%.200s'", key);
     }
+    if (epoch)
+        *epoch = s->epoch;
     return done(s, st);
+}
+
+kvq_status kvq_store_get(kvq_store *s, const char *key, void **data, size_t *size) {
+    return kvq__store_get_ep(s, key, data, size, NULL);
+}
+
+uint64_t kvq__store_epoch(kvq_store *s) {
+    pthread_mutex_lock(&s->mu);
+    if (s->ops->check_lost) {
+        char keep[KVQ__STORE_ERR_SIZE]; /* not a call of its own: the last error stays */
+        memcpy(keep, s->err, sizeof keep);
+        s->ops->check_lost(s);
+        memcpy(s->err, keep, sizeof keep);
+    }
+    uint64_t e = s->epoch;
+    pthread_mutex_unlock(&s->mu);
+    return e;
 }
 
 void kvq_store_free_buf(kvq_store *s, void *data) {
@@ -206,7 +234,7 @@ kvq_status kvq_store_del(kvq_store *s, const char *key) {
     kvq_status st = s->ops->del(s, key, klen);
     if (st == KVQ_OK)
         s->st.dels++;
-    else if (st == KVQ_ERR_RANGE)
+    else if (st == KVQ_ERR_RANGE && !s->err[0])
         kvq__store_err(s, "no key '%.200s'", key);
     return done(s, st);
 }

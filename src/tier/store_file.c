@@ -20,6 +20,13 @@
  *   synced, renamed), then removes the old segments oldest first, so a crash
  *   at any point leaves a directory whose scan gives the same live keys.
  * - The directory is flock'ed: exclusive for writers, shared for readonly.
+ * - The store holds what the directory holds: a segment file removed from
+ *   it under the running store (its open fd would still read it) is
+ *   forgotten when a get or del reaches one of its keys, when list or stats
+ *   run, or when a put would append to it; its keys are gone (KVQ_ERR_RANGE) and the epoch
+ *   (store_impl.h) moves on. An entry past the end of a truncated file is
+ *   KVQ_ERR_CORRUPT, like one that fails its checksum. There is no expiry:
+ *   a time to live given with a put is ignored.
  */
 #include "store_impl.h"
 
@@ -40,6 +47,7 @@ typedef struct fs_seg {
     uint32_t id;
     int fd;
     uint64_t size;
+    int removed; /* scratch of forget_removed */
 } fs_seg;
 
 typedef struct fs_slot {
@@ -450,6 +458,64 @@ static fs_seg *seg_by_id(fs_store *f, uint32_t id) {
     return lo < f->n_segs && f->segs[lo].id == id ? &f->segs[lo] : NULL;
 }
 
+/* 1 when the segment's file is no longer in the directory (someone removed
+ * it under the running store: the open fd still reads it, but the entries
+ * are gone for anyone who opens the directory, this store after a restart
+ * included, and appends to it would never be found again). */
+static int seg_removed(const fs_seg *g) {
+    struct stat sb;
+    return fstat(g->fd, &sb) == 0 && sb.st_nlink == 0;
+}
+
+/* Forgets the segments whose file was removed: their keys leave the index
+ * (the store then says what a reopen would say; a reopen may still find
+ * older values of those keys in the segments that remain), their fds are
+ * closed, and a removed active segment makes the next append roll over.
+ * Bumps the epoch; returns the number of keys forgotten (*n_segs_out: the
+ * segments). */
+static size_t forget_removed(kvq_store *s, fs_store *f, size_t *n_segs_out) {
+    size_t n_gone = 0, keys = 0;
+    for (size_t i = 0; i < f->n_segs; i++) {
+        f->segs[i].removed = seg_removed(&f->segs[i]);
+        n_gone += (size_t)f->segs[i].removed;
+    }
+    if (n_segs_out)
+        *n_segs_out = n_gone;
+    if (n_gone == 0)
+        return 0;
+    size_t removed;
+    do { /* backward-shift deletion moves entries (across the wrap too): sweep until none is left */
+        removed = 0;
+        for (size_t i = 0; i < f->tab_cap; i++) {
+            fs_slot *e = &f->tab[i];
+            while (e->key) {
+                const fs_seg *g = seg_by_id(f, e->seg);
+                if (g && !g->removed)
+                    break;
+                tab_remove(s, f, e); /* e now holds the next entry of its run, or nothing */
+                removed++;
+            }
+        }
+        keys += removed;
+    } while (removed);
+    if (f->segs[f->n_segs - 1].removed)
+        f->need_roll = 1;
+    size_t j = 0;
+    for (size_t i = 0; i < f->n_segs; i++) {
+        if (f->segs[i].removed) {
+            close(f->segs[i].fd);
+            f->total_bytes -= f->segs[i].size;
+            continue;
+        }
+        f->segs[j++] = f->segs[i];
+    }
+    f->n_segs = j;
+    s->epoch++;
+    return keys;
+}
+
+static void fs_check_lost(kvq_store *s) { (void)forget_removed(s, FS(s), NULL); }
+
 /* Creates the file of a new segment (ext "log" or "tmp"); returns its fd. */
 static int create_seg_file(kvq_store *s, fs_store *f, uint32_t id, const char *ext) {
     char name[32];
@@ -494,6 +560,10 @@ static kvq_status append_entry(kvq_store *s, fs_store *f, int op, const char *ke
                                const void *val, size_t vlen, uint32_t *seg_id, uint64_t *off) {
     uint64_t len = (uint64_t)KVQ__SEG_HDR + klen + vlen;
     fs_seg *a = f->n_segs ? &f->segs[f->n_segs - 1] : NULL;
+    if (a && seg_removed(a)) { /* appends there would never be found again */
+        (void)forget_removed(s, f, NULL);
+        a = f->n_segs ? &f->segs[f->n_segs - 1] : NULL;
+    }
     if (!a || f->need_roll || (a->size > 0 && a->size + len > f->segment_bytes)) {
         kvq_status st = roll(s, f);
         if (st != KVQ_OK)
@@ -559,6 +629,7 @@ static void drop_new_segs(fs_store *f, fs_seg *ns, size_t n, const char *ext) {
  * KVQ_OK also when it gave up early without changing anything (*done 0). */
 static kvq_status compact(kvq_store *s, fs_store *f, int *did) {
     *did = 0;
+    (void)forget_removed(s, f, NULL); /* never copy what the directory lost back into it */
     fs_newpos *np = NULL;
     fs_seg *ns = NULL;
     uint8_t *buf = NULL;
@@ -726,8 +797,9 @@ static void maybe_compact(kvq_store *s, fs_store *f) {
 
 /* ---- operations ---- */
 static kvq_status fs_put(kvq_store *s, const char *key, size_t klen, const void *data,
-                         size_t size) {
+                         size_t size, uint64_t ttl_ms) {
     fs_store *f = FS(s);
+    (void)ttl_ms; /* no expiry here: a record stays until it is deleted */
     if (f->readonly) {
         kvq__store_err(s, "%s: the store is open readonly", f->dir);
         return KVQ_ERR_UNSUPPORTED;
@@ -759,6 +831,15 @@ static kvq_status fs_get(kvq_store *s, const char *key, size_t klen, void **data
     if (!e)
         return KVQ_ERR_RANGE;
     fs_seg *sg = seg_by_id(f, e->seg);
+    if (sg && seg_removed(sg)) {
+        uint32_t id = sg->id;
+        size_t n_segs = 0, keys = forget_removed(s, f, &n_segs);
+        kvq__store_err(s,
+                       "%s: no key '%.200s': its segment seg-%06u.log was removed from the "
+                       "directory (%zu segment(s), %zu key(s) lost)",
+                       f->dir, key, id, n_segs, keys);
+        return KVQ_ERR_RANGE;
+    }
     uint8_t hk[KVQ__SEG_HDR + KVQ__STORE_MAX_KEY];
     uint8_t *v = (uint8_t *)kvq__alloc(&s->alloc, e->vlen ? e->vlen : 1);
     if (!v)
@@ -767,6 +848,18 @@ static kvq_status fs_get(kvq_store *s, const char *key, size_t klen, void **data
         (e->vlen && fs_pread(f, sg->fd, v, e->vlen, e->off + KVQ__SEG_HDR + klen) != 0)) {
         int er = errno;
         kvq__free(&s->alloc, v);
+        struct stat sb;
+        if (sg && !f->fault_read && fstat(sg->fd, &sb) == 0 &&
+            (uint64_t)sb.st_size < e->off + e->len) {
+            /* cut short under the store: the entry is gone for good */
+            s->st.corrupt_skipped++;
+            kvq__store_err(s,
+                           "%s: the entry of '%.200s' (segment %u, offset %llu) lies past the "
+                           "end of its file (%llu bytes): the segment was truncated",
+                           f->dir, key, e->seg, (unsigned long long)e->off,
+                           (unsigned long long)sb.st_size);
+            return KVQ_ERR_CORRUPT;
+        }
         kvq__store_err(s, "%s: reading '%.200s' (segment %u, offset %llu) failed: %s", f->dir, key,
                        e->seg, (unsigned long long)e->off, strerror(er));
         return KVQ_ERR_IO;
@@ -796,6 +889,11 @@ static kvq_status fs_del(kvq_store *s, const char *key, size_t klen) {
         return KVQ_ERR_UNSUPPORTED;
     }
     fs_slot *e = f->tab_cap ? tab_find(f, key, klen, key_hash(key, klen)) : NULL;
+    const fs_seg *sg = e ? seg_by_id(f, e->seg) : NULL;
+    if (sg && seg_removed(sg)) {
+        (void)forget_removed(s, f, NULL); /* the key went with its segment */
+        e = NULL;
+    }
     if (!e)
         return KVQ_ERR_RANGE;
     uint32_t seg;
@@ -812,6 +910,7 @@ static kvq_status fs_scan(kvq_store *s, const char *prefix, size_t plen, uint64_
                           kvq__keylist *out) {
     fs_store *f = FS(s);
     *cursor = 0;
+    (void)forget_removed(s, f, NULL);
     for (size_t i = 0; i < f->tab_cap; i++) {
         fs_slot *e = &f->tab[i];
         if (!e->key || e->klen < plen || memcmp(e->key, prefix, plen) != 0)
@@ -825,6 +924,7 @@ static kvq_status fs_scan(kvq_store *s, const char *prefix, size_t plen, uint64_
 
 static kvq_status fs_stats(kvq_store *s, kvq_store_metrics *st) {
     fs_store *f = FS(s);
+    (void)forget_removed(s, f, NULL);
     st->records = f->tab_n;
     st->live_bytes = f->live_value_bytes;
     st->stored_bytes = f->total_bytes;
@@ -873,8 +973,8 @@ static void fs_free(kvq_store *s, fs_store *f) {
 
 static void fs_close(kvq_store *s) { fs_free(s, FS(s)); }
 
-static const kvq__store_ops fs_ops = {fs_close, fs_put,   fs_get,  fs_del,
-                                      fs_scan,  fs_stats, fs_fault};
+static const kvq__store_ops fs_ops = {fs_close, fs_put,   fs_get,   fs_del,
+                                      fs_scan,  fs_stats, fs_fault, fs_check_lost};
 
 /* ---- open ---- */
 typedef struct fs_fdreader {

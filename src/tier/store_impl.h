@@ -34,7 +34,10 @@ void kvq__keylist_free(kvq__keylist *l); /* frees everything, leaves an empty li
  * set the message with kvq__store_err. */
 typedef struct kvq__store_ops {
     void (*close)(kvq_store *s);
-    kvq_status (*put)(kvq_store *s, const char *key, size_t klen, const void *data, size_t size);
+    /* ttl_ms > 0: the value expires that long after the put (backends
+     * without expiry ignore it; kvq__store_put_ttl documents which) */
+    kvq_status (*put)(kvq_store *s, const char *key, size_t klen, const void *data, size_t size,
+                      uint64_t ttl_ms);
     kvq_status (*get)(kvq_store *s, const char *key, size_t klen, void **data, size_t *size);
     kvq_status (*del)(kvq_store *s, const char *key, size_t klen);
     /* Appends one batch of keys starting with prefix to out. *cursor is 0 on
@@ -44,6 +47,11 @@ typedef struct kvq__store_ops {
     /* Fills records, live_bytes, stored_bytes, segments. */
     kvq_status (*stats)(kvq_store *s, kvq_store_metrics *st);
     kvq_status (*fault)(kvq_store *s, int kind, long after);
+    /* Looks for records lost behind the store's back (file store: segment
+     * files removed from the directory), forgets them and bumps s->epoch.
+     * NULL when the backend notices its losses otherwise (Redis: at a
+     * reconnect). */
+    void (*check_lost)(kvq_store *s);
 } kvq__store_ops;
 
 struct kvq_store {
@@ -51,9 +59,29 @@ struct kvq_store {
     kvq_allocator alloc;
     pthread_mutex_t mu;
     kvq_store_metrics st; /* counters; backends add bytes, torn, corrupt, compactions */
+    /* Bumped by the backend whenever records may have vanished without a
+     * del (a Redis reconnect: the server may have restarted without
+     * persistence; a removed segment file). A record read or written at
+     * epoch e is still there while the epoch is e, unless something the
+     * store cannot see removed it (another client's DEL or FLUSHALL, Redis
+     * eviction under maxmemory, its TTL). */
+    uint64_t epoch;
     char err[KVQ__STORE_ERR_SIZE];
     void *impl; /* the backend's state, owned by it */
 };
+
+/* ---- used by the cache's cold tier (cache_tier.c) ----
+ * kvq_store_put / kvq_store_get that also return the store's epoch as it
+ * was when the call ended (under the store's lock, so no loss can slip in
+ * between), and put with a time to live: ttl_ms > 0 makes Redis expire the
+ * record that long after the put (SET ... PX); the file store has no expiry
+ * and keeps the record until it is deleted. */
+kvq_status kvq__store_put_ttl(kvq_store *s, const char *key, const void *data, size_t size,
+                              uint64_t ttl_ms, uint64_t *epoch);
+kvq_status kvq__store_get_ep(kvq_store *s, const char *key, void **data, size_t *size,
+                             uint64_t *epoch);
+/* The epoch now, after looking for losses (check_lost). */
+uint64_t kvq__store_epoch(kvq_store *s);
 
 /* Sets s->err (printf-style). */
 void kvq__store_err(kvq_store *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -8,7 +8,9 @@
  * Connection handling: connect and command timeouts of 2 s. When a command
  * fails at the connection level (server down, restarted, timed out) the
  * connection is dropped and the call returns KVQ_ERR_CONN; the next call
- * connects again, once. SIGPIPE from writing to a closed socket is blocked
+ * connects again, once. Every connection after the first bumps the store's
+ * epoch: the server may have restarted without its data. A put with a time
+ * to live is one SET ... PX, so a record never exists without its expiry. SIGPIPE from writing to a closed socket is blocked
  * for the calling thread during a command and any pending one is consumed,
  * so the process's signal handling is left alone.
  */
@@ -39,6 +41,7 @@ kvq_status kvq__store_open_redis(kvq_store *s, const char *url) {
 
 typedef struct rs_store {
     redisContext *c; /* NULL when not connected */
+    int connected_before; /* a connection was made before: the next one bumps the epoch */
     char host[256];
     int port;
     char ns[RS_MAX_NS + 1];
@@ -76,6 +79,11 @@ static kvq_status rs_connect(kvq_store *s, rs_store *r) {
         return KVQ_ERR_CONN;
     }
     r->c = c;
+    /* a new connection may be to a server that restarted and lost what it
+     * held (no persistence): records read or written before are unproven */
+    if (r->connected_before)
+        s->epoch++;
+    r->connected_before = 1;
     return KVQ_OK;
 }
 
@@ -159,7 +167,7 @@ static kvq_status error_reply(kvq_store *s, rs_store *r, const char *what, redis
 }
 
 static kvq_status rs_put(kvq_store *s, const char *key, size_t klen, const void *data,
-                         size_t size) {
+                         size_t size, uint64_t ttl_ms) {
     rs_store *r = RS(s);
     if (r->fault_write) {
         if ((long)size > r->write_budget) {
@@ -171,10 +179,13 @@ static kvq_status rs_put(kvq_store *s, const char *key, size_t klen, const void 
         r->write_budget -= (long)size;
     }
     char fk[RS_MAX_NS + 6 + KVQ__STORE_MAX_KEY];
-    const char *argv[3] = {"SET", fk, size ? (const char *)data : ""};
-    size_t argvlen[3] = {3, full_key(r, fk, key, klen), size};
+    char ms[24];
+    int ml = snprintf(ms, sizeof ms, "%llu", (unsigned long long)ttl_ms);
+    /* SET key value [PX ms]: the expiry is set with the value, atomically */
+    const char *argv[5] = {"SET", fk, size ? (const char *)data : "", "PX", ms};
+    size_t argvlen[5] = {3, full_key(r, fk, key, klen), size, 2, (size_t)ml};
     redisReply *rep;
-    kvq_status st = rs_cmd(s, r, 3, argv, argvlen, &rep);
+    kvq_status st = rs_cmd(s, r, ttl_ms ? 5 : 3, argv, argvlen, &rep);
     if (st != KVQ_OK)
         return st;
     if (rep->type != REDIS_REPLY_STATUS)
@@ -415,8 +426,8 @@ static void rs_close(kvq_store *s) {
     kvq__free(&s->alloc, r);
 }
 
-static const kvq__store_ops rs_ops = {rs_close, rs_put,   rs_get,  rs_del,
-                                      rs_scan,  rs_stats, rs_fault};
+static const kvq__store_ops rs_ops = {rs_close, rs_put,   rs_get,   rs_del,
+                                      rs_scan,  rs_stats, rs_fault, NULL};
 
 static int ns_char(char ch) {
     return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
