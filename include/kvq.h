@@ -405,17 +405,34 @@ typedef struct kvq_stats {
  * "<name>/manifest" (written last: a save cut short leaves no manifest). Load
  * restores such a snapshot into an empty cache with the same configuration:
  * the encoded pages come back bit for bit, so attention gives identical
- * outputs. */
+ * outputs. The manifest records every setting that decides what the stored
+ * bytes mean: n_layers, n_kv_heads, n_q_heads, head_dim, page_tokens,
+ * k_layout, k_prerope, rope_theta, rope_dims, k_center, warm_codec, each
+ * head's key and value codec (canonical spec, and the SHA-256 of its fitted
+ * state) and the centre values (bit for bit). Load compares them before it
+ * reads a page: any difference gives KVQ_ERR_MISMATCH, and
+ * kvq_cache_last_error names the first field that differs, e.g. "k_prerope
+ * is 0 in the snapshot, 1 here", "l1.h0.v_codec is ...", "k_center_values
+ * differ (layer 1, kv head 0, channel 3 ...)". Policy, budgets, windows,
+ * sinks, threads and tier capacities may differ. A manifest of another
+ * version gives KVQ_ERR_VERSION (version 1 recorded no configuration and is
+ * not read). On any error the cache is left empty. */
 KVQ_API kvq_status kvq_cache_save(kvq_cache *cache, struct kvq_store *store, const char *name,
                                   int32_t prefix_end);
 KVQ_API kvq_status kvq_cache_load(kvq_cache *cache, struct kvq_store *store, const char *name);
 
 /* Prefix caching (as vLLM's): the full pages of a sequence whose tokens are
- * ids[0..n) are published under the hash of the token ids up to the end of
- * each page (and a hash of the cache configuration); prefix_get loads into
+ * ids[0..n) are published under "kvqp/<hex>/l<layer>", hex the SHA-256 of
+ * the configuration (the fields a snapshot records, centre values included)
+ * followed by the token ids up to the end of the page; prefix_get loads into
  * an empty cache the longest run of leading pages found for every layer, at
  * most n - 1 tokens, and reports how many tokens it loaded, so the model only
- * runs the rest. Needs the token layout, and either no key centring or given
+ * runs the rest. Each entry also holds its page's token ids and the digest of
+ * the prefix before the page, and prefix_get compares both on every hit: an
+ * entry of another prompt under the key (a key collision, a record stored
+ * under the wrong key) ends the run as a miss (kvq_cache_last_error says
+ * so). Loading another prompt's K/V would thus need a SHA-256 collision
+ * between the two prompts' prefixes. Needs the token layout, and either no key centring or given
  * centre values (an estimated centre depends on the prompt). Pages that are
  * not a clean run of positions 0.. (evictions, pending tokens) are skipped. */
 KVQ_API kvq_status kvq_cache_prefix_put(kvq_cache *cache, struct kvq_store *store,

@@ -24,6 +24,27 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* Removes a directory tree made by this test (two levels). */
+static void rm_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[600];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            rm_tree(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
 /* ---- SHA-256 ---- */
 static void hex32(const uint8_t *d, char *out) {
     for (int i = 0; i < 32; i++)
@@ -105,8 +126,419 @@ static void test_sha256(void) {
     CHECK(strcmp(hx, "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb") == 0);
 }
 
+/* ---- item 3: a snapshot restores only into its own configuration ---- */
+#define SL 2
+#define SH 2
+#define SQH 4
+#define SD 32
+#define SN 40
+
+static float SK[SN * SH * SD], SV[SN * SH * SD];
+static float CENTRE[SL * SH * SD], CENTRE2[SL * SH * SD];
+static uint8_t *NUQ_A, *NUQ_B; /* two nuq4 states fitted on different samples */
+static size_t NUQ_A_N, NUQ_B_N;
+static kvq_codec_override OV_NUQ_A, OV_NUQ_B, OV_V_L1H1;
+
+static void base_cfg(kvq_cache_config *c) {
+    kvq_cache_config_init(c);
+    c->n_layers = SL, c->n_kv_heads = SH, c->n_q_heads = SQH, c->head_dim = SD;
+    c->max_tokens = 256, c->k_codec = "int8", c->v_codec = "tq3";
+}
+
+/* A fitted nuq4 state blob (the caller frees it). */
+static uint8_t *nuq_state(uint64_t seed, size_t *n) {
+    kvq_codec *k = NULL;
+    CHECK_OK(kvq_codec_create(&k, "nuq4", SD, NULL));
+    if (!k)
+        return NULL;
+    tu_rng r;
+    tu_seed(&r, seed);
+    float x[256 * SD];
+    tu_fill_gauss(&r, x, 256 * SD, 1.0f);
+    CHECK_OK(kvq_codec_fit(k, x, 256));
+    CHECK_OK(kvq_codec_save_state(k, NULL, 0, n));
+    uint8_t *b = malloc(*n);
+    CHECK_OK(kvq_codec_save_state(k, b, *n, n));
+    kvq_codec_free(k);
+    return b;
+}
+
+typedef void (*cfg_fn)(kvq_cache_config *);
+static void m_none(kvq_cache_config *c) { (void)c; }
+static void m_layers(kvq_cache_config *c) { c->n_layers = 3; }
+static void m_kvheads(kvq_cache_config *c) { c->n_kv_heads = 1; }
+static void m_qheads(kvq_cache_config *c) { c->n_q_heads = 8; }
+static void m_headdim(kvq_cache_config *c) { c->head_dim = 16; }
+static void m_page(kvq_cache_config *c) { c->page_tokens = 8; }
+static void m_kcodec(kvq_cache_config *c) { c->k_codec = "int4"; }
+static void m_vcodec(kvq_cache_config *c) { c->v_codec = "tq4"; }
+static void m_vseed(kvq_cache_config *c) { c->v_codec = "tq3:seed=5"; }
+static void m_vhead(kvq_cache_config *c) { c->overrides = &OV_V_L1H1, c->n_overrides = 1; }
+static void m_nuq_a(kvq_cache_config *c) { c->overrides = &OV_NUQ_A, c->n_overrides = 1; }
+static void m_nuq_b(kvq_cache_config *c) { c->overrides = &OV_NUQ_B, c->n_overrides = 1; }
+static void m_chan(kvq_cache_config *c) { c->k_layout = KVQ_LAYOUT_CHANNEL, c->k_codec = "int4"; }
+static void m_tok4(kvq_cache_config *c) { c->k_codec = "int4"; }
+static void m_pre(kvq_cache_config *c) { c->k_prerope = 1; }
+static void m_theta(kvq_cache_config *c) { c->k_prerope = 1, c->rope_theta = 500000.0; }
+static void m_dims(kvq_cache_config *c) { c->k_prerope = 1, c->rope_dims = 16; }
+static void m_centre(kvq_cache_config *c) { c->k_center = 1, c->k_center_values = CENTRE; }
+static void m_centre2(kvq_cache_config *c) { c->k_center = 1, c->k_center_values = CENTRE2; }
+static void m_warm(kvq_cache_config *c) { c->warm_codec = "int4"; }
+
+/* Saves a cache made with base + src and loads it into one made with base +
+ * dst: field NULL means it must load (and give the source's K/V), else
+ * KVQ_ERR_MISMATCH with field named in kvq_cache_last_error and the target
+ * left empty. */
+static void load_case(kvq_store *s, const char *what, cfg_fn src, cfg_fn dst, const char *field) {
+    kvq_cache_config cs, cd;
+    base_cfg(&cs);
+    src(&cs);
+    base_cfg(&cd);
+    dst(&cd);
+    kvq_cache *a = NULL, *b = NULL;
+    CHECK_OK(kvq_cache_create(&a, &cs));
+    CHECK_OK(kvq_cache_create(&b, &cd));
+    if (!a || !b) {
+        kvq_cache_free(a);
+        kvq_cache_free(b);
+        return;
+    }
+    for (size_t l = 0; l < SL; l++)
+        CHECK_OK(kvq_cache_append(a, l, SK, SV, NULL, SN));
+    char name[64];
+    snprintf(name, sizeof name, "cfg-%s", what);
+    CHECK_OK(kvq_cache_save(a, s, name, INT32_MAX));
+    kvq_status st = kvq_cache_load(b, s, name);
+    const char *msg = kvq_cache_last_error(b);
+    if (!field) {
+        TU_REPORT(st == KVQ_OK, "%s: the same configuration must load: %s (%s)", what,
+                  kvq_strerror(st), msg);
+        size_t n = 0;
+        kvq_cache_tokens(b, SL - 1, &n);
+        CHECK_EQ(n, SN);
+    } else {
+        TU_REPORT(st == KVQ_ERR_MISMATCH, "%s: load gave %s, want KVQ_ERR_MISMATCH", what,
+                  kvq_strerror(st));
+        TU_REPORT(strstr(msg, field) != NULL, "%s: the message '%s' does not name %s", what, msg,
+                  field);
+        size_t n = 1;
+        if (st != KVQ_OK) {
+            kvq_cache_tokens(b, 0, &n);
+            CHECK_EQ(n, 0);
+        }
+        if (st == KVQ_OK && cd.n_q_heads == SQH && cd.head_dim == SD) {
+            /* what restoring into the wrong configuration does to attention */
+            float q[SQH * SD], o1[SQH * SD], o2[SQH * SD];
+            tu_rng r;
+            tu_seed(&r, 5);
+            tu_fill_gauss(&r, q, SQH * SD, 1.0f);
+            int32_t qp = SN - 1;
+            if (kvq_cache_attend(a, 0, q, &qp, 1, o1, SQH * SD, NULL, 0) == KVQ_OK &&
+                kvq_cache_attend(b, 0, q, &qp, 1, o2, SQH * SD, NULL, 0) == KVQ_OK)
+                printf("  %s: loaded with KVQ_OK; attention differs by %.3f (relative)\n", what,
+                       tu_rel_err(o2, o1, SQH * SD));
+        }
+    }
+    kvq_cache_free(a);
+    kvq_cache_free(b);
+}
+
+static void test_load_config(const char *url) {
+    kvq_store *s = NULL;
+    char err[256] = "";
+    CHECK_OK(kvq_store_open(&s, url, NULL, err, sizeof err));
+    if (!s)
+        return;
+    tu_rng r;
+    tu_seed(&r, 31);
+    /* keys after RoPE the way a model gives them: rotated at their
+     * positions (pairs (2i, 2i+1), theta 10000) */
+    tu_fill_gauss(&r, SK, SN * SH * SD, 1.0f);
+    tu_fill_gauss(&r, SV, SN * SH * SD, 1.0f);
+    for (size_t t = 0; t < SN; t++)
+        for (size_t h = 0; h < SH; h++)
+            for (size_t i = 0; i < SD / 2; i++) {
+                float *k = SK + (t * SH + h) * SD + 2 * i;
+                double a = (double)t * pow(10000.0, -(double)(2 * i) / SD);
+                float x = k[0], y = k[1];
+                k[0] = (float)(x * cos(a) - y * sin(a));
+                k[1] = (float)(x * sin(a) + y * cos(a));
+            }
+    tu_fill_gauss(&r, CENTRE, SL * SH * SD, 0.5f);
+    memcpy(CENTRE2, CENTRE, sizeof CENTRE);
+    CENTRE2[SH * SD + 3] += 1e-3f; /* layer 1, head 0, channel 3 */
+    NUQ_A = nuq_state(1, &NUQ_A_N);
+    NUQ_B = nuq_state(2, &NUQ_B_N);
+    OV_NUQ_A = (kvq_codec_override){-1, -1, 0, "nuq4", NUQ_A, NUQ_A_N};
+    OV_NUQ_B = (kvq_codec_override){-1, -1, 0, "nuq4", NUQ_B, NUQ_B_N};
+    OV_V_L1H1 = (kvq_codec_override){1, 1, 1, "int4", NULL, 0};
+
+    /* the same configuration loads, with each feature below */
+    load_case(s, "same", m_none, m_none, NULL);
+    load_case(s, "same-nuq", m_nuq_a, m_nuq_a, NULL);
+    load_case(s, "same-chan", m_chan, m_chan, NULL);
+    load_case(s, "same-prerope", m_theta, m_theta, NULL);
+    load_case(s, "same-centre", m_centre, m_centre, NULL);
+    load_case(s, "same-warm", m_warm, m_warm, NULL);
+    /* the case: a post-RoPE snapshot into a pre-RoPE cache */
+    load_case(s, "post-into-pre", m_none, m_pre, "k_prerope");
+    load_case(s, "pre-into-post", m_pre, m_none, "k_prerope");
+    /* one field at a time */
+    load_case(s, "layers", m_none, m_layers, "n_layers");
+    load_case(s, "kvheads", m_none, m_kvheads, "n_kv_heads");
+    load_case(s, "qheads", m_none, m_qheads, "n_q_heads");
+    load_case(s, "headdim", m_none, m_headdim, "head_dim");
+    load_case(s, "page", m_none, m_page, "page_tokens");
+    load_case(s, "kcodec", m_none, m_kcodec, "l0.h0.k_codec");
+    load_case(s, "vcodec", m_none, m_vcodec, "l0.h0.v_codec");
+    load_case(s, "vseed", m_none, m_vseed, "l0.h0.v_codec");
+    load_case(s, "vhead", m_none, m_vhead, "l1.h1.v_codec");
+    load_case(s, "state", m_nuq_a, m_nuq_b, "l0.h0.k_state");
+    load_case(s, "layout", m_chan, m_tok4, "k_layout");
+    load_case(s, "theta", m_pre, m_theta, "rope_theta");
+    load_case(s, "dims", m_pre, m_dims, "rope_dims");
+    load_case(s, "centre", m_none, m_centre, "k_center");
+    load_case(s, "centre-values", m_centre, m_centre2, "k_center_values");
+    load_case(s, "warm", m_none, m_warm, "warm_codec");
+    free(NUQ_A);
+    free(NUQ_B);
+    kvq_store_close(s);
+}
+
+/* ---- item 4: prefix entries carry their ids; a forged entry is a miss ---- */
+#define PP 16      /* page_tokens */
+#define PT 48      /* tokens published: pages 0..2 */
+#define PREC (48 + 4 * PP) /* offset of the page record in an entry */
+
+static float PKA[PT * SH * SD], PVA[PT * SH * SD], PKB[PT * SH * SD], PVB[PT * SH * SD];
+
+/* Publishes the first PT tokens of ids with K/V (k, v) into s. */
+static void publish(kvq_store *s, const int32_t *ids, const float *k, const float *v) {
+    kvq_cache_config cfg;
+    base_cfg(&cfg);
+    kvq_cache *c = NULL;
+    CHECK_OK(kvq_cache_create(&c, &cfg));
+    if (!c)
+        return;
+    for (size_t l = 0; l < SL; l++)
+        CHECK_OK(kvq_cache_append(c, l, k, v, NULL, PT));
+    CHECK_OK(kvq_cache_prefix_put(c, s, ids, PT));
+    kvq_cache_free(c);
+}
+
+typedef struct {
+    kvq_store *s;
+    uint32_t j, l;
+    char key[200];
+    uint8_t *val;
+    size_t n;
+} find_ctx;
+
+static int find_fn(void *ctx, const char *key, size_t size) {
+    find_ctx *f = ctx;
+    void *d = NULL;
+    size_t n = 0;
+    if (kvq_store_get(f->s, key, &d, &n) != KVQ_OK)
+        return 0;
+    const uint8_t *e = d;
+    if (n > PREC + 20 && memcmp(e, "KVQP", 4) == 0 && kvq__ld32(e + 8) == f->j &&
+        kvq__ld32(e + PREC + 16) == f->l) {
+        snprintf(f->key, sizeof f->key, "%s", key);
+        f->val = malloc(n);
+        memcpy(f->val, e, n);
+        f->n = n;
+        (void)size;
+    }
+    kvq_store_free_buf(f->s, d);
+    return f->val != NULL;
+}
+
+/* The entry of page j, layer l in s (key and a malloc'd copy), or 0. */
+static int find_entry(kvq_store *s, uint32_t j, uint32_t l, find_ctx *f) {
+    memset(f, 0, sizeof *f);
+    f->s = s, f->j = j, f->l = l;
+    CHECK_OK(kvq_store_list(s, "kvqp/", find_fn, f));
+    return f->val != NULL;
+}
+
+/* What a collision of every hash would give: the entry src (another
+ * prompt's page) with the record's prefix_hash of the genuine entry dst
+ * (and with parent, also its parent digest), checksums recomputed, stored
+ * under dst's key. */
+static void forge(kvq_store *s, const find_ctx *src, const find_ctx *dst, int parent) {
+    uint8_t *e = malloc(src->n);
+    memcpy(e, src->val, src->n);
+    memcpy(e + PREC + 48, dst->val + PREC + 48, 8);
+    if (parent)
+        memcpy(e + 16, dst->val + 16, 32);
+    kvq__st32(e + src->n - 8, kvq_crc32c(0, e + PREC, src->n - 8 - PREC));
+    kvq__st32(e + src->n - 4, kvq_crc32c(0, e, src->n - 4));
+    CHECK_OK(kvq_store_put(s, dst->key, e, src->n));
+    free(e);
+}
+
+/* Loads ids from s into a fresh cache: the tokens loaded; *kv_ok tells
+ * whether the loaded K/V are exactly the first ones of (k, v) as a cache
+ * stores them (compared with a cache fed k, v directly). */
+static size_t fetch(kvq_store *s, const int32_t *ids, const float *k, const float *v, int *kv_ok,
+                    char *msg, size_t msg_cap) {
+    kvq_cache_config cfg;
+    base_cfg(&cfg);
+    kvq_cache *c = NULL, *ref = NULL;
+    CHECK_OK(kvq_cache_create(&c, &cfg));
+    CHECK_OK(kvq_cache_create(&ref, &cfg));
+    size_t got = 0;
+    *kv_ok = 0;
+    if (c && ref) {
+        CHECK_OK(kvq_cache_prefix_get(c, s, ids, PT + 1, &got));
+        snprintf(msg, msg_cap, "%s", kvq_cache_last_error(c));
+        for (size_t l = 0; l < SL; l++) {
+            CHECK_OK(kvq_cache_append(ref, l, k, v, NULL, PT));
+            size_t n = 0;
+            kvq_cache_tokens(c, l, &n);
+            CHECK_EQ(n, got);
+        }
+        float *a = malloc(PT * SH * SD * 4), *b = malloc(PT * SH * SD * 4);
+        float *va = malloc(PT * SH * SD * 4), *vb = malloc(PT * SH * SD * 4);
+        int q = 0;
+        int32_t qp = PT - 1;
+        float qq[SQH * SD], oo[SQH * SD];
+        memset(qq, 0, sizeof qq);
+        for (size_t l = 0; l < SL; l++)
+            CHECK_OK(kvq_cache_attend(ref, l, qq, &qp, 1, oo, SQH * SD, NULL, 0)); /* settle */
+        for (size_t l = 0; l < SL && got; l++) {
+            CHECK_OK(kvq_cache_get_kv(c, l, -1, 0, got, a, va, got * SH * SD));
+            CHECK_OK(kvq_cache_get_kv(ref, l, -1, 0, got, b, vb, got * SH * SD));
+            q += memcmp(a, b, got * SH * SD * 4) == 0 && memcmp(va, vb, got * SH * SD * 4) == 0;
+        }
+        *kv_ok = q == SL;
+        free(a), free(b), free(va), free(vb);
+    }
+    kvq_cache_free(c);
+    kvq_cache_free(ref);
+    return got;
+}
+
+static void test_prefix_forgery(const char *url_a, const char *url_b, const char *url_c) {
+    kvq_store *sa = NULL, *sb = NULL;
+    char err[256] = "";
+    CHECK_OK(kvq_store_open(&sa, url_a, NULL, err, sizeof err));
+    CHECK_OK(kvq_store_open(&sb, url_b, NULL, err, sizeof err));
+    if (!sa || !sb) {
+        kvq_store_close(sa);
+        kvq_store_close(sb);
+        return;
+    }
+    tu_rng r;
+    tu_seed(&r, 77);
+    tu_fill_gauss(&r, PKA, PT * SH * SD, 1.0f);
+    tu_fill_gauss(&r, PVA, PT * SH * SD, 1.0f);
+    tu_fill_gauss(&r, PKB, PT * SH * SD, 1.0f);
+    tu_fill_gauss(&r, PVB, PT * SH * SD, 1.0f);
+    int32_t A[PT + 1], B[PT + 1], C[PT + 1];
+    for (int i = 0; i <= PT; i++)
+        A[i] = B[i] = C[i] = (i * 37 + 11) % 500;
+    B[PP + 5] = 499; /* B: other ids on page 1 */
+    C[3] = 498;      /* C: other ids on page 0, the same on page 1 */
+    char msg[256];
+    int kv_ok = 0;
+
+    /* the genuine entries: ids stored, keys are 64 hex digits, the record's
+     * prefix_hash is the key's first 8 bytes */
+    publish(sa, A, PKA, PVA);
+    find_ctx fa, fb;
+    for (uint32_t j = 0; j < PT / PP; j++)
+        for (uint32_t l = 0; l < SL; l++) {
+            TU_REPORT(find_entry(sa, j, l, &fa), "no prefix entry for page %u layer %u", j, l);
+            if (!fa.val)
+                continue;
+            uint8_t le[4 * PP];
+            for (int i = 0; i < PP; i++)
+                kvq__st32(le + 4 * i, (uint32_t)A[j * PP + i]);
+            CHECK(memcmp(fa.val + 48, le, sizeof le) == 0);
+            CHECK(strlen(fa.key) == 5 + 64 + 3 && strncmp(fa.key, "kvqp/", 5) == 0);
+            uint8_t h8[8];
+            for (int i = 0; i < 8; i++) {
+                unsigned x = 0;
+                sscanf(fa.key + 5 + 2 * i, "%2x", &x);
+                h8[i] = (uint8_t)x;
+            }
+            CHECK(memcmp(h8, fa.val + PREC + 48, 8) == 0);
+            free(fa.val);
+        }
+    CHECK_EQ(fetch(sa, A, PKA, PVA, &kv_ok, msg, sizeof msg), PT);
+    CHECK(kv_ok);
+
+    /* control: the forging procedure on A's own entries changes nothing */
+    for (uint32_t l = 0; l < SL; l++) {
+        find_entry(sa, 1, l, &fa);
+        if (fa.val)
+            forge(sa, &fa, &fa, 1);
+        free(fa.val);
+    }
+    CHECK_EQ(fetch(sa, A, PKA, PVA, &kv_ok, msg, sizeof msg), PT);
+    CHECK(kv_ok);
+
+    /* B's page 1 (other ids, other K/V) with A's hashes, under A's keys, on
+     * every layer or on layer 1 only: a miss, A's page 0 alone is loaded */
+    publish(sb, B, PKB, PVB);
+    for (int only1 = 0; only1 < 2; only1++) {
+        publish(sa, A, PKA, PVA);
+        for (uint32_t l = only1 ? 1 : 0; l < SL; l++) {
+            int ok = find_entry(sa, 1, l, &fa) & find_entry(sb, 1, l, &fb);
+            CHECK(ok);
+            if (ok)
+                forge(sa, &fb, &fa, 1);
+            free(fa.val);
+            free(fb.val);
+        }
+        size_t got = fetch(sa, A, PKA, PVA, &kv_ok, msg, sizeof msg);
+        TU_REPORT(got == PP, "forged page 1 (other ids%s): loaded %zu tokens, want %d",
+                  only1 ? ", layer 1 only" : "", got, PP);
+        CHECK(kv_ok);
+        TU_REPORT(strstr(msg, "another prompt") != NULL, "message '%s'", msg);
+    }
+
+    /* C's page 1 (the same ids, K/V computed after other ids on page 0) with
+     * A's prefix_hash under A's keys: its parent digest differs, a miss */
+    kvq_store_close(sb);
+    sb = NULL;
+    CHECK_OK(kvq_store_open(&sb, url_c, NULL, err, sizeof err));
+    if (sb) {
+        publish(sb, C, PKB, PVB);
+        publish(sa, A, PKA, PVA);
+        for (uint32_t l = 0; l < SL; l++) {
+            int ok = find_entry(sa, 1, l, &fa) & find_entry(sb, 1, l, &fb);
+            CHECK(ok);
+            if (ok)
+                forge(sa, &fb, &fa, 0);
+            free(fa.val);
+            free(fb.val);
+        }
+        size_t got = fetch(sa, A, PKA, PVA, &kv_ok, msg, sizeof msg);
+        TU_REPORT(got == PP, "forged page 1 (other prefix): loaded %zu tokens, want %d", got, PP);
+        CHECK(kv_ok);
+    }
+    kvq_store_close(sa);
+    kvq_store_close(sb);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_sha256();
+    char dir[] = "/tmp/kvq_snap_XXXXXX";
+    if (!mkdtemp(dir)) {
+        tu_fail++;
+        return tu_finish();
+    }
+    char url[300];
+    snprintf(url, sizeof url, "file:%s/store", dir);
+    test_load_config(url);
+    char url_b[300], url_c[300];
+    snprintf(url, sizeof url, "file:%s/pa", dir);
+    snprintf(url_b, sizeof url_b, "file:%s/pb", dir);
+    snprintf(url_c, sizeof url_c, "file:%s/pc", dir);
+    test_prefix_forgery(url, url_b, url_c);
+    rm_tree(dir);
     return tu_finish();
 }

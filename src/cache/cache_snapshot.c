@@ -1,26 +1,212 @@
 /*
  * cache_snapshot.c - saving and restoring caches through a kvq_store: whole-cache
  * (or token-prefix) snapshots, and vLLM-style prefix caching where each full
- * page is keyed by a hash of the token ids up to its end. Pages travel as
- * page records (record.c), so every byte is checksummed; a snapshot's
- * manifest is written last and is itself checksummed, so a save cut short
- * is never mistaken for a complete one. Restores are all or nothing: the
- * target cache must be empty and is left empty when anything fails.
+ * page is keyed by the SHA-256 of the configuration and the token ids up to
+ * its end. Pages travel as page records (record.c), so every byte is
+ * checksummed; a snapshot's manifest is written last and is itself
+ * checksummed, so a save cut short is never mistaken for a complete one.
+ *
+ * A manifest carries the cache's configuration as "name=value" lines
+ * (kvq__config_text): shape, page size, key layout, RoPE, centring, the warm
+ * codec and every head's key and value codec with the SHA-256 of its fitted
+ * state. A load compares them line by line with the target's and refuses
+ * the first that differs (KVQ_ERR_MISMATCH, the field named in
+ * kvq_cache_last_error), then compares the centre values bit for bit:
+ * encoded pages are only meaningful under the configuration that wrote them.
+ *
+ * A prefix entry wraps a page record with the page's own token ids and the
+ * digest of everything before the page; a hit compares both, so a lookup
+ * that lands on another prompt's entry (a key collision, a record stored
+ * under the wrong key) is a miss, never another prompt's K/V.
+ *
+ * Restores are all or nothing: the target cache must be empty and is left
+ * empty when anything fails. docs/record-format.md has the byte layouts.
  */
 #include "cache_impl.h"
 #include "../tier/record.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 
-#define KVQ__MANIFEST_VERSION 1u
+#define KVQ__MANIFEST_VERSION 2u
+#define KVQ__MANIFEST_HDR 12 /* "KVQM", version, config text length */
+#define KVQ__LAYER_HDR 28    /* appended, last, sink_until, sinks seen, pages, has_center */
+#define KVQ__PFX_MAGIC "KVQP"
+#define KVQ__PFX_VERSION 1u
+#define KVQ__PFX_HDR 48 /* magic, version, flags, page index, P, parent digest */
 
-static uint64_t kvq__fnv(uint64_t h, const void *p, size_t n) {
-    const uint8_t *b = (const uint8_t *)p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ull;
+/* The detail of a failure, for kvq_cache_last_error. */
+static void kvq__snap_err(kvq_cache *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void kvq__snap_err(kvq_cache *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errbuf, sizeof c->errbuf, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- the configuration as text ---- */
+typedef struct {
+    const kvq_allocator *a;
+    char *s;
+    size_t n, cap;
+    int oom;
+} kvq__sbuf;
+
+static void kvq__sb_add(kvq__sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void kvq__sb_add(kvq__sbuf *b, const char *fmt, ...) {
+    while (!b->oom) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (w < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->s && b->n + (size_t)w < b->cap) {
+            b->n += (size_t)w;
+            return;
+        }
+        size_t cap = KVQ__MAX(2 * b->cap, b->n + (size_t)w + 1024);
+        char *ns = (char *)kvq__alloc(b->a, cap);
+        if (!ns) {
+            b->oom = 1;
+            return;
+        }
+        if (b->n)
+            memcpy(ns, b->s, b->n);
+        kvq__free(b->a, b->s);
+        b->s = ns;
+        b->cap = cap;
     }
-    return h;
+}
+
+/* "none", or the SHA-256 (hex) of the codec's state blob when it has state
+ * (fitted nuq tables, a norm=8 range). */
+static kvq_status kvq__state_hex(kvq_cache *c, const kvq_codec *k, char hex[65]) {
+    strcpy(hex, "none");
+    if (!k || kvq_codec_state_bytes(k) == 0)
+        return KVQ_OK;
+    size_t n = 0;
+    kvq_status st = kvq_codec_save_state(k, NULL, 0, &n);
+    if (st != KVQ_OK)
+        return st;
+    uint8_t *buf = (uint8_t *)kvq__alloc(&c->alloc, n);
+    if (!buf)
+        return KVQ_ERR_NOMEM;
+    st = kvq_codec_save_state(k, buf, n, &n);
+    if (st == KVQ_OK) {
+        uint8_t d[KVQ__SHA256_BYTES];
+        kvq__sha256(buf, n, d);
+        for (int i = 0; i < KVQ__SHA256_BYTES; i++)
+            snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    }
+    kvq__free(&c->alloc, buf);
+    return st;
+}
+
+/* Every setting that decides what the stored bytes mean, one "name=value"
+ * line each, in a fixed order (the text is compared line by line, and the
+ * first line that differs names the field). Policies, budgets, windows and
+ * tier capacities are left out: they decide what is kept, not what the
+ * kept bytes mean. The centre values are compared apart, bit for bit. */
+static kvq_status kvq__config_text(kvq_cache *c, kvq__sbuf *b) {
+    const kvq_cache_config *g = &c->cfg;
+    kvq__sb_add(b, "n_layers=%zu\nn_kv_heads=%zu\nn_q_heads=%zu\nhead_dim=%zu\npage_tokens=%zu\n",
+                c->L, c->H, c->QH, c->d, c->P);
+    kvq__sb_add(b, "k_layout=%s\nk_prerope=%d\nrope_theta=%.17g\nrope_dims=%zu\nk_center=%d\n",
+                g->k_layout == KVQ_LAYOUT_CHANNEL ? "channel" : "token", g->k_prerope ? 1 : 0,
+                g->rope_theta, g->rope_dims ? g->rope_dims : (c->d & ~(size_t)1),
+                g->k_center ? 1 : 0);
+    kvq__sb_add(b, "warm_codec=%s\n",
+                c->warm_distinct ? kvq_codec_spec(c->layers[0].wheads[0].vc) : "none");
+    for (size_t l = 0; l < c->L; l++)
+        for (size_t h = 0; h < c->H; h++) {
+            const kvq__head *hd = &c->layers[l].heads[h];
+            char ks[32], kst[65], vst[65];
+            kvq_status st = kvq__state_hex(c, hd->kc, kst);
+            if (st == KVQ_OK)
+                st = kvq__state_hex(c, hd->vc, vst);
+            if (st != KVQ_OK)
+                return st;
+            if (hd->kchan_bits)
+                snprintf(ks, sizeof ks, "chan:int%d", hd->kchan_bits);
+            kvq__sb_add(b, "l%zu.h%zu.k_codec=%s\nl%zu.h%zu.k_state=%s\n", l, h,
+                        hd->kchan_bits ? ks : kvq_codec_spec(hd->kc), l, h, kst);
+            kvq__sb_add(b, "l%zu.h%zu.v_codec=%s\nl%zu.h%zu.v_state=%s\n", l, h,
+                        kvq_codec_spec(hd->vc), l, h, vst);
+        }
+    return b->oom ? KVQ_ERR_NOMEM : KVQ_OK;
+}
+
+/* A printable copy of at most 60 bytes of s, for messages. */
+static void kvq__printable(char *dst, size_t cap, const char *s, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 4 < cap && i < 60; i++)
+        dst[k++] = s[i] >= 0x20 && s[i] <= 0x7e ? s[i] : '?';
+    if (n > 60 && k + 4 < cap)
+        dst[k++] = '.', dst[k++] = '.', dst[k++] = '.';
+    dst[k] = 0;
+}
+
+/* 0 when the snapshot's configuration text (snap, sn bytes) equals ours;
+ * otherwise sets the message naming the first field that differs. */
+static int kvq__config_differs(kvq_cache *c, const char *name, const char *snap, size_t sn,
+                               const char *ours, size_t on) {
+    size_t i = 0, j = 0;
+    while (i < sn || j < on) {
+        const char *a = snap + i, *b = ours + j;
+        const char *ae = i < sn ? memchr(a, '\n', sn - i) : NULL;
+        const char *be = j < on ? memchr(b, '\n', on - j) : NULL;
+        size_t al = i < sn ? (ae ? (size_t)(ae - a) : sn - i) : 0;
+        size_t bl = j < on ? (be ? (size_t)(be - b) : on - j) : 0;
+        if (i < sn && j < on && al == bl && memcmp(a, b, al) == 0) {
+            i += al + 1;
+            j += bl + 1;
+            continue;
+        }
+        const char *aq = i < sn ? memchr(a, '=', al) : NULL;
+        const char *bq = j < on ? memchr(b, '=', bl) : NULL;
+        char f[72], va[72], vb[72];
+        if (aq && bq && aq - a == bq - b && memcmp(a, b, (size_t)(aq - a)) == 0) {
+            kvq__printable(f, sizeof f, b, (size_t)(bq - b));
+            kvq__printable(va, sizeof va, aq + 1, al - (size_t)(aq - a) - 1);
+            kvq__printable(vb, sizeof vb, bq + 1, bl - (size_t)(bq - b) - 1);
+            kvq__snap_err(c, "snapshot '%.60s' does not match this cache: %s is %s in the snapshot, "
+                             "%s here", name, f, va, vb);
+        } else {
+            kvq__printable(va, sizeof va, a, al);
+            kvq__printable(vb, sizeof vb, b, bl);
+            kvq__snap_err(c, "snapshot '%.60s' does not match this cache: the snapshot has '%s' "
+                             "where this cache has '%s'", name, i < sn ? va : "(nothing)",
+                          j < on ? vb : "(nothing)");
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* The digest that prefix keys start from: the configuration text and the
+ * centre values. */
+static kvq_status kvq__config_digest(kvq_cache *c, uint8_t out[KVQ__SHA256_BYTES]) {
+    kvq__sbuf b = {&c->alloc, NULL, 0, 0, 0};
+    kvq_status st = kvq__config_text(c, &b);
+    if (st == KVQ_OK) {
+        kvq__sha256_ctx s;
+        kvq__sha256_init(&s);
+        kvq__sha256_update(&s, "kvq prefix 1\n", 13);
+        kvq__sha256_update(&s, b.s, b.n);
+        for (size_t l = 0; l < c->L; l++)
+            if (c->layers[l].center)
+                for (size_t i = 0; i < c->H * c->d; i++) {
+                    uint8_t le[4];
+                    kvq__st32(le, kvq__f32_bits(c->layers[l].center[i]));
+                    kvq__sha256_update(&s, le, 4);
+                }
+        kvq__sha256_final(&s, out);
+    }
+    kvq__free(&c->alloc, b.s);
+    return st;
 }
 
 /* Layout text of a page's heads, with a tier prefix and a staging flag. */
@@ -30,21 +216,6 @@ static size_t kvq__snap_layout(const kvq_cache *c, const kvq__head *hs, int warm
     if (at >= n)
         return n - 1;
     return at + kvq__heads_layout(c, hs, buf + at, n - at);
-}
-
-/* A configuration hash: shape, page size, key handling and every layout. */
-static uint64_t kvq__config_hash(const kvq_cache *c) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    size_t shape[6] = {c->L, c->H, c->QH, c->d, c->P, (size_t)c->cfg.k_prerope};
-    h = kvq__fnv(h, shape, sizeof shape);
-    char buf[4096];
-    for (size_t l = 0; l < c->L; l++) {
-        size_t n = kvq__snap_layout(c, c->layers[l].heads, 0, 0, buf, sizeof buf);
-        h = kvq__fnv(h, buf, n);
-        if (c->layers[l].center)
-            h = kvq__fnv(h, c->layers[l].center, c->H * c->d * sizeof(float));
-    }
-    return h;
 }
 
 /* The block bytes of page p (a copy of a cold page's record block, or the
@@ -78,10 +249,12 @@ static kvq_status kvq__page_bytes(kvq_cache *c, kvq__layer *ly, size_t p, uint8_
     return KVQ_OK;
 }
 
-/* Encodes page p as a record (positions >= prefix_end masked out) and puts
- * it under key. */
-static kvq_status kvq__put_page(kvq_cache *c, size_t l, size_t p, kvq_store *s, const char *key,
-                                int32_t prefix_end, uint64_t prefix_hash, size_t *n_tokens) {
+/* Page p of layer l as a record (positions >= prefix_end masked out), in a
+ * buffer of pre + record + post bytes (the record at offset pre) from the
+ * cache's allocator. */
+static kvq_status kvq__page_record(kvq_cache *c, size_t l, size_t p, int32_t prefix_end,
+                                   uint64_t prefix_hash, size_t pre, size_t post, uint8_t **out,
+                                   size_t *out_len) {
     kvq__layer *ly = &c->layers[l];
     size_t P = c->P;
     uint8_t *blk = NULL;
@@ -122,49 +295,58 @@ static kvq_status kvq__put_page(kvq_cache *c, size_t l, size_t p, kvq_store *s, 
     r.block = blk;
     r.block_len = blen;
     size_t sz = kvq__record_size(&r), wr = 0;
-    uint8_t *buf = sz ? (uint8_t *)kvq__alloc(&c->alloc, sz) : NULL;
+    uint8_t *buf = sz && sz <= SIZE_MAX - pre - post ? (uint8_t *)kvq__alloc(&c->alloc, pre + sz + post)
+                                                     : NULL;
     if (!buf)
         st = KVQ_ERR_NOMEM;
     else
-        st = kvq__record_encode(&r, buf, sz, &wr);
-    if (st == KVQ_OK)
-        st = kvq_store_put(s, key, buf, wr);
-    kvq__free(&c->alloc, buf);
+        st = kvq__record_encode(&r, buf + pre, sz, &wr);
     kvq__free(&c->alloc, blk);
-    if (n_tokens)
-        *n_tokens = r.n_tokens;
-    return st;
+    if (st != KVQ_OK) {
+        kvq__free(&c->alloc, buf);
+        return st;
+    }
+    *out = buf;
+    *out_len = pre + wr + post;
+    return KVQ_OK;
 }
 
 kvq_status kvq_cache_save(kvq_cache *c, kvq_store *s, const char *name, int32_t prefix_end) {
     if (!c || !s || !name || !*name || strlen(name) > 200)
         return KVQ_ERR_INVALID_ARG;
-    /* manifest: "KVQM" ver L H d P cfg_hash, per layer: appended last_pos
-     * sink_until n_sinks_seen n_pages has_center [center] then per saved page
-     * its index; CRC32C at the end */
-    size_t cap = 64;
+    c->errbuf[0] = 0;
+    /* manifest (docs/record-format.md): "KVQM" version T, the configuration
+     * text (T bytes), per layer: appended last_pos sink_until n_sinks_seen
+     * n_pages has_center [centre values] then each saved page's index;
+     * CRC32C at the end */
+    kvq__sbuf txt = {&c->alloc, NULL, 0, 0, 0};
+    kvq_status st = kvq__config_text(c, &txt);
+    if (st != KVQ_OK) {
+        kvq__free(&c->alloc, txt.s);
+        return st;
+    }
+    size_t cap = KVQ__MANIFEST_HDR + txt.n + 4;
     for (size_t l = 0; l < c->L; l++)
-        cap += 64 + c->H * c->d * 4 + c->layers[l].n_pages * 4;
+        cap += KVQ__LAYER_HDR + c->H * c->d * 4 + c->layers[l].n_pages * 4;
     uint8_t *m = (uint8_t *)kvq__alloc(&c->alloc, cap);
-    if (!m)
+    if (!m) {
+        kvq__free(&c->alloc, txt.s);
         return KVQ_ERR_NOMEM;
-    size_t at = 0;
+    }
     memcpy(m, "KVQM", 4);
     kvq__st32(m + 4, KVQ__MANIFEST_VERSION);
-    kvq__st32(m + 8, (uint32_t)c->L);
-    kvq__st32(m + 12, (uint32_t)c->H);
-    kvq__st32(m + 16, (uint32_t)c->d);
-    kvq__st32(m + 20, (uint32_t)c->P);
-    kvq__st64(m + 24, kvq__config_hash(c));
-    at = 32;
-    kvq_status st = KVQ_OK;
+    kvq__st32(m + 8, (uint32_t)txt.n);
+    memcpy(m + KVQ__MANIFEST_HDR, txt.s, txt.n);
+    size_t at = KVQ__MANIFEST_HDR + txt.n;
+    kvq__free(&c->alloc, txt.s);
     char key[300];
     for (size_t l = 0; l < c->L && st == KVQ_OK; l++) {
         kvq__layer *ly = &c->layers[l];
         size_t hdr = at;
-        at += 28;
+        at += KVQ__LAYER_HDR;
         if (ly->center) {
-            memcpy(m + at, ly->center, c->H * c->d * 4);
+            for (size_t i = 0; i < c->H * c->d; i++)
+                kvq__st32(m + at + 4 * i, kvq__f32_bits(ly->center[i]));
             at += c->H * c->d * 4;
         }
         uint32_t saved = 0;
@@ -185,7 +367,12 @@ kvq_status kvq_cache_save(kvq_cache *c, kvq_store *s, const char *name, int32_t 
             if (!any)
                 continue;
             snprintf(key, sizeof key, "%s/l%zu/p%zu", name, l, p);
-            st = kvq__put_page(c, l, p, s, key, prefix_end, 0, NULL);
+            uint8_t *rec = NULL;
+            size_t rlen = 0;
+            st = kvq__page_record(c, l, p, prefix_end, 0, 0, 0, &rec, &rlen);
+            if (st == KVQ_OK)
+                st = kvq_store_put(s, key, rec, rlen);
+            kvq__free(&c->alloc, rec);
             kvq__st32(m + at, (uint32_t)p);
             at += 4;
             saved++;
@@ -354,8 +541,11 @@ static int kvq__cache_empty(const kvq_cache *c) {
 kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
     if (!c || !s || !name || !*name || strlen(name) > 200)
         return KVQ_ERR_INVALID_ARG;
-    if (!kvq__cache_empty(c))
+    c->errbuf[0] = 0;
+    if (!kvq__cache_empty(c)) {
+        kvq__snap_err(c, "kvq_cache_load needs an empty cache");
         return KVQ_ERR_MISMATCH;
+    }
     char key[300];
     snprintf(key, sizeof key, "%s/manifest", name);
     void *md = NULL;
@@ -364,48 +554,74 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
     if (st != KVQ_OK)
         return st;
     const uint8_t *m = (const uint8_t *)md;
-    if (ms < 36 || memcmp(m, "KVQM", 4) != 0 || kvq__ld32(m + ms - 4) != kvq__crc32c(0, m, ms - 4))
+    size_t T = 0;
+    if (ms < KVQ__MANIFEST_HDR + 4 || memcmp(m, "KVQM", 4) != 0 ||
+        kvq__ld32(m + ms - 4) != kvq__crc32c(0, m, ms - 4)) {
         st = KVQ_ERR_CORRUPT;
-    else if (kvq__ld32(m + 4) != KVQ__MANIFEST_VERSION)
+        kvq__snap_err(c, "snapshot '%.60s': the manifest is not a valid manifest", name);
+    } else if (kvq__ld32(m + 4) != KVQ__MANIFEST_VERSION) {
         st = KVQ_ERR_VERSION;
-    else if (kvq__ld32(m + 8) != c->L || kvq__ld32(m + 12) != c->H || kvq__ld32(m + 16) != c->d ||
-             kvq__ld32(m + 20) != c->P)
-        st = KVQ_ERR_MISMATCH;
-    size_t at = 32, end = ms - 4;
+        kvq__snap_err(c, "snapshot '%.60s': manifest version %u (this library reads %u)", name,
+                      kvq__ld32(m + 4), KVQ__MANIFEST_VERSION);
+    } else if ((T = kvq__ld32(m + 8)) > ms - KVQ__MANIFEST_HDR - 4) {
+        st = KVQ_ERR_CORRUPT;
+        kvq__snap_err(c, "snapshot '%.60s': the manifest is shorter than its header says", name);
+    }
+    if (st == KVQ_OK) {
+        kvq__sbuf txt = {&c->alloc, NULL, 0, 0, 0};
+        st = kvq__config_text(c, &txt);
+        if (st == KVQ_OK &&
+            kvq__config_differs(c, name, (const char *)m + KVQ__MANIFEST_HDR, T, txt.s, txt.n))
+            st = KVQ_ERR_MISMATCH;
+        kvq__free(&c->alloc, txt.s);
+    }
+    /* pass 1: the layer sections fit exactly and the centres are ours */
+    size_t first = KVQ__MANIFEST_HDR + T, end = ms - 4, at = first, cb = c->H * c->d * 4;
+    size_t max_page = c->cfg.max_tokens; /* every live page holds a token */
     for (size_t l = 0; l < c->L && st == KVQ_OK; l++) {
-        kvq__layer *ly = &c->layers[l];
-        if (end - at < 28) {
+        const float *ctr = c->layers[l].center;
+        uint32_t saved, has_center;
+        if (end - at < KVQ__LAYER_HDR || ((has_center = kvq__ld32(m + at + 24)) != 0) != (ctr != NULL) ||
+            has_center > 1 || (size_t)(end - at - KVQ__LAYER_HDR) < (has_center ? cb : 0)) {
             st = KVQ_ERR_CORRUPT;
             break;
         }
+        saved = kvq__ld32(m + at + 20);
+        at += KVQ__LAYER_HDR;
+        for (size_t i = 0; has_center && i < c->H * c->d; i++) {
+            uint32_t want = kvq__f32_bits(ctr[i]), got = kvq__ld32(m + at + 4 * i);
+            if (got != want) {
+                kvq__snap_err(c, "snapshot '%.60s' does not match this cache: k_center_values "
+                                 "differ (layer %zu, kv head %zu, channel %zu: %.9g in the "
+                                 "snapshot, %.9g here)", name, l, i / c->d, i % c->d,
+                              (double)kvq__bits_f32(got), (double)ctr[i]);
+                st = KVQ_ERR_MISMATCH;
+                break;
+            }
+        }
+        at += has_center ? cb : 0;
+        if (st == KVQ_OK && (end - at) / 4 < saved)
+            st = KVQ_ERR_CORRUPT;
+        for (uint32_t k = 0; k < saved && st == KVQ_OK; k++)
+            if (kvq__ld32(m + at + 4 * (size_t)k) > max_page)
+                st = KVQ_ERR_CORRUPT;
+        at += st == KVQ_OK ? (size_t)saved * 4 : 0;
+    }
+    if (st == KVQ_OK && at != end)
+        st = KVQ_ERR_CORRUPT;
+    if (st == KVQ_ERR_CORRUPT && !c->errbuf[0])
+        kvq__snap_err(c, "snapshot '%.60s': the manifest's layer sections are malformed", name);
+    /* pass 2: the pages */
+    at = first;
+    for (size_t l = 0; l < c->L && st == KVQ_OK; l++) {
+        kvq__layer *ly = &c->layers[l];
         uint64_t appended = kvq__ld64(m + at);
         int32_t last = (int32_t)kvq__ld32(m + at + 8);
         int32_t sink_until = (int32_t)kvq__ld32(m + at + 12);
         uint32_t sinks_seen = kvq__ld32(m + at + 16), saved = kvq__ld32(m + at + 20);
-        uint32_t has_center = kvq__ld32(m + at + 24);
-        at += 28;
-        if (has_center) {
-            if (end - at < c->H * c->d * 4 || !c->cfg.k_center) {
-                st = has_center && !c->cfg.k_center ? KVQ_ERR_MISMATCH : KVQ_ERR_CORRUPT;
-                break;
-            }
-            if (!ly->center) {
-                ly->center = (float *)kvq__alloc(&c->alloc, c->H * c->d * 4);
-                if (!ly->center) {
-                    st = KVQ_ERR_NOMEM;
-                    break;
-                }
-            }
-            memcpy(ly->center, m + at, c->H * c->d * 4);
-            ly->center_ready = 1;
-            at += c->H * c->d * 4;
-        }
-        if (end - at < (size_t)saved * 4) {
-            st = KVQ_ERR_CORRUPT;
-            break;
-        }
+        at += KVQ__LAYER_HDR + (kvq__ld32(m + at + 24) ? cb : 0);
         for (uint32_t k = 0; k < saved && st == KVQ_OK; k++) {
-            size_t p = kvq__ld32(m + at + 4 * k);
+            size_t p = kvq__ld32(m + at + 4 * (size_t)k);
             snprintf(key, sizeof key, "%s/l%zu/p%zu", name, l, p);
             void *rd = NULL;
             size_t rs = 0;
@@ -413,13 +629,20 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
             if (st != KVQ_OK)
                 break;
             kvq__record r;
-            /* records are decoded from a 4-byte aligned copy */
+            /* store buffers are 64-byte aligned, as decode needs */
             st = kvq__record_decode(rd, rs, &r);
             if (st == KVQ_OK)
                 st = kvq__install_page(c, l, p, &r);
             kvq_store_free_buf(s, rd);
+            if (st != KVQ_OK)
+                kvq__snap_err(c, "snapshot '%.60s': page record %s: %s", name, key, kvq_strerror(st));
         }
         at += (size_t)saved * 4;
+        if (st == KVQ_OK && ly->n_tokens > c->cfg.max_tokens) {
+            kvq__snap_err(c, "snapshot '%.60s': layer %zu holds %zu tokens, more than max_tokens",
+                          name, l, ly->n_tokens);
+            st = KVQ_ERR_FULL;
+        }
         if (st == KVQ_OK) {
             ly->appended = appended;
             ly->last_pos = last;
@@ -456,33 +679,123 @@ static int kvq__clean_page(const kvq_cache *c, const kvq__layer *ly, size_t j) {
     return 1;
 }
 
-static void kvq__prefix_key(uint64_t cfg, uint64_t h, size_t l, char *key, size_t n) {
-    snprintf(key, n, "kvqp/%016llx/%016llx/l%zu", (unsigned long long)cfg, (unsigned long long)h, l);
+/* "kvqp/<SHA-256 of the configuration and the ids up to the end of the
+ * page, hex>/l<layer>" */
+static void kvq__prefix_key(const uint8_t d[KVQ__SHA256_BYTES], size_t l, char *key, size_t n) {
+    char hex[2 * KVQ__SHA256_BYTES + 1];
+    for (int i = 0; i < KVQ__SHA256_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    snprintf(key, n, "kvqp/%s/l%zu", hex, l);
+}
+
+/* The page's ids as little-endian bytes (what is hashed and stored). */
+static void kvq__ids_le(const int32_t *ids, size_t P, uint8_t *out) {
+    for (size_t i = 0; i < P; i++)
+        kvq__st32(out + 4 * i, (uint32_t)ids[i]);
+}
+
+/* The running digest: it has hashed the configuration digest and the ids of
+ * every page before the current one; out gets the digest of that prefix. */
+static void kvq__digest_now(const kvq__sha256_ctx *run, uint8_t out[KVQ__SHA256_BYTES]) {
+    kvq__sha256_ctx t = *run;
+    kvq__sha256_final(&t, out);
 }
 
 kvq_status kvq_cache_prefix_put(kvq_cache *c, kvq_store *s, const int32_t *ids, size_t n) {
     if (!c || !s || (!ids && n))
         return KVQ_ERR_INVALID_ARG;
+    c->errbuf[0] = 0;
     if (!kvq__prefix_ok(c))
         return KVQ_ERR_UNSUPPORTED;
     for (size_t l = 0; l < c->L; l++) /* what the next call would encode is owed now */
         kvq__settle(c, &c->layers[l], 0);
-    uint64_t cfg = kvq__config_hash(c), h = 0xcbf29ce484222325ull;
+    uint8_t cfgd[KVQ__SHA256_BYTES], prev[KVQ__SHA256_BYTES], cur[KVQ__SHA256_BYTES];
+    kvq_status st = kvq__config_digest(c, cfgd);
+    if (st != KVQ_OK)
+        return st;
+    kvq__sha256_ctx run;
+    kvq__sha256_init(&run);
+    kvq__sha256_update(&run, cfgd, sizeof cfgd);
+    kvq__digest_now(&run, prev);
+    size_t P = c->P, pre = KVQ__PFX_HDR + 4 * P;
+    uint8_t le[4 * 4096];
     char key[128];
-    for (size_t j = 0; (j + 1) * c->P <= n; j++) {
-        h = kvq__fnv(h, ids + j * c->P, c->P * sizeof(int32_t));
+    for (size_t j = 0; (j + 1) * P <= n; j++) {
+        kvq__ids_le(ids + j * P, P, le);
+        kvq__sha256_update(&run, le, 4 * P);
+        kvq__digest_now(&run, cur);
         for (size_t l = 0; l < c->L; l++) {
             if (!kvq__clean_page(c, &c->layers[l], j))
                 return KVQ_OK; /* the run of clean pages ends here */
         }
         for (size_t l = 0; l < c->L; l++) {
-            kvq__prefix_key(cfg, h, l, key, sizeof key);
-            kvq_status st = kvq__put_page(c, l, j, s, key, INT32_MAX, h, NULL);
+            uint8_t *e = NULL;
+            size_t len = 0;
+            st = kvq__page_record(c, l, j, INT32_MAX, kvq__ld64(cur), pre, 4, &e, &len);
+            if (st != KVQ_OK)
+                return st;
+            memcpy(e, KVQ__PFX_MAGIC, 4);
+            kvq__st16(e + 4, KVQ__PFX_VERSION);
+            kvq__st16(e + 6, 0);
+            kvq__st32(e + 8, (uint32_t)j);
+            kvq__st32(e + 12, (uint32_t)P);
+            memcpy(e + 16, prev, KVQ__SHA256_BYTES);
+            memcpy(e + KVQ__PFX_HDR, le, 4 * P);
+            kvq__st32(e + len - 4, kvq__crc32c(0, e, len - 4));
+            kvq__prefix_key(cur, l, key, sizeof key);
+            st = kvq_store_put(s, key, e, len);
+            kvq__free(&c->alloc, e);
             if (st != KVQ_OK)
                 return st;
         }
+        memcpy(prev, cur, sizeof cur);
     }
     return KVQ_OK;
+}
+
+/* Checks a prefix entry found under the key of page j: KVQ_ERR_CORRUPT for
+ * bytes that are not an entry, KVQ_ERR_MISMATCH for an entry of another
+ * page, page size or prompt (other ids on the page, or another prefix
+ * before it), else KVQ_OK with the record's span. */
+static kvq_status kvq__prefix_check(const kvq_cache *c, const uint8_t *e, size_t len, size_t j,
+                                    const uint8_t prev[KVQ__SHA256_BYTES], const uint8_t *le,
+                                    size_t *rec_off) {
+    size_t P = c->P, pre = KVQ__PFX_HDR + 4 * P;
+    if (len < 12 || memcmp(e, KVQ__PFX_MAGIC, 4) != 0 || kvq__ld16(e + 6) != 0)
+        return KVQ_ERR_CORRUPT;
+    if (kvq__ld16(e + 4) != KVQ__PFX_VERSION)
+        return KVQ_ERR_VERSION;
+    if (kvq__ld32(e + 12) != P)
+        return KVQ_ERR_MISMATCH;
+    if (len < pre + KVQ__RECORD_HEADER + 4 + 4 || kvq__ld32(e + len - 4) != kvq__crc32c(0, e, len - 4))
+        return KVQ_ERR_CORRUPT;
+    if (kvq__ld32(e + 8) != j || memcmp(e + 16, prev, KVQ__SHA256_BYTES) != 0 ||
+        memcmp(e + KVQ__PFX_HDR, le, 4 * P) != 0)
+        return KVQ_ERR_MISMATCH;
+    *rec_off = pre;
+    return KVQ_OK;
+}
+
+/* Drops page j from layers 0..nl-1 (a prefix page that not every layer had). */
+static void kvq__prefix_drop_page(kvq_cache *c, size_t nl, size_t j) {
+    for (size_t k = 0; k < nl; k++) {
+        kvq__layer *ly = &c->layers[k];
+        kvq__page *pg = &ly->pages[j];
+        if (!pg->block)
+            continue;
+        int warm = pg->tier == KVQ__TIER_WARM;
+        kvq__lfree_tier(c, ly, pg->block, warm ? ly->wblock_bytes : ly->block_bytes, warm);
+        ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
+        ly->tier_pages[pg->tier]--;
+        ly->pages_alloc--;
+        ly->n_tokens -= pg->n_valid;
+        for (size_t i = 0; i < c->P; i++) {
+            ly->pos[j * c->P + i] = -1;
+            ly->state[j * c->P + i] = KVQ__FREE;
+        }
+        memset(pg, 0, sizeof *pg);
+        ly->n_pages = j;
+    }
 }
 
 kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, size_t n,
@@ -490,21 +803,32 @@ kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, 
     if (!c || !s || !n_loaded || (!ids && n))
         return KVQ_ERR_INVALID_ARG;
     *n_loaded = 0;
+    c->errbuf[0] = 0;
     if (!kvq__prefix_ok(c))
         return KVQ_ERR_UNSUPPORTED;
     if (!kvq__cache_empty(c))
         return KVQ_ERR_MISMATCH;
-    uint64_t cfg = kvq__config_hash(c), h = 0xcbf29ce484222325ull;
+    uint8_t cfgd[KVQ__SHA256_BYTES], prev[KVQ__SHA256_BYTES], cur[KVQ__SHA256_BYTES];
+    kvq_status st = kvq__config_digest(c, cfgd);
+    if (st != KVQ_OK)
+        return st;
+    kvq__sha256_ctx run;
+    kvq__sha256_init(&run);
+    kvq__sha256_update(&run, cfgd, sizeof cfgd);
+    kvq__digest_now(&run, prev);
+    size_t P = c->P;
+    uint8_t le[4 * 4096];
     char key[128];
     size_t j = 0;
-    kvq_status st = KVQ_OK;
-    for (; (j + 1) * c->P < n && st == KVQ_OK; j++) { /* leave at least one token to run */
-        h = kvq__fnv(h, ids + j * c->P, c->P * sizeof(int32_t));
+    for (; (j + 1) * P < n && st == KVQ_OK; j++) { /* leave at least one token to run */
+        kvq__ids_le(ids + j * P, P, le);
+        kvq__sha256_update(&run, le, 4 * P);
+        kvq__digest_now(&run, cur);
         size_t l = 0;
         for (; l < c->L; l++) {
-            kvq__prefix_key(cfg, h, l, key, sizeof key);
+            kvq__prefix_key(cur, l, key, sizeof key);
             void *rd = NULL;
-            size_t rs = 0;
+            size_t rs = 0, off = 0;
             kvq_status gs = kvq_store_get(s, key, &rd, &rs);
             if (gs == KVQ_ERR_RANGE)
                 break;
@@ -513,46 +837,37 @@ kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, 
                 break;
             }
             kvq__record r;
-            gs = kvq__record_decode(rd, rs, &r);
-            if (gs == KVQ_OK && r.prefix_hash != h)
-                gs = KVQ_ERR_MISMATCH;
+            gs = kvq__prefix_check(c, (const uint8_t *)rd, rs, j, prev, le, &off);
+            if (gs == KVQ_OK) {
+                gs = kvq__record_decode((const uint8_t *)rd + off, rs - off - 4, &r);
+                if (gs == KVQ_OK && r.prefix_hash != kvq__ld64(cur))
+                    gs = KVQ_ERR_MISMATCH;
+            }
             if (gs == KVQ_OK)
                 gs = kvq__install_page(c, l, j, &r);
             kvq_store_free_buf(s, rd);
+            if (gs == KVQ_ERR_MISMATCH) {
+                /* another prompt's page under this key: a miss */
+                kvq__snap_err(c, "prefix entry %.100s holds another prompt's page: not loaded", key);
+                break;
+            }
             if (gs != KVQ_OK) {
                 st = gs;
                 break;
             }
         }
-        if (l < c->L) {
-            /* a layer misses this page: drop the partial page from the others */
-            for (size_t k = 0; k < l; k++) {
-                kvq__layer *ly = &c->layers[k];
-                kvq__page *pg = &ly->pages[j];
-                if (pg->block) {
-                    int warm = pg->tier == KVQ__TIER_WARM;
-                    kvq__lfree_tier(c, ly, pg->block, warm ? ly->wblock_bytes : ly->block_bytes, warm);
-                    ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
-                    ly->tier_pages[pg->tier]--;
-                    ly->pages_alloc--;
-                    ly->n_tokens -= pg->n_valid;
-                    for (size_t i = 0; i < c->P; i++) {
-                        ly->pos[j * c->P + i] = -1;
-                        ly->state[j * c->P + i] = KVQ__FREE;
-                    }
-                    memset(pg, 0, sizeof *pg);
-                    ly->n_pages = j;
-                }
-            }
+        if (st == KVQ_OK && l < c->L) {
+            kvq__prefix_drop_page(c, l, j); /* a layer misses this page */
             break;
         }
+        memcpy(prev, cur, sizeof cur);
     }
     if (st != KVQ_OK) {
         for (size_t l = 0; l < c->L; l++)
             kvq__reset_layer(c, &c->layers[l]);
         return st;
     }
-    size_t loaded = j * c->P;
+    size_t loaded = j * P;
     for (size_t l = 0; l < c->L && loaded; l++) {
         kvq__layer *ly = &c->layers[l];
         ly->appended = loaded;
