@@ -294,7 +294,27 @@ typedef struct kvq_cache_config {
      * protected recent window or not-yet-encoded tokens stay hot. Demotion
      * takes the pages with the lowest utility (utility policy) or the oldest
      * newest-token first; attention promotes visible cold pages (a miss) and,
-     * with warm_promote, warm pages; otherwise it reads warm pages in place. */
+     * with warm_promote, warm pages; otherwise it reads warm pages in place.
+     *
+     * Lost cold pages: a cold page whose record the store no longer has or
+     * returns corrupt (a Redis restart without persistence, an expired TTL,
+     * a removed or damaged segment file, a record that fails its checksum or
+     * does not match the page, or with verify_tiers a block whose CRC32C
+     * differs from the one taken at demotion) is lost. The attend that needs
+     * it counts it in lost_pages and its tokens in lost_tokens, drops those
+     * tokens as if evicted (tokens_evicted; attention renormalises over the
+     * tokens that remain, and token_attn covers those) and goes on;
+     * kvq_cache_last_error describes the last loss. With strict_tiers the
+     * attend returns KVQ_ERR_CORRUPT instead and leaves the page and its
+     * tokens as they are (counted once in lost_pages), so every later attend
+     * that needs it fails the same way. Store failures that may pass
+     * (KVQ_ERR_IO, KVQ_ERR_CONN, KVQ_ERR_NOMEM) are no loss: the attend fails
+     * and a later one retries; a dropped connection is retried once at once,
+     * so a restarted Redis costs no failed call. get_kv and kvq_cache_save
+     * cannot drop tokens: they return KVQ_ERR_CORRUPT for a lost page not yet
+     * dropped. A page demoted again keeps its record instead of writing a
+     * new one only while the store cannot have lost it since it was read
+     * (no reconnect, no removed segment) and no TTL is set. */
     size_t hot_tokens, hot_bytes;
     size_t warm_tokens, warm_bytes;
     const char *warm_codec;     /* K and V codec of warm pages (NULL: as hot) */
@@ -302,6 +322,14 @@ typedef struct kvq_cache_config {
     struct kvq_store *cold_store; /* borrowed; NULL: demoted-from-warm pages are dropped */
     int warm_promote;
     int verify_tiers;           /* checksum pages on demotion, verify on promotion */
+    int strict_tiers;           /* a lost cold page fails attend with KVQ_ERR_CORRUPT */
+    /* > 0: records written to the cold store expire this many milliseconds
+     * after the page went cold (Redis SET ... PX), so a crashed process
+     * leaves nothing behind for longer; a page needed after its record
+     * expired is lost (above): choose it above the longest time a page may
+     * stay cold. Each demotion writes a fresh record. The file store has no
+     * expiry and ignores it (one process holds its directory locked). */
+    uint64_t cold_ttl_ms;
     double link_gbps[2];        /* modeled bandwidth hot<->warm, warm<->cold (32 GB/s) */
     double link_latency_ms[2];  /* modeled launch overhead per transfer (0.015 ms) */
 } kvq_cache_config;
@@ -310,8 +338,10 @@ typedef struct kvq_tier_stats {
     uint64_t pages[3], tokens[3]; /* hot, warm, cold */
     uint64_t bytes[3];            /* arena bytes of hot/warm pages; record bytes in the store */
     uint64_t reads[3];            /* page reads by attention served from each tier (cold: misses) */
-    uint64_t demotions, promotions, demotion_failures, dropped_pages, lost_pages,
-        verify_mismatches;
+    uint64_t demotions, promotions, demotion_failures, dropped_pages;
+    uint64_t lost_pages;          /* cold pages found lost (see "Lost cold pages" above) */
+    uint64_t verify_mismatches;   /* verify_tiers: blocks whose CRC32C changed (cold: also lost) */
+    uint64_t lost_tokens;         /* tokens of the lost pages, dropped (in tokens_evicted) */
     uint64_t bytes_hot_to_warm, bytes_warm_to_hot, bytes_to_cold, bytes_from_cold;
     double modeled_transfer_ms, measured_transfer_ms;
 } kvq_tier_stats;

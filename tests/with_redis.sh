@@ -1,8 +1,10 @@
 #!/bin/sh
 # with_redis.sh - runs a command with a private redis-server on a free
-# loopback port, exported as KVQ_TEST_REDIS=redis://127.0.0.1:PORT/test;
-# without redis-server the command runs with KVQ_TEST_REDIS unset (the tests
-# then print a SKIP line). The server is stopped afterwards.
+# loopback port, exported as KVQ_TEST_REDIS=redis://127.0.0.1:PORT/test, and
+# the server binary as KVQ_TEST_REDIS_SERVER (tests that restart a server
+# start their own on another port); without redis-server the command runs
+# with both unset (the tests then print a SKIP line). The server is stopped
+# afterwards.
 # Usage: sh tests/with_redis.sh command [args...]
 if ! command -v redis-server >/dev/null 2>&1; then
     echo "note: redis-server not installed; Redis tests will skip" >&2
@@ -27,7 +29,8 @@ while [ $i -lt 50 ]; do
     i=$((i + 1))
 done
 KVQ_TEST_REDIS="redis://127.0.0.1:$PORT/test"
-export KVQ_TEST_REDIS
+KVQ_TEST_REDIS_SERVER=$(command -v redis-server)
+export KVQ_TEST_REDIS KVQ_TEST_REDIS_SERVER
 "$@"
 rc=$?
 kill "$PID" 2>/dev/null

@@ -150,6 +150,8 @@ class kvq_cache_config(Structure):
         ("cold_store", c_void_p),
         ("warm_promote", c_int),
         ("verify_tiers", c_int),
+        ("strict_tiers", c_int),
+        ("cold_ttl_ms", c_uint64),
         ("link_gbps", c_double * 2),
         ("link_latency_ms", c_double * 2),
     ]

@@ -71,8 +71,10 @@ typedef struct kvq__page {
     uint8_t has_record; /* a record of this page's current block is in the store (cold_gen,
                            written from the layout cold_warm says): demoting it again only
                            drops the memory */
+    uint8_t lost;       /* strict_tiers: the record was found lost (counted once) */
     uint32_t crc;       /* verify_tiers: CRC32C of the block when it was demoted */
     uint64_t cold_gen;  /* store key generation of the page's record */
+    uint64_t record_epoch; /* store epoch when the record was last written or read */
     size_t record_bytes; /* size of that record */
 } kvq__page;
 

@@ -7,12 +7,26 @@
  * window and not-yet-encoded tokens stay hot) and come back when attention
  * needs them. Every move is timed and also priced by the transfer model
  * (launch latency + bytes / bandwidth). A page that cannot move stays where
- * it is and is counted; a page that cannot be read back makes the call fail
- * with the cache unchanged. Slot metadata (positions, states, scores) stays
- * in memory for every tier.
+ * it is and is counted. Slot metadata (positions, states, scores) stays in
+ * memory for every tier.
+ *
+ * Reading a cold page back has three outcomes: the record (checked: its
+ * checksum, cache id, layer, shape, codec layout, the positions still in
+ * memory, and with verify_tiers the block's CRC32C) comes back; the store
+ * fails in a way that may pass (I/O, connection, memory), and the call fails
+ * with the page still cold (a dropped connection is retried once first: the
+ * store reconnects); or the record is lost (missing, corrupt, not this
+ * page's), and the page's tokens are dropped as evictions and counted in
+ * lost_pages / lost_tokens (strict_tiers: the call fails with
+ * KVQ_ERR_CORRUPT and the page stays). A page demoted again reuses its
+ * record only while the store's epoch (store_impl.h) is the one at which
+ * the record was last written or read, so a store that lost records (Redis
+ * restarted, a segment removed) never costs a page that was still in
+ * memory.
  */
 #include "cache_impl.h"
 #include "../tier/record.h"
+#include "../tier/store_impl.h"
 
 #include <stdio.h>
 #include <time.h>
@@ -58,18 +72,15 @@ static void kvq__cold_key(const kvq_cache *c, const kvq__layer *ly, size_t p, ui
              kvq__layer_index(c, ly), p, (unsigned long long)gen);
 }
 
-/* Deletes the store record of page p, if it has one. */
+/* Deletes the store record of page p, if it has one (every cold page has). */
 static void kvq__drop_record(kvq_cache *c, kvq__layer *ly, size_t p) {
     kvq__page *pg = &ly->pages[p];
-    if (!pg->has_record && pg->tier != KVQ__TIER_COLD)
+    if (!pg->has_record)
         return;
     char key[96];
     kvq__cold_key(c, ly, p, pg->cold_gen, key, sizeof key);
-    if (c->cold) {
-        uint64_t sz = 0;
-        (void)sz;
+    if (c->cold)
         (void)kvq_store_del(c->cold, key); /* a leftover record is harmless */
-    }
     if (ly->tier_bytes_cold >= pg->record_bytes)
         ly->tier_bytes_cold -= pg->record_bytes;
     pg->has_record = 0;
@@ -171,9 +182,10 @@ static kvq_status kvq__to_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
     const kvq__head *hs = warm ? ly->wheads : ly->heads;
     size_t bb = warm ? ly->wblock_bytes : ly->block_bytes, P = c->P;
     double t0 = kvq__now_ms();
-    if (pg->has_record && pg->cold_warm == warm) {
-        /* blocks never change once encoded: the record read at promotion is
-         * still this page, so only the memory goes */
+    if (pg->has_record && pg->cold_warm == warm && !c->cfg.cold_ttl_ms &&
+        pg->record_epoch == kvq__store_epoch(c->cold)) {
+        /* blocks never change once encoded and the store cannot have lost
+         * the record since it was read at promotion: only the memory goes */
         if (!warm)
             kvq__purge_free(c, ly, p);
         ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
@@ -225,8 +237,12 @@ static kvq_status kvq__to_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
     char key[96];
     uint64_t gen = ++c->gen;
     kvq__cold_key(c, ly, p, gen, key, sizeof key);
-    if (st == KVQ_OK)
-        st = kvq_store_put(c->cold, key, buf, wr);
+    uint64_t epoch = 0;
+    if (st == KVQ_OK) {
+        st = kvq__store_put_ttl(c->cold, key, buf, wr, c->cfg.cold_ttl_ms, &epoch);
+        if (st == KVQ_ERR_CONN) /* the connection dropped: the store reconnects once */
+            st = kvq__store_put_ttl(c->cold, key, buf, wr, c->cfg.cold_ttl_ms, &epoch);
+    }
     kvq__free(&c->alloc, buf);
     if (st != KVQ_OK) {
         c->ts.demotion_failures++;
@@ -245,6 +261,7 @@ static kvq_status kvq__to_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
     pg->cold_gen = gen;
     pg->has_record = 1;
     pg->record_bytes = wr;
+    pg->record_epoch = epoch;
     ly->tier_pages[KVQ__TIER_COLD]++;
     ly->tier_bytes_cold += wr;
     c->ts.demotions++;
@@ -256,51 +273,142 @@ static kvq_status kvq__to_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
     return KVQ_OK;
 }
 
-/* Reads cold page p back into the arena of the layout it left with. */
-static kvq_status kvq__from_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
-    kvq__page *pg = &ly->pages[p];
-    if (!c->cold)
+/* 1 for a store or record status that means the record is gone for good
+ * (missing, corrupt, unreadable version, not this page's); 0 for failures
+ * that may pass. */
+static int kvq__is_loss(kvq_status st) {
+    return st == KVQ_ERR_RANGE || st == KVQ_ERR_CORRUPT || st == KVQ_ERR_VERSION ||
+           st == KVQ_ERR_MISMATCH;
+}
+
+/* Reads and checks the record of cold page p: on success *data (the store's
+ * buffer: kvq_store_free_buf) holds it, r points into it and *epoch is the
+ * store's epoch after the read. On failure why (n bytes) says what went
+ * wrong; *verify_fail is set when only the verify_tiers CRC32C differed. */
+static kvq_status kvq__cold_read(const kvq_cache *c, const kvq__layer *ly, size_t p, void **data,
+                                 size_t *size, kvq__record *r, uint64_t *epoch, int *verify_fail,
+                                 char *why, size_t n) {
+    const kvq__page *pg = &ly->pages[p];
+    *data = NULL;
+    *verify_fail = 0;
+    why[0] = 0;
+    if (!c->cold) {
+        snprintf(why, n, "no cold store");
         return KVQ_ERR_IO;
-    double t0 = kvq__now_ms();
+    }
     char key[96];
     kvq__cold_key(c, ly, p, pg->cold_gen, key, sizeof key);
-    void *data = NULL;
-    size_t size = 0;
-    kvq_status st = kvq_store_get(c->cold, key, &data, &size);
-    if (st != KVQ_OK)
+    kvq_status st = kvq__store_get_ep(c->cold, key, data, size, epoch);
+    if (st == KVQ_ERR_CONN) /* the connection dropped (a restart?): the store reconnects once */
+        st = kvq__store_get_ep(c->cold, key, data, size, epoch);
+    if (st != KVQ_OK) {
+        snprintf(why, n, "cold record %s: %s", key, kvq_store_last_error(c->cold));
+        *data = NULL;
         return st;
+    }
     int warm = pg->cold_warm;
     const kvq__head *hs = warm ? ly->wheads : ly->heads;
     size_t bb = warm ? ly->wblock_bytes : ly->block_bytes, P = c->P;
-    kvq__record r;
-    st = kvq__record_decode((const uint8_t *)data, size, &r);
+    st = kvq__record_decode((const uint8_t *)*data, *size, r);
     char layout[2048];
     size_t ll = kvq__heads_layout(c, hs, layout, sizeof layout);
-    if (st == KVQ_OK &&
-        (r.cache_id != c->cache_id || r.layer != kvq__layer_index(c, ly) || r.page_tokens != P ||
-         r.n_kv_heads != c->H || r.head_dim != c->d || r.block_len != bb || r.layout_len != ll ||
-         memcmp(r.layout, layout, ll) != 0))
+    if (st != KVQ_OK) {
+        snprintf(why, n, "cold record %s is not a valid record (%s)", key, kvq_strerror(st));
+    } else if (r->cache_id != c->cache_id || r->layer != kvq__layer_index(c, ly) ||
+               r->page_tokens != P || r->n_kv_heads != c->H || r->head_dim != c->d ||
+               r->block_len != bb || r->layout_len != ll || memcmp(r->layout, layout, ll) != 0) {
         st = KVQ_ERR_MISMATCH;
+        snprintf(why, n, "cold record %s belongs to another cache, layer or layout", key);
+    }
     /* tokens evicted while cold are gone from memory; every token still in
      * memory must be in the record at the same slot */
     for (size_t i = 0; i < P && st == KVQ_OK; i++)
-        if (ly->pos[p * P + i] >= 0 && ly->pos[p * P + i] != r.positions[i])
+        if (ly->pos[p * P + i] >= 0 && ly->pos[p * P + i] != r->positions[i]) {
             st = KVQ_ERR_MISMATCH;
-    uint8_t *blk = NULL;
-    if (st == KVQ_OK) {
-        blk = (uint8_t *)kvq__lalloc_tier(c, ly, bb, warm);
-        if (!blk)
-            st = KVQ_ERR_NOMEM;
+            snprintf(why, n, "cold record %s holds other positions than the page", key);
+        }
+    if (st == KVQ_OK && c->cfg.verify_tiers && kvq__crc32c(0, r->block, bb) != pg->crc) {
+        st = KVQ_ERR_CORRUPT;
+        *verify_fail = 1;
+        snprintf(why, n, "cold record %s: the block's CRC32C differs from the demoted one", key);
     }
     if (st != KVQ_OK) {
+        kvq_store_free_buf(c->cold, *data);
+        *data = NULL;
+    }
+    return st;
+}
+
+/* Cold page p's record is lost (st, why): counts it and drops its tokens
+ * as evictions, which frees the page; with strict_tiers leaves it as it is
+ * (counted once) and returns KVQ_ERR_CORRUPT. */
+static kvq_status kvq__page_lost(kvq_cache *c, kvq__layer *ly, size_t p, kvq_status st,
+                                 const char *why) {
+    kvq__page *pg = &ly->pages[p];
+    size_t P = c->P;
+    int32_t lo = INT32_MAX, hi = INT32_MIN;
+    for (size_t i = 0; i < P; i++) {
+        int32_t q = ly->pos[p * P + i];
+        if (q >= 0) {
+            lo = q < lo ? q : lo;
+            hi = q > hi ? q : hi;
+        }
+    }
+    snprintf(c->errbuf, sizeof c->errbuf,
+             "layer %zu: cold page %zu (%u tokens, positions %d..%d) is lost%s: %.150s",
+             kvq__layer_index(c, ly), p, (unsigned)pg->n_valid, (int)lo, (int)hi,
+             c->cfg.strict_tiers ? "" : ", its tokens dropped", why);
+    if (c->cfg.strict_tiers) {
+        if (!pg->lost)
+            c->ts.lost_pages++;
+        pg->lost = 1;
+        return KVQ_ERR_CORRUPT;
+    }
+    c->ts.lost_pages++;
+    c->ts.lost_tokens += pg->n_valid;
+    if (st == KVQ_ERR_RANGE) {
+        /* nothing to delete: spare the store a round trip */
+        if (ly->tier_bytes_cold >= pg->record_bytes)
+            ly->tier_bytes_cold -= pg->record_bytes;
+        pg->has_record = 0;
+        pg->record_bytes = 0;
+    }
+    /* the last eviction frees the page (and deletes a corrupt record) */
+    for (size_t i = 0; i < P && kvq__page_live(pg); i++)
+        if (ly->pos[p * P + i] >= 0)
+            kvq__evict_slot(c, ly, (uint32_t)(p * P + i));
+    return KVQ_OK;
+}
+
+/* Reads cold page p back into the arena of the layout it left with. A lost
+ * record is handled here (kvq__page_lost); other failures leave the page
+ * cold. */
+static kvq_status kvq__from_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
+    kvq__page *pg = &ly->pages[p];
+    double t0 = kvq__now_ms();
+    void *data = NULL;
+    size_t size = 0;
+    kvq__record r;
+    uint64_t epoch = 0;
+    int vfail = 0;
+    char why[200];
+    kvq_status st = kvq__cold_read(c, ly, p, &data, &size, &r, &epoch, &vfail, why, sizeof why);
+    if (vfail)
+        c->ts.verify_mismatches++;
+    if (st != KVQ_OK)
+        return kvq__is_loss(st) ? kvq__page_lost(c, ly, p, st, why) : st;
+    int warm = pg->cold_warm;
+    size_t bb = warm ? ly->wblock_bytes : ly->block_bytes;
+    uint8_t *blk = (uint8_t *)kvq__lalloc_tier(c, ly, bb, warm);
+    if (!blk) {
         kvq_store_free_buf(c->cold, data);
-        return st;
+        return KVQ_ERR_NOMEM;
     }
     memcpy(blk, r.block, bb);
-    if (c->cfg.verify_tiers && kvq__crc32c(0, blk, bb) != pg->crc)
-        c->ts.verify_mismatches++;
     kvq_store_free_buf(c->cold, data);
     pg->block = blk; /* the record stays: the block is immutable, a later demotion reuses it */
+    pg->record_epoch = epoch;
+    pg->lost = 0;
     ly->tier_pages[KVQ__TIER_COLD]--;
     pg->tier = warm ? KVQ__TIER_WARM : KVQ__TIER_HOT;
     ly->tier_pages[pg->tier]++;
@@ -323,12 +431,15 @@ kvq_status kvq__tier_before_attend(kvq_cache *c, size_t layer, int32_t qmax) {
         if (pg->tier == KVQ__TIER_HOT)
             continue;
         kvq_status st = KVQ_OK;
-        if (pg->tier == KVQ__TIER_COLD)
+        if (pg->tier == KVQ__TIER_COLD) {
             st = kvq__from_cold(c, ly, p);
+            if (st == KVQ_OK && !kvq__page_live(pg))
+                continue; /* lost: its tokens are gone */
+        }
         if (st == KVQ_OK && pg->tier == KVQ__TIER_WARM && c->cfg.warm_promote)
             st = kvq__move_hw(c, ly, p, 0);
         if (st != KVQ_OK)
-            return st; /* earlier promotions stand; they lose nothing */
+            return st; /* earlier promotions (and losses) stand; they lose nothing more */
     }
     return KVQ_OK;
 }
@@ -465,27 +576,21 @@ kvq_status kvq_cache_tier_stats(const kvq_cache *c, kvq_tier_stats *st) {
 kvq_status kvq__tier_peek(const kvq_cache *c, const kvq__layer *ly, size_t p, uint8_t **block) {
     const kvq__page *pg = &ly->pages[p];
     *block = NULL;
-    if (!c->cold)
-        return KVQ_ERR_IO;
-    char key[96];
-    kvq__cold_key(c, ly, p, pg->cold_gen, key, sizeof key);
     void *data = NULL;
     size_t size = 0;
-    kvq_status st = kvq_store_get(c->cold, key, &data, &size);
-    if (st != KVQ_OK)
-        return st;
-    size_t bb = pg->cold_warm ? ly->wblock_bytes : ly->block_bytes;
     kvq__record r;
-    st = kvq__record_decode((const uint8_t *)data, size, &r);
-    if (st == KVQ_OK && r.block_len != bb)
-        st = KVQ_ERR_MISMATCH;
-    if (st == KVQ_OK) {
-        *block = (uint8_t *)kvq__alloc(&c->alloc, bb);
-        if (!*block)
-            st = KVQ_ERR_NOMEM;
-        else
-            memcpy(*block, r.block, bb);
-    }
+    uint64_t epoch;
+    int vfail;
+    char why[200];
+    kvq_status st = kvq__cold_read(c, ly, p, &data, &size, &r, &epoch, &vfail, why, sizeof why);
+    if (st != KVQ_OK) /* a const caller cannot drop the page: a loss is KVQ_ERR_CORRUPT */
+        return kvq__is_loss(st) ? KVQ_ERR_CORRUPT : st;
+    size_t bb = pg->cold_warm ? ly->wblock_bytes : ly->block_bytes;
+    *block = (uint8_t *)kvq__alloc(&c->alloc, bb);
+    if (!*block)
+        st = KVQ_ERR_NOMEM;
+    else
+        memcpy(*block, r.block, bb);
     kvq_store_free_buf(c->cold, data);
     return st;
 }
