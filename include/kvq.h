@@ -189,7 +189,9 @@ KVQ_API kvq_status kvq_codec_save_state(const kvq_codec *codec, void *dst, size_
                                         size_t *written);
 KVQ_API kvq_status kvq_codec_load_state(kvq_codec *codec, const void *src, size_t src_size);
 /* The same blob in a file (the calibration file). Saving writes a temporary
- * file, fsyncs it and renames it over path. */
+ * file, fsyncs it, renames it over path and fsyncs the directory, so the
+ * new file survives a crash once the call returns (KVQ_ERR_IO when that last
+ * sync fails: the file is then in place but may not survive a crash). */
 KVQ_API kvq_status kvq_codec_save_file(const kvq_codec *codec, const char *path);
 KVQ_API kvq_status kvq_codec_load_file(kvq_codec *codec, const char *path);
 
@@ -544,26 +546,31 @@ KVQ_API const char *kvq_tokenizer_piece(const kvq_tokenizer *tok, int32_t prev, 
  *                        segments: a torn last entry is skipped and cut off,
  *                        corrupt entries are skipped and counted; values are
  *                        checked again on every get. The directory is created
- *                        when missing and locked (flock) against other
- *                        writers. Options after '?', '&'-separated (file:
- *                        form only): readonly=1 (shared lock, no writes, no
- *                        repair), segment_bytes=N (roll-over size, default
- *                        64 MiB), compact_min=N (compaction runs when dead
- *                        bytes exceed half of at least this many, default
- *                        16 MiB; 0 disables it).
+ *                        when missing (its parent then fsynced) and locked
+ *                        (flock) against other writers. Options after '?',
+ *                        '&'-separated (file: form only): readonly=1 (shared
+ *                        lock, no writes, no repair), segment_bytes=N
+ *                        (roll-over size, default 64 MiB), compact_min=N
+ *                        (compaction runs when dead bytes exceed half of at
+ *                        least this many, default 16 MiB; 0 disables it).
  *   "redis://HOST[:PORT][/NS]"
  *                        a Redis server (needs a build with hiredis, else
  *                        KVQ_ERR_UNSUPPORTED); keys are "kvq:NS:KEY" (NS
  *                        defaults to "default"; letters, digits, '_', '-',
  *                        '.'), 2 s connect and command timeouts. A dropped
  *                        connection fails the call with KVQ_ERR_CONN; the
- *                        next call reconnects once.
+ *                        next call reconnects once. A put or del whose
+ *                        reply does not come back (a timeout, a dropped
+ *                        connection) fails, yet the server may have applied
+ *                        it: the key then holds either value.
  *
  * Errors: KVQ_ERR_RANGE (no such key), KVQ_ERR_NOSPACE (the disk is full),
  * KVQ_ERR_IO, KVQ_ERR_CONN, KVQ_ERR_CORRUPT (a stored value failed its
- * checksum: corrupt bytes are never returned). A failed put or del leaves
- * the store as it was: the key keeps its previous value. The message of the
- * last failure is kept: kvq_store_last_error.
+ * checksum: corrupt bytes are never returned). A failed put or del of the
+ * file store leaves the store as it was: the key keeps its previous value;
+ * with Redis, one that failed waiting for the reply may have been applied
+ * (above). The message of the last failure is kept:
+ * kvq_store_last_error.
  * Thread safety: calls on one store are serialized by a lock inside it. */
 typedef struct kvq_store kvq_store;
 

@@ -488,6 +488,8 @@ kvq_status kvq_codec_save_file(const kvq_codec *c, const char *path) {
             st = KVQ_ERR_IO;
         if (st != KVQ_OK)
             unlink(tmp);
+        else if (kvq__fsync_parent(path) != 0)
+            st = KVQ_ERR_IO; /* the new file is in place, but may not be after a crash */
     }
     kvq__free(&c->alloc, tmp);
     kvq__free(&c->alloc, buf);

@@ -6,9 +6,12 @@
  */
 #include "common.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -97,6 +100,45 @@ kvq_status kvq__read_file(const kvq_allocator *a, const char *path, size_t min, 
     }
     *size = (size_t)len;
     return KVQ_OK;
+}
+
+int kvq__fsync_parent(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t cut = n; /* just after the last '/' of the name */
+    while (cut > 0 && path[cut - 1] != '/')
+        cut--;
+    char buf[4096];
+    const char *dir = ".";
+    if (cut > 0) {
+        size_t m = cut;
+        while (m > 1 && path[m - 1] == '/')
+            m--;
+        if (m >= sizeof buf) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        memcpy(buf, path, m);
+        buf[m] = 0;
+        dir = buf;
+    }
+    int fd;
+    do
+        fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return -1;
+    int r;
+    do
+        r = fsync(fd);
+    while (r != 0 && errno == EINTR);
+    if (r != 0 && errno == EINVAL)
+        r = 0; /* a file system that cannot sync directories: nothing more to do */
+    int e = errno;
+    close(fd);
+    errno = e;
+    return r;
 }
 
 /* ---- RNG ---- */

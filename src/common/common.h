@@ -31,6 +31,11 @@ void kvq__free(const kvq_allocator *a, void *p);
  * that cannot be opened, sized or read, KVQ_ERR_IO. On error *buf is NULL. */
 kvq_status kvq__read_file(const kvq_allocator *a, const char *path, size_t min, size_t max,
                           uint8_t **buf, size_t *size);
+/* fsyncs the directory holding path (its parent; "." for a bare name), so
+ * that a rename into it or a creation in it survives a crash. 0, or -1 with
+ * errno set; a file system that cannot sync directories (EINVAL) counts as
+ * done. */
+int kvq__fsync_parent(const char *path);
 
 /* ---- fp16 / bf16 (scalar, exact round-to-nearest-even) ---- */
 static inline uint32_t kvq__f32_bits(float f) {

@@ -1127,7 +1127,15 @@ kvq_status kvq__store_open_file(kvq_store *s, const char *dir, const char *optio
     st = parse_options(s, f, options);
     if (st != KVQ_OK)
         goto fail;
-    if (!f->readonly && mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (!f->readonly && mkdir(dir, 0755) == 0) {
+        /* the new directory's entry is durable only once its parent is synced */
+        if (kvq__fsync_parent(dir) != 0) {
+            kvq__store_err(s, "%s: cannot sync the parent of the new directory: %s", dir,
+                           strerror(errno));
+            st = io_status(errno);
+            goto fail;
+        }
+    } else if (!f->readonly && errno != EEXIST) {
         kvq__store_err(s, "%s: cannot create the directory: %s", dir, strerror(errno));
         st = io_status(errno);
         goto fail;
