@@ -22,6 +22,10 @@ ifeq ($(SAN),1)
   OPT    := -O1
   SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 endif
+ifeq ($(TSAN),1)
+  OPT    := -O1
+  SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
+endif
 CFLAGS_ALL := $(BASEFLAGS) $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS)
 LDLIBS   := -lm -lpthread
 
@@ -50,7 +54,7 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_HELP := $(filter-out $(TEST_SRC) tests/inspect_demo.c,$(wildcard tests/*.c))
 
-.PHONY: all check check-run check-run-inner check-san check-valgrind bench demo install clean python-test fuzz
+.PHONY: all check check-run check-run-inner check-san check-tsan tsan check-valgrind bench demo install clean python-test fuzz
 
 all: $(BUILD)/libkvq.a $(BUILD)/libkvq.so $(BUILD)/kvq
 
@@ -102,7 +106,15 @@ check: all
 	$(MAKE) check-run
 	$(MAKE) python-test
 	$(MAKE) check-san
+	$(MAKE) check-tsan
 	$(MAKE) check-valgrind
+
+# ThreadSanitizer over the tests that run attention on worker threads.
+TSAN_TESTS := test_cache test_tier
+check-tsan tsan:
+	$(MAKE) BUILD=build-tsan TSAN=1 $(TSAN_TESTS:%=build-tsan/tests/%)
+	@for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
+	  TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/$$t --data $(DATA) || exit 1; done
 
 # A short run under valgrind (memcheck, leaks included) when it is installed.
 check-valgrind: $(BUILD)/tests/test_cache $(BUILD)/tests/test_tier

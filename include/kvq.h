@@ -321,7 +321,12 @@ typedef struct kvq_cache_config {
     size_t warm_tokens, warm_bytes;
     const char *warm_codec;     /* K and V codec of warm pages (NULL: as hot) */
     const kvq_allocator *warm_allocator; /* the warm arena (NULL: the cache's allocator) */
-    struct kvq_store *cold_store; /* borrowed; NULL: demoted-from-warm pages are dropped */
+    /* NULL: demoted-from-warm pages are dropped. Otherwise the cache holds a
+     * reference on the store until kvq_cache_free, which deletes the cache's
+     * records through it (see kvq_store_close). Records are named
+     * "kvq/<id>/l<layer>/p<page>/g<n>", id a random 128-bit number from the
+     * OS (32 hex digits), so caches of several processes can share a store. */
+    struct kvq_store *cold_store;
     int warm_promote;
     int verify_tiers;           /* checksum pages on demotion, verify on promotion */
     int strict_tiers;           /* a lost cold page fails attend with KVQ_ERR_CORRUPT */
@@ -593,6 +598,12 @@ typedef struct kvq_store_metrics {
 /* On error *out is NULL and err_msg (optional) says why. alloc may be NULL. */
 KVQ_API kvq_status kvq_store_open(kvq_store **out, const char *url, const kvq_allocator *alloc,
                                   char *err_msg, size_t err_msg_size);
+/* Closes the store. Lifetime rule: a store that caches still use as their
+ * cold_store is only marked closed; it stays open for them (with its
+ * directory lock or connection) and is closed when the last of them is
+ * freed. So a cache and its cold store may be freed in either order. After
+ * kvq_store_close the caller must not use the handle itself again (no
+ * puts, gets, snapshots or prefix calls with it, no second close). */
 KVQ_API void kvq_store_close(kvq_store *s);
 /* Stores size bytes under key, replacing any previous value. */
 KVQ_API kvq_status kvq_store_put(kvq_store *s, const char *key, const void *data, size_t size);
@@ -640,7 +651,7 @@ KVQ_API kvq_status kvq_store_inject_fault(kvq_store *s, int kind, long after);
  * unsupported version. */
 typedef struct kvq_record_info {
     uint32_t version;
-    uint64_t cache_id;
+    uint64_t cache_id; /* the first 64 bits of the writing cache's random id */
     uint32_t layer, page_tokens, n_kv_heads, head_dim, n_tokens;
     int32_t pos_min, pos_max; /* -1 when n_tokens == 0 */
     uint64_t prefix_hash;

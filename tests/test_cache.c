@@ -325,6 +325,24 @@ static void test_threads(tu_rng *r) {
     }
     kvq_cache_free(a);
     kvq_cache_free(b);
+    /* the allocator is only called from the thread calling the API (this
+     * counting allocator is not thread-safe: make tsan reports a race if a
+     * worker thread calls it) */
+    tu_failalloc fa;
+    kvq_allocator al = tu_failalloc_make(&fa, 0);
+    cfg.allocator = &al;
+    kvq_cache *t = make_cache(&cfg);
+    if (t) {
+        fill_cache(t, &s, 0, 10);
+        float q[8 * 64], o[8 * 64], ta[4 * 70];
+        for (int i = 0; i < 3; i++) {
+            tu_fill_gauss(r, q, 8 * 64, 1.0f);
+            int32_t qp = 1000 + i;
+            CHECK_OK(kvq_cache_attend(t, 0, q, &qp, 1, o, 8 * 64, ta, 4 * 70));
+        }
+    }
+    kvq_cache_free(t);
+    TU_REPORT(fa.live_bytes == 0, "%zu bytes leaked", fa.live_bytes);
     free_seq(&s);
 }
 

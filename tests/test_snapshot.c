@@ -523,6 +523,223 @@ static void test_prefix_forgery(const char *url_a, const char *url_b, const char
     kvq_store_close(sb);
 }
 
+/* ---- item 5: random cache ids; a store closed before its caches ---- */
+#define LT 200 /* tokens appended: enough for cold pages */
+
+static float LK[LT * SH * SD], LV[LT * SH * SD];
+
+/* A cache whose pages past 32 hot + 32 warm tokens per layer go to store s
+ * (NULL: all hot), with LT tokens appended and attended (so they settle
+ * and demote). */
+static kvq_cache *tiered(kvq_store *s) {
+    kvq_cache_config cfg;
+    base_cfg(&cfg);
+    cfg.k_codec = cfg.v_codec = "int8";
+    cfg.protect_recent = 16;
+    if (s)
+        cfg.hot_tokens = 32, cfg.warm_tokens = 32, cfg.cold_store = s, cfg.verify_tiers = 1;
+    kvq_cache *c = NULL;
+    CHECK_OK(kvq_cache_create(&c, &cfg));
+    if (!c)
+        return NULL;
+    float q[SQH * SD], o[SQH * SD];
+    memset(q, 0, sizeof q);
+    int32_t qp = LT - 1;
+    for (size_t l = 0; l < SL; l++) {
+        CHECK_OK(kvq_cache_append(c, l, LK, LV, NULL, LT));
+        CHECK_OK(kvq_cache_attend(c, l, q, &qp, 1, o, SQH * SD, NULL, 0));
+    }
+    return c;
+}
+
+typedef struct {
+    kvq_store *s;
+    int n, n_ids;
+    char ids[4][33];
+    int rec_ok; /* records whose cache_id is the key's first 64 bits */
+} ids_ctx;
+
+static int ids_fn(void *ctx, const char *key, size_t size) {
+    ids_ctx *x = ctx;
+    (void)size;
+    x->n++;
+    const char *id = key + 4, *sl = strchr(id, '/');
+    size_t len = sl ? (size_t)(sl - id) : 0;
+    TU_REPORT(len == 32, "cold record key '%s' does not hold a 128-bit id", key);
+    if (len == 0 || len > 32)
+        return 0;
+    int k = 0;
+    while (k < x->n_ids && (strlen(x->ids[k]) != len || strncmp(x->ids[k], id, len) != 0))
+        k++;
+    if (k == x->n_ids && k < 4) {
+        memcpy(x->ids[k], id, len);
+        x->ids[k][len] = 0;
+        x->n_ids++;
+    }
+    void *d = NULL;
+    size_t n = 0;
+    kvq_record_info info;
+    if (kvq_store_get(x->s, key, &d, &n) == KVQ_OK && kvq_record_inspect(d, n, &info) == KVQ_OK) {
+        char lo[17];
+        snprintf(lo, sizeof lo, "%016llx", (unsigned long long)info.cache_id);
+        x->rec_ok += strncmp(lo, id, 16) == 0;
+    }
+    kvq_store_free_buf(x->s, d);
+    return 0;
+}
+
+static ids_ctx list_ids(kvq_store *s) {
+    ids_ctx x;
+    memset(&x, 0, sizeof x);
+    x.s = s;
+    CHECK_OK(kvq_store_list(s, "kvq/", ids_fn, &x));
+    return x;
+}
+
+static void test_cache_ids(const char *url) {
+    kvq_store *s = NULL;
+    char err[256] = "";
+    CHECK_OK(kvq_store_open(&s, url, NULL, err, sizeof err));
+    if (!s)
+        return;
+    kvq_cache *a = tiered(s);
+    ids_ctx x = list_ids(s);
+    CHECK(x.n > 0);
+    CHECK_EQ(x.n_ids, 1);
+    CHECK_EQ(x.rec_ok, x.n);
+    char id1[33] = "";
+    memcpy(id1, x.ids[0], 33);
+    void *addr1 = a;
+    kvq_cache_free(a);
+    x = list_ids(s);
+    CHECK_EQ(x.n, 0); /* freeing a cache deletes its records */
+    /* the next cache often gets the same address (not under ASan): its id
+     * must differ all the same */
+    kvq_cache *b = tiered(s), *c = tiered(s);
+    printf("  cache address reused: %s\n", (void *)b == addr1 ? "yes" : "no");
+    x = list_ids(s);
+    CHECK_EQ(x.n_ids, 2);
+    CHECK(strcmp(x.ids[0], id1) != 0 && strcmp(x.ids[1], id1) != 0);
+    CHECK(strcmp(x.ids[0], x.ids[1]) != 0);
+    CHECK_EQ(x.rec_ok, x.n);
+    kvq_cache_free(b);
+    kvq_cache_free(c);
+    kvq_store_close(s);
+}
+
+/* kvq_store_close while caches use the store as their cold store: the
+ * store stays open (its directory stays locked) until the last of them is
+ * freed, they keep working, and their records are deleted. Under ASan
+ * (make check-san) a use after free fails here. */
+static void test_store_lifetime(const char *url) {
+    kvq_store *s = NULL, *s2 = NULL;
+    char err[256] = "";
+    CHECK_OK(kvq_store_open(&s, url, NULL, err, sizeof err));
+    if (!s)
+        return;
+    kvq_cache *a = tiered(s), *b = tiered(s), *ref = tiered(NULL);
+    if (!a || !b || !ref) {
+        kvq_cache_free(a);
+        kvq_cache_free(b);
+        kvq_cache_free(ref);
+        kvq_store_close(s);
+        return;
+    }
+    kvq_tier_stats ts;
+    kvq_cache_tier_stats(a, &ts);
+    CHECK(ts.pages[2] > 0);
+    kvq_store_close(s); /* deferred: a and b still use it */
+    CHECK(kvq_store_open(&s2, url, NULL, err, sizeof err) != KVQ_OK);
+    CHECK(s2 == NULL);
+    /* a keeps working: its cold pages come back exactly */
+    float q[SQH * SD], o1[SQH * SD], o2[SQH * SD];
+    tu_rng r;
+    tu_seed(&r, 12);
+    tu_fill_gauss(&r, q, SQH * SD, 1.0f);
+    int32_t qp = LT - 1;
+    for (size_t l = 0; l < SL; l++) {
+        CHECK_OK(kvq_cache_attend(a, l, q, &qp, 1, o1, SQH * SD, NULL, 0));
+        CHECK_OK(kvq_cache_attend(ref, l, q, &qp, 1, o2, SQH * SD, NULL, 0));
+        CHECK(memcmp(o1, o2, sizeof o1) == 0);
+    }
+    kvq_cache_tier_stats(a, &ts);
+    CHECK(ts.promotions > 0);
+    CHECK_EQ(ts.lost_pages, 0);
+    kvq_cache_free(a);
+    CHECK(kvq_store_open(&s2, url, NULL, err, sizeof err) != KVQ_OK); /* b holds it */
+    kvq_cache_free(b); /* the last one: deletes its records, closes the store */
+    kvq_cache_free(ref);
+    CHECK_OK(kvq_store_open(&s2, url, NULL, err, sizeof err));
+    if (s2) {
+        ids_ctx x = list_ids(s2);
+        CHECK_EQ(x.n, 0);
+        kvq_store_close(s2);
+    }
+}
+
+/* ---- item 9: directories are synced after a rename or a creation ---- */
+/* fsync is interposed: the library, linked statically into this test,
+ * calls this one, which notes the directories synced (and whether a given
+ * path existed at that moment) and then syncs for real. */
+static int g_watch;
+static char g_want_path[800];
+static struct {
+    char dir[600];
+    int present;
+} g_sync[16];
+static int g_nsync;
+
+int fsync(int fd) {
+    struct stat sb;
+    if (g_watch && g_nsync < 16 && fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        char lp[64];
+        snprintf(lp, sizeof lp, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(lp, g_sync[g_nsync].dir, sizeof g_sync[0].dir - 1);
+        g_sync[g_nsync].dir[n > 0 ? n : 0] = 0;
+        g_sync[g_nsync].present = access(g_want_path, F_OK) == 0;
+        g_nsync++;
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
+
+/* 1 when dir was synced while g_want_path existed. */
+static int synced_with(const char *dir) {
+    char real[600];
+    if (!realpath(dir, real))
+        return 0;
+    for (int i = 0; i < g_nsync; i++)
+        if (strcmp(g_sync[i].dir, real) == 0 && g_sync[i].present)
+            return 1;
+    return 0;
+}
+
+static void test_dir_sync(const char *dir) {
+    char sub[600], path[700];
+    snprintf(sub, sizeof sub, "%s/calib", dir);
+    CHECK(mkdir(sub, 0755) == 0);
+    snprintf(path, sizeof path, "%s/k.state", sub);
+    kvq_codec *k = NULL;
+    CHECK_OK(kvq_codec_create(&k, "tq3:norm=8", SD, NULL));
+    g_nsync = 0, g_watch = 1;
+    snprintf(g_want_path, sizeof g_want_path, "%s", path);
+    CHECK_OK(kvq_codec_save_file(k, path));
+    g_watch = 0;
+    TU_REPORT(synced_with(sub), "kvq_codec_save_file did not fsync %s after the rename", sub);
+    kvq_codec_free(k);
+
+    char url[800], sdir[700];
+    snprintf(sdir, sizeof sdir, "%s/newstore", dir);
+    snprintf(url, sizeof url, "file:%s", sdir);
+    kvq_store *s = NULL;
+    char err[256] = "";
+    g_nsync = 0, g_watch = 1;
+    snprintf(g_want_path, sizeof g_want_path, "%s", sdir);
+    CHECK_OK(kvq_store_open(&s, url, NULL, err, sizeof err));
+    g_watch = 0;
+    TU_REPORT(synced_with(dir), "the file store did not fsync %s after creating %s", dir, sdir);
+    kvq_store_close(s);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_sha256();
@@ -539,6 +756,11 @@ int main(int argc, char **argv) {
     snprintf(url_b, sizeof url_b, "file:%s/pb", dir);
     snprintf(url_c, sizeof url_c, "file:%s/pc", dir);
     test_prefix_forgery(url, url_b, url_c);
+    snprintf(url, sizeof url, "file:%s/ids", dir);
+    test_cache_ids(url);
+    snprintf(url, sizeof url, "file:%s/life", dir);
+    test_store_lifetime(url);
+    test_dir_sync(dir);
     rm_tree(dir);
     return tu_finish();
 }

@@ -236,6 +236,9 @@ void kvq__work_free(kvq_cache *c, kvq__work *w) {
     kvq__free(&c->alloc, w->bnp);
     kvq__free(&c->alloc, w->rqp);
     w->rqp = NULL;
+    kvq__free(&c->alloc, w->rawsc);
+    w->rawsc = NULL;
+    w->rawsc_cap = 0;
     w->cls = NULL;
     w->bpages = NULL;
     w->bne = w->bnp = NULL;
@@ -297,6 +300,7 @@ void kvq_cache_free(kvq_cache *c) {
         }
         kvq__free(&c->alloc, c->layers);
     }
+    kvq__pool_free(c->pool, &c->alloc);
     if (c->work) {
         for (size_t t = 0; t < c->n_threads; t++)
             kvq__work_free(c, &c->work[t]);
@@ -490,6 +494,8 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         for (size_t t = 0; t < c->n_threads && st == KVQ_OK; t++)
             st = kvq__work_alloc(c, &c->work[t]);
     }
+    if (st == KVQ_OK)
+        st = kvq__pool_create(&c->pool, &c->alloc, c->n_threads - 1);
     if (st == KVQ_OK && cfg->policy != KVQ_POLICY_NONE) {
         /* sinks and the protected window shrink to fit a smaller budget
          * (cache_evict.c); max_tokens bounds every budget */

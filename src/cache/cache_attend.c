@@ -11,8 +11,6 @@
 #include "cache_impl.h"
 #include "../kernels/kernels.h"
 
-#include <pthread.h>
-
 /* RoPE at position pos on one vector (pairs (2i, 2i+1), llama2.c order). */
 static void kvq__rope(const kvq_cache *c, float *x, int32_t pos) {
     for (size_t i = 0; i < c->rope_dims / 2; i++) {
@@ -47,7 +45,8 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
                              int ne, int npd, size_t nr, kvq__work *w, float *sc, size_t ss) {
     const kvq__page *pg = &ly->pages[p];
     const kvq__head *hd = kvq__page_heads(ly, pg) + h;
-    const uint16_t *stk = hd->kstage ? kvq__stage_k(pg, hd) : NULL;
+    /* staging is freed once nothing waits in it: no offset from NULL */
+    const uint16_t *stk = hd->kstage && pg->stage ? kvq__stage_k(pg, hd) : NULL;
     const uint8_t *qpk = pg->tier == KVQ__TIER_WARM && c->warm_distinct ? w->qpw : w->qpk;
     const int32_t *pos = ly->pos + p * c->P;
     size_t P = c->P, d = c->d;
@@ -300,21 +299,10 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
     }
 }
 
-static void *kvq__attn_thread(void *arg) {
-    kvq__attn_job *jb = (kvq__attn_job *)arg;
-    kvq_cache *c = jb->c;
-    float *rawsc = NULL;
-    if (jb->attn) {
-        rawsc = (float *)kvq__alloc(&c->alloc, c->rows_max * jb->ly->slots_cap * sizeof(float) + 64);
-        if (!rawsc) {
-            jb->st = KVQ_ERR_NOMEM;
-            return NULL;
-        }
-    }
-    for (size_t h = jb->h0; h < c->H; h += jb->hstep)
-        kvq__attend_head(jb, h, rawsc);
-    kvq__free(&c->alloc, rawsc);
-    return NULL;
+static void kvq__attn_job_run(void *arg, size_t i) {
+    kvq__attn_job *jb = (kvq__attn_job *)arg + i;
+    for (size_t h = jb->h0; h < jb->c->H; h += jb->hstep)
+        kvq__attend_head(jb, h, jb->attn ? jb->w->rawsc : NULL);
 }
 
 kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const int32_t *qpos,
@@ -355,28 +343,32 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
                 return KVQ_ERR_NOMEM;
             }
         }
+        /* the workers' raw-score tiles, reserved here: workers never call
+         * the allocator */
+        size_t need = c->rows_max * ly->slots_cap + 16;
+        for (size_t t = 0; t < c->n_threads; t++) {
+            kvq__work *w = &c->work[t];
+            if (w->rawsc_cap >= need)
+                continue;
+            float *r = (float *)kvq__alloc(&c->alloc, need * sizeof(float));
+            if (!r) {
+                kvq__free(&c->alloc, attn);
+                kvq__free(&c->alloc, sorted);
+                return KVQ_ERR_NOMEM;
+            }
+            kvq__free(&c->alloc, w->rawsc);
+            w->rawsc = r;
+            w->rawsc_cap = need;
+        }
     }
     kvq__attn_job jobs[256];
-    pthread_t th[256];
     size_t nt = c->n_threads;
     for (size_t i = 0; i < nt; i++) {
         jobs[i] = (kvq__attn_job){c, ly, q, qpos, T, out, attn, &c->work[i], i, nt, KVQ_OK};
         c->work[i].bytes_read = 0;
     }
-    int running[256] = {0};
-    for (size_t i = 1; i < nt; i++)
-        running[i] = pthread_create(&th[i], NULL, kvq__attn_thread, &jobs[i]) == 0;
-    kvq__attn_thread(&jobs[0]);
-    for (size_t i = 1; i < nt; i++) /* a thread that could not start runs here */
-        if (!running[i])
-            kvq__attn_thread(&jobs[i]);
+    kvq__pool_run(c->pool, kvq__attn_job_run, jobs, nt);
     kvq_status st = KVQ_OK;
-    for (size_t i = 0; i < nt; i++) {
-        if (running[i])
-            pthread_join(th[i], NULL);
-        if (jobs[i].st != KVQ_OK)
-            st = jobs[i].st;
-    }
     for (size_t i = 0; i < nt; i++) {
         ly->bytes_read += c->work[i].bytes_read;
         for (int k = 0; k < 3; k++) {

@@ -121,7 +121,18 @@ typedef struct kvq__work {
     int *bne, *bnp;        /* their encoded / staged visible value counts */
     int32_t *rqp;          /* query position of each row of the tile */
     uint64_t bytes_read;
+    float *rawsc; /* raw scores of a tile for token attention, reserved by the caller */
+    size_t rawsc_cap;
 } kvq__work;
+
+/* cache_pool.c: persistent attention workers (none when n = 0) */
+typedef struct kvq__pool kvq__pool;
+kvq_status kvq__pool_create(kvq__pool **out, const kvq_allocator *a, size_t n);
+void kvq__pool_free(kvq__pool *p, const kvq_allocator *a);
+/* Runs fn(arg, 0..n_jobs-1): job 0 on the calling thread, the others on
+ * the workers (or the caller when there are fewer workers); returns when
+ * every job is done. */
+void kvq__pool_run(kvq__pool *p, void (*fn)(void *arg, size_t job), void *arg, size_t n_jobs);
 
 struct kvq_cache {
     kvq_allocator alloc;
@@ -137,6 +148,7 @@ struct kvq_cache {
     float *rope_freq; /* rope_dims/2 */
     size_t rope_dims;
     kvq__work *work; /* one per thread; work[0].scratch also serves settling */
+    kvq__pool *pool; /* n_threads - 1 attention workers, or NULL */
     size_t n_threads;
     size_t max_qp, max_acc;
     size_t block_pages;                     /* pages per online-softmax block */

@@ -68,8 +68,9 @@ static size_t kvq__layer_index(const kvq_cache *c, const kvq__layer *ly) {
 
 static void kvq__cold_key(const kvq_cache *c, const kvq__layer *ly, size_t p, uint64_t gen, char *key,
                           size_t n) {
-    snprintf(key, n, "kvq/%016llx/l%zu/p%zu/g%llu", (unsigned long long)c->cache_id,
-             kvq__layer_index(c, ly), p, (unsigned long long)gen);
+    snprintf(key, n, "kvq/%016llx%016llx/l%zu/p%zu/g%llu", (unsigned long long)c->cache_id,
+             (unsigned long long)c->cache_id_hi, kvq__layer_index(c, ly), p,
+             (unsigned long long)gen);
 }
 
 /* Deletes the store record of page p, if it has one (every cold page has). */

@@ -7,6 +7,7 @@
  * tier (a time to live, the loss epoch: store_impl.h).
  */
 #include "store_impl.h"
+#include "store_ref.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -117,13 +118,41 @@ kvq_status kvq_store_open(kvq_store **out, const char *url, const kvq_allocator 
     return KVQ_OK;
 }
 
-void kvq_store_close(kvq_store *s) {
-    if (!s)
-        return;
+static void store_destroy(kvq_store *s) {
     s->ops->close(s);
     pthread_mutex_destroy(&s->mu);
     kvq_allocator a = s->alloc;
     kvq__free(&a, s);
+}
+
+/* A store still used as a cold store by caches is closed by the last of
+ * them (kvq__store_release): closing is deferred, never an error, so a
+ * kvq_cache_free after kvq_store_close still deletes its records. */
+void kvq_store_close(kvq_store *s) {
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    int defer = s->refs > 0;
+    s->closing = 1;
+    pthread_mutex_unlock(&s->mu);
+    if (!defer)
+        store_destroy(s);
+}
+
+void kvq__store_retain(kvq_store *s) {
+    pthread_mutex_lock(&s->mu);
+    s->refs++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvq__store_release(kvq_store *s) {
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    int last = --s->refs == 0 && s->closing;
+    pthread_mutex_unlock(&s->mu);
+    if (last)
+        store_destroy(s);
 }
 
 /* The key's length, or 0 when it is not a valid key. */

@@ -66,6 +66,10 @@ struct kvq_store {
      * store cannot see removed it (another client's DEL or FLUSHALL, Redis
      * eviction under maxmemory, its TTL). */
     uint64_t epoch;
+    /* store_ref.h: caches holding the store as their cold store, and
+     * whether kvq_store_close was called (closing waits for refs == 0) */
+    size_t refs;
+    int closing;
     char err[KVQ__STORE_ERR_SIZE];
     void *impl; /* the backend's state, owned by it */
 };
