@@ -43,6 +43,7 @@ static void tier_cfg(kvq_cache_config *cfg, const char *kc, const char *vc) {
 typedef struct {
     int strict, scalar;
     uint64_t ttl_ms;
+    int utility; /* policy utility (no budget: nothing evicted; pages demoted by utility) */
 } tier_opt;
 
 static kvq_cache *mk_opt(kvq_store *store, size_t hot, size_t warm, const char *warm_codec,
@@ -56,6 +57,7 @@ static kvq_cache *mk_opt(kvq_store *store, size_t hot, size_t warm, const char *
         cfg.strict_tiers = o->strict;
         cfg.cold_ttl_ms = o->ttl_ms;
         cfg.isa = o->scalar ? KVQ_ISA_SCALAR : KVQ_ISA_AUTO;
+        cfg.policy = o->utility ? KVQ_POLICY_UTILITY : KVQ_POLICY_NONE;
     }
     kvq_cache *c = NULL;
     CHECK_OK(kvq_cache_create(&c, &cfg));
@@ -365,20 +367,41 @@ static void run_store(const char *url, const char *name, tu_rng *r) {
 
 /* ---- lost cold pages ---- */
 
-/* A tiered cache (hot 64, warm 64 tokens per layer, scalar path) over s and
- * an all-hot reference, driven through tokens 0..T; *cold gets the tier
- * figures just after. */
+/* One attend on layer l of c and ref at position qp, with a random query
+ * (aim < 0) or one aimed at the keys of token aim (2 x its key: that token
+ * takes most of the attention, and its page the highest utility). */
+static void attend_both(kvq_cache *c, kvq_cache *ref, size_t l, int32_t qp, int aim, tu_rng *r) {
+    float q[QH * D], o[QH * D];
+    tu_fill_gauss(r, q, QH * D, 1.0f);
+    if (aim >= 0)
+        for (size_t qh = 0; qh < QH; qh++)
+            for (size_t i = 0; i < D; i++)
+                q[qh * D + i] = 2.0f * K[((size_t)aim * H + qh / (QH / H)) * D + i];
+    CHECK_OK(kvq_cache_attend(c, l, q, &qp, 1, o, QH * D, NULL, 0));
+    CHECK_OK(kvq_cache_attend(ref, l, q, &qp, 1, o, QH * D, NULL, 0));
+}
+
+/* A tiered cache (hot 64, warm 64 tokens per layer, utility policy without
+ * a budget, scalar path) over s and an all-hot reference, driven through
+ * tokens 0..T_LOSS; then one attend per layer aimed at token 20 promotes
+ * the pages of its layer, and page 1 (tokens 16..31), now the most useful,
+ * stays in memory with its record in the store (a later demotion could
+ * reuse that record). *cold gets the tier figures just after. */
 #define T_LOSS 300
 static void loss_setup(kvq_store *s, const tier_opt *o, kvq_cache **c, kvq_cache **ref,
                        kvq_tier_stats *cold, tu_rng *r) {
-    tier_opt so = o ? *o : (tier_opt){0, 1, 0};
+    tier_opt so = o ? *o : (tier_opt){0, 1, 0, 1};
     so.scalar = 1;
+    so.utility = 1;
     *c = mk_opt(s, 64, 64, NULL, NULL, &so);
     *ref = mk_opt(NULL, 0, 0, NULL, NULL, &so);
     int fst = 0;
     double w = drive_range(*c, *ref, 0, T_LOSS, r, &fst, 1, NULL);
     CHECK_EQ(fst, 0);
     CHECK(w == 0.0);
+    for (int i = 0; i < 20; i++) /* the score converges to ~1 (0.9^20 left of the rest) */
+        for (size_t l = 0; l < 2; l++)
+            attend_both(*c, *ref, l, T_LOSS - 1, 20, r);
     CHECK_OK(kvq_cache_tier_stats(*c, cold));
     CHECK(cold->pages[2] > 0 && cold->lost_pages == 0);
 }
@@ -413,7 +436,12 @@ static void check_loss(kvq_cache *c, kvq_cache *ref, const kvq_tier_stats *befor
     CHECK_EQ(s1.tokens_evicted, s0.tokens_evicted + before->tokens[2]);
     CHECK(strstr(kvq_cache_last_error(c), "lost") != NULL);
     compare_survivors(c, ref, ts.lost_tokens, name);
-    /* the cache goes on, and loses nothing more */
+    /* the cache goes on, and loses nothing more: random queries let page 1's
+     * utility sink (it is in memory, its record read before the loss), the
+     * appends below then push it cold again and the next attend reads it */
+    for (int i = 0; i < 60; i++)
+        for (size_t l = 0; l < 2; l++)
+            attend_both(c, ref, l, T_LOSS - 1, -1, r);
     int fst = 0;
     drive_range(c, ref, T_LOSS, N, r, &fst, 0, NULL);
     CHECK_EQ(fst, 0);
