@@ -11,6 +11,7 @@
  */
 #include "cache_impl.h"
 #include "../kernels/kernels.h"
+#include "../tier/store_ref.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -312,6 +313,7 @@ void kvq_cache_free(kvq_cache *c) {
     kvq__free(&c->alloc, c->codec_private);
     kvq_codec_free(c->f16);
     kvq__free(&c->alloc, c->rope_freq);
+    kvq__store_release(c->cold); /* after the records were deleted through it */
     kvq_allocator a = c->alloc;
     kvq__free(&a, c);
 }
@@ -362,8 +364,17 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
     c->tiers = cfg->hot_tokens || cfg->hot_bytes || cfg->warm_tokens || cfg->warm_bytes;
     kvq__allocator_init(&c->warm_alloc, cfg->warm_allocator ? cfg->warm_allocator : cfg->allocator);
     c->cold = cfg->cold_store;
+    if (c->cold) /* released by kvq_cache_free: the store outlives the cache */
+        kvq__store_retain(c->cold);
     c->warm_distinct = cfg->warm_codec != NULL;
-    c->cache_id = ((uint64_t)(uintptr_t)c * 0x9e3779b97f4a7c15ull) ^ 0x6b7671;
+    uint64_t id[2];
+    if (kvq__os_random(id, sizeof id) != KVQ_OK) {
+        kvq__cerr(cfg, "no random bytes from the OS for the cache's id");
+        kvq_cache_free(c);
+        return KVQ_ERR_IO;
+    }
+    c->cache_id = id[0];
+    c->cache_id_hi = id[1];
     c->cfg.k_center_values = NULL;
     c->cfg.allocator = NULL;
     c->cfg.k_codec = c->cfg.v_codec = NULL;

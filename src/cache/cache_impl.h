@@ -160,7 +160,10 @@ struct kvq_cache {
     int warm_distinct;         /* warm pages use other codecs than hot ones */
     kvq_allocator warm_alloc;
     struct kvq_store *cold;
-    uint64_t cache_id;         /* namespace of this cache's records in the store */
+    /* a random 128-bit id from the OS (never the heap address: two processes
+     * sharing a store may get the same one): the namespace of this cache's
+     * records in the store; records carry cache_id, keys both halves */
+    uint64_t cache_id, cache_id_hi;
     uint64_t gen;              /* record key generations */
     kvq_tier_stats ts;         /* counters (per-tier page/token/byte figures are recomputed) */
     char errbuf[256];          /* detail of the last failure (kvq_cache_last_error) */
