@@ -83,7 +83,10 @@ KVQ_API const char *kvq_strerror(kvq_status status);
 /* ---- allocator -------------------------------------------------------------
  * Per handle. NULL (or a struct with NULL functions) means malloc/free.
  * alloc must return memory aligned to at least 64 bytes or NULL; kvq never
- * asks for 0 bytes. free is never called with NULL. */
+ * asks for 0 bytes. free is never called with NULL. Both are called only
+ * from the thread that is inside a kvq function on that handle (never from
+ * a cache's attention workers), so an allocator needs no locking of its own
+ * as long as the caller serializes calls on the handles that share it. */
 typedef struct kvq_allocator {
     void *(*alloc)(void *ctx, size_t size);
     void (*free)(void *ctx, void *ptr);
@@ -232,7 +235,10 @@ KVQ_API kvq_status kvq_codec_load_file(kvq_codec *codec, const char *path);
  * set_precision and attend (which updates utility scores and counters) on
  * one cache must be serialized by the caller. Read-only calls (get_kv,
  * stats, tokens) may run concurrently with each other. attend may itself use
- * n_threads worker threads over the KV heads of a layer. */
+ * n_threads worker threads over the KV heads of a layer: n_threads - 1
+ * persistent workers started by kvq_cache_create and joined by
+ * kvq_cache_free (no thread is created per call; they never call the
+ * allocator or any callback). */
 typedef struct kvq_cache kvq_cache;
 
 typedef enum {
