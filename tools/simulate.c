@@ -232,6 +232,24 @@ static void sim_reference(const sim_data *D, size_t l, size_t t, const float *ou
     }
 }
 
+/* kvq_cache_attend on the tiered cache, riding out a cold store that is
+ * away for a while (a Redis restart): a failure that may pass (I/O or
+ * connection; the cache is unchanged and retries a dropped connection once
+ * itself) is retried every 100 ms for up to 30 s. *retries counts them. */
+static kvq_status sim_attend(kvq_cache *c, size_t layer, const float *q, const int32_t *qpos,
+                             size_t n, float *out, size_t cap, float *tattn, size_t tcap,
+                             unsigned long *retries) {
+    kvq_status st = kvq_cache_attend(c, layer, q, qpos, n, out, cap, tattn, tcap);
+    for (int i = 0; i < 300 && (st == KVQ_ERR_CONN || st == KVQ_ERR_IO); i++) {
+        if (i == 0)
+            fprintf(stderr, "kvq simulate: layer %zu: %s: retrying\n", layer, kvq_strerror(st));
+        usleep(100000);
+        ++*retries;
+        st = kvq_cache_attend(c, layer, q, qpos, n, out, cap, tattn, tcap);
+    }
+    return st;
+}
+
 typedef struct {
     size_t L, H, QH, d, prompt, decode, budget, window, sinks, page, threads, recent, every;
     double budget_ratio;
@@ -240,7 +258,8 @@ typedef struct {
     uint64_t seed;
     size_t hot_tokens, warm_tokens;
     const char *warm_codec, *cold;
-    int verify;
+    int verify, strict;
+    size_t cold_ttl_ms;
 } sim_opts;
 
 static int sim_parse_policy(const char *s, kvq_policy *p) {
@@ -266,7 +285,8 @@ static void sim_usage(FILE *f) {
                "  [--recent N (full-precision recent window, 0)] [--threads N (1)]\n"
                "  [--data synthetic|DIR] [--quality-every N (16)] [--seed N] [--json]\n"
                "  [--hot-tokens N] [--warm-tokens N] [--warm-codec C]\n"
-               "  [--cold file:DIR|redis://HOST:PORT|none] [--verify]\n");
+               "  [--cold file:DIR|redis://HOST:PORT|none] [--verify] [--strict-tiers]\n"
+               "  [--cold-ttl MS (records expire; Redis)]\n");
 }
 
 static int sim_need(int i, int argc, const char *opt) {
@@ -288,7 +308,7 @@ static int sim_size(const char *s, size_t *out) {
 
 int kvq_tool_simulate(int argc, char **argv) {
     sim_opts o = {8, 8, 32, 128, 2048, 512, 0, 128, 4, 16, 1, 0, 16, 0.0, "int8", "int4:g=32",
-                  "none", "token", "synthetic", 0, 0, 0, 1, 0, 0, NULL, NULL, 0};
+                  "none", "token", "synthetic", 0, 0, 0, 1, 0, 0, NULL, NULL, 0, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         struct {
@@ -299,7 +319,7 @@ int kvq_tool_simulate(int argc, char **argv) {
                   {"--budget", &o.budget}, {"--window", &o.window}, {"--sinks", &o.sinks},
                   {"--page", &o.page},    {"--threads", &o.threads}, {"--recent", &o.recent},
                   {"--quality-every", &o.every}, {"--hot-tokens", &o.hot_tokens},
-                  {"--warm-tokens", &o.warm_tokens}};
+                  {"--warm-tokens", &o.warm_tokens}, {"--cold-ttl", &o.cold_ttl_ms}};
         int done = 0;
         for (size_t k = 0; k < sizeof sz / sizeof sz[0]; k++)
             if (!strcmp(a, sz[k].name)) {
@@ -349,6 +369,8 @@ int kvq_tool_simulate(int argc, char **argv) {
             o.center = 1;
         } else if (!strcmp(a, "--verify")) {
             o.verify = 1;
+        } else if (!strcmp(a, "--strict-tiers")) {
+            o.strict = 1;
         } else if (!strcmp(a, "--json")) {
             o.json = 1;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -431,6 +453,7 @@ int kvq_tool_simulate(int argc, char **argv) {
     int tiers = o.hot_tokens || o.warm_tokens;
     cfg.hot_tokens = o.hot_tokens, cfg.warm_tokens = o.warm_tokens;
     cfg.warm_codec = o.warm_codec, cfg.cold_store = store, cfg.verify_tiers = o.verify;
+    cfg.strict_tiers = o.strict, cfg.cold_ttl_ms = o.cold_ttl_ms;
     cfg.err_msg = msg, cfg.err_msg_size = sizeof msg;
     kvq_cache *cache = NULL, *ref = NULL, *allhot = NULL;
     kvq_status st = kvq_cache_create(&cache, &cfg);
@@ -461,6 +484,7 @@ int kvq_tool_simulate(int argc, char **argv) {
     /* prefill in chunks of 256 tokens, attending with the chunk's last 8
      * queries (chunked prefill: utility scores see the prompt) */
     const size_t chunk = 256;
+    unsigned long retries = 0;
     double t_app = 0, t_app_ref = 0;
     size_t n_app = 0;
     for (size_t t0 = 0; t0 < D.prompt && st == KVQ_OK; t0 += chunk) {
@@ -483,8 +507,8 @@ int kvq_tool_simulate(int argc, char **argv) {
             for (size_t i = 0; i < nq; i++)
                 qpos[i] = (int32_t)(t0 + m - nq + i);
             if (st == KVQ_OK)
-                st = kvq_cache_attend(cache, l, D.q + (l * N + t0 + m - nq) * QH * d, qpos, nq, out,
-                                      QH * d * 64, NULL, 0);
+                st = sim_attend(cache, l, D.q + (l * N + t0 + m - nq) * QH * d, qpos, nq, out,
+                                QH * d * 64, NULL, 0, &retries);
             if (st == KVQ_OK && allhot)
                 st = kvq_cache_attend(allhot, l, D.q + (l * N + t0 + m - nq) * QH * d, qpos, nq, out,
                                       QH * d * 64, NULL, 0);
@@ -507,8 +531,8 @@ int kvq_tool_simulate(int argc, char **argv) {
             st = kvq_cache_append(cache, l, K + (l * N + t) * H * d, D.v + (l * N + t) * H * d, &pt, 1);
             double a1 = kvqb_now();
             if (st == KVQ_OK)
-                st = kvq_cache_attend(cache, l, q, &pt, 1, out, QH * d, sample ? tattn : NULL,
-                                      H * N);
+                st = sim_attend(cache, l, q, &pt, 1, out, QH * d, sample ? tattn : NULL, H * N,
+                                &retries);
             double a2 = kvqb_now();
             t_dapp += a1 - a0;
             n_dapp++;
@@ -543,9 +567,12 @@ int kvq_tool_simulate(int argc, char **argv) {
     if (tty)
         fprintf(stderr, "\r                         \r");
     if (st != KVQ_OK) {
-        fprintf(stderr, "kvq simulate: %s\n", kvq_strerror(st));
+        const char *detail = kvq_cache_last_error(cache);
+        fprintf(stderr, "kvq simulate: %s%s%s\n", kvq_strerror(st), detail[0] ? ": " : "", detail);
         return 1;
     }
+    kvq_tier_stats tst;
+    kvq_cache_tier_stats(cache, &tst);
     (void)G;
     double step_ms = D.decode ? t_dec / (double)D.decode * 1e3 : 0;
     double ref_ms = D.decode ? t_dec_ref / (double)D.decode * 1e3 : 0;
@@ -577,7 +604,10 @@ int kvq_tool_simulate(int argc, char **argv) {
                "\"attn_mass_kept\": %.6g, \"samples\": %ld",
                js, rel, kl, kept, qa.n_kl);
         if (allhot)
-            printf(", \"attn_rel_err_vs_all_hot\": %.6g", hot_ref2 > 0 ? sqrt(hot_err2 / hot_ref2) : 0.0);
+            printf(", \"attn_rel_err_vs_all_hot\": %.6g, \"lost_pages\": %llu, \"lost_tokens\": "
+                   "%llu, \"store_retries\": %lu",
+                   hot_ref2 > 0 ? sqrt(hot_err2 / hot_ref2) : 0.0,
+                   (unsigned long long)tst.lost_pages, (unsigned long long)tst.lost_tokens, retries);
         printf("}, \"timing\": {\"decode_step_ms\": "
                "%.4f, \"append_ns_per_token\": %.1f, \"f32_decode_step_ms\": %.4f, "
                "\"ratio_vs_f32\": %.4f, \"f32_stored_bytes\": %llu}}\n",
@@ -637,8 +667,12 @@ int kvq_tool_simulate(int argc, char **argv) {
                    (unsigned long long)ts.demotion_failures, (unsigned long long)ts.dropped_pages);
             printf("  transfer ms modeled/measured %.3f / %.3f\n", ts.modeled_transfer_ms,
                    ts.measured_transfer_ms);
-            printf("  lost pages, verify mismatches %llu, %llu\n", (unsigned long long)ts.lost_pages,
-                   (unsigned long long)ts.verify_mismatches);
+            printf("  lost pages (tokens dropped)  %llu (%llu)\n", (unsigned long long)ts.lost_pages,
+                   (unsigned long long)ts.lost_tokens);
+            printf("  verify mismatches            %llu\n", (unsigned long long)ts.verify_mismatches);
+            printf("  store retries                %lu\n", retries);
+            if (ts.lost_pages)
+                printf("  last loss: %s\n", kvq_cache_last_error(cache));
             printf("  attention rel. error vs all-hot cache %.6f\n",
                    hot_ref2 > 0 ? sqrt(hot_err2 / hot_ref2) : 0.0);
         }
