@@ -493,8 +493,11 @@ KVQ_API kvq_status kvq_cache_stats(const kvq_cache *cache, int layer, kvq_stats 
 KVQ_API kvq_status kvq_cache_stats_json(const kvq_cache *cache, char *dst, size_t capacity,
                                         size_t *written);
 
-/* The detailed message of the last failed call that has one (codec errors
- * of set_precision); "" otherwise. Never NULL; valid until the next call. */
+/* The detailed message of the last call that left one: a failed call's
+ * detail (codec errors of set_precision, the field a snapshot differs in),
+ * or a note of a call that succeeded (a lost cold page, a prefix entry of
+ * another prompt skipped); "" otherwise (kvq_cache_save, load and the prefix
+ * calls clear it first). Never NULL; valid until the next call. */
 KVQ_API const char *kvq_cache_last_error(const kvq_cache *cache);
 
 /* Returns a copy of the cache's configuration (pointer fields NULL). */
