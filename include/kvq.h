@@ -317,8 +317,9 @@ typedef struct kvq_cache_config {
      * tokens as they are (counted once in lost_pages), so every later attend
      * that needs it fails the same way. Store failures that may pass
      * (KVQ_ERR_IO, KVQ_ERR_CONN, KVQ_ERR_NOMEM) are no loss: the attend fails
-     * and a later one retries; a dropped connection is retried once at once,
-     * so a restarted Redis costs no failed call. get_kv and kvq_cache_save
+     * with the page still cold and a later one retries; a dropped connection
+     * is retried once at once, so a Redis restart that is over by the next
+     * call costs no failed call. get_kv and kvq_cache_save
      * cannot drop tokens: they return KVQ_ERR_CORRUPT for a lost page not yet
      * dropped. A page demoted again keeps its record instead of writing a
      * new one only while the store cannot have lost it since it was read
@@ -559,7 +560,12 @@ KVQ_API const char *kvq_tokenizer_piece(const kvq_tokenizer *tok, int32_t prev, 
  *                        returns. Opening rebuilds the index by scanning the
  *                        segments: a torn last entry is skipped and cut off,
  *                        corrupt entries are skipped and counted; values are
- *                        checked again on every get. The directory is created
+ *                        checked again on every get. A segment file removed
+ *                        from the directory under a running store takes its
+ *                        keys with it (KVQ_ERR_RANGE), as a reopen would; an
+ *                        entry cut off by truncation is KVQ_ERR_CORRUPT. No
+ *                        expiry (a cache's cold_ttl_ms applies to Redis
+ *                        only). The directory is created
  *                        when missing (its parent then fsynced) and locked
  *                        (flock) against other writers. Options after '?',
  *                        '&'-separated (file: form only): readonly=1 (shared
