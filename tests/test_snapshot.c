@@ -523,10 +523,118 @@ static void test_prefix_forgery(const char *url_a, const char *url_b, const char
     kvq_store_close(sb);
 }
 
-/* ---- item 5: random cache ids; a store closed before its caches ---- */
-#define LT 200 /* tokens appended: enough for cold pages */
+/* ---- a failed restore leaves the cache as it was ---- */
+#define LT 200 /* tokens appended: enough for cold pages in tiered() */
 
 static float LK[LT * SH * SD], LV[LT * SH * SD];
+
+/* Stats that a failed load or prefix_get must leave as they were (all but
+ * peak_stored_bytes), as text for one comparison. */
+static void stats_text(kvq_cache *c, char *buf, size_t n) {
+    kvq_stats t;
+    kvq_cache_stats(c, -1, &t);
+    snprintf(buf, n, "%llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu",
+             (unsigned long long)t.tokens, (unsigned long long)t.tokens_appended,
+             (unsigned long long)t.payload_bytes, (unsigned long long)t.metadata_bytes,
+             (unsigned long long)t.codec_meta_bytes, (unsigned long long)t.stored_bytes,
+             (unsigned long long)t.bytes_written, (unsigned long long)t.pages,
+             (unsigned long long)t.free_slots, (unsigned long long)t.fixed_bytes,
+             (unsigned long long)t.tokens_evicted);
+}
+
+/* kvq_cache_load (prefix = 0) or kvq_cache_prefix_get (1) with an
+ * allocator failing at its k-th allocation inside the call, k = 1, 2, ...
+ * until the call succeeds: after each failure the cache holds what it held
+ * (stats, live bytes, no token) and then restores for real. Returns the
+ * number of failures injected. */
+static int restore_sweep(kvq_store *s, int prefix, const int32_t *ids, const char *name) {
+    kvq_cache_config cfg;
+    base_cfg(&cfg);
+    cfg.k_codec = cfg.v_codec = "int8";
+    int injected = 0;
+    for (long k = 1; k < 10000; k++) {
+        tu_failalloc fa;
+        kvq_allocator al = tu_failalloc_make(&fa, 0);
+        cfg.allocator = &al;
+        kvq_cache *c = NULL;
+        CHECK_OK(kvq_cache_create(&c, &cfg));
+        if (!c)
+            return injected;
+        char before[512], after[512];
+        stats_text(c, before, sizeof before);
+        size_t live = fa.live_bytes;
+        fa.fail_at = fa.calls + k;
+        size_t got = 0;
+        kvq_status st = prefix ? kvq_cache_prefix_get(c, s, ids, PT + 1, &got)
+                               : kvq_cache_load(c, s, name);
+        int failed = st != KVQ_OK;
+        fa.fail_at = 0;
+        if (failed) {
+            injected++;
+            TU_REPORT(st == KVQ_ERR_NOMEM, "k=%ld: %s", k, kvq_strerror(st));
+            stats_text(c, after, sizeof after);
+            TU_REPORT(strcmp(before, after) == 0, "k=%ld: stats '%s' became '%s'", k, before,
+                      after);
+            TU_REPORT(fa.live_bytes == live, "k=%ld: %zu live bytes became %zu", k, live,
+                      fa.live_bytes);
+            st = prefix ? kvq_cache_prefix_get(c, s, ids, PT + 1, &got) : kvq_cache_load(c, s, name);
+            CHECK_OK(st);
+        }
+        size_t n = 0;
+        kvq_cache_tokens(c, 0, &n);
+        CHECK(n == (prefix ? PT : LT));
+        kvq_cache_free(c);
+        CHECK_EQ(fa.live_bytes, 0);
+        if (!failed)
+            break;
+    }
+    return injected;
+}
+
+static void test_restore_failures(const char *url) {
+    kvq_store *s = NULL;
+    char err[256] = "";
+    CHECK_OK(kvq_store_open(&s, url, NULL, err, sizeof err));
+    if (!s)
+        return;
+    kvq_cache_config cfg;
+    base_cfg(&cfg);
+    cfg.k_codec = cfg.v_codec = "int8";
+    kvq_cache *a = NULL;
+    CHECK_OK(kvq_cache_create(&a, &cfg));
+    if (!a) {
+        kvq_store_close(s);
+        return;
+    }
+    int32_t ids[LT];
+    for (int i = 0; i < LT; i++)
+        ids[i] = i * 3 + 1;
+    for (size_t l = 0; l < SL; l++)
+        CHECK_OK(kvq_cache_append(a, l, LK, LV, NULL, LT));
+    CHECK_OK(kvq_cache_save(a, s, "sweep", INT32_MAX));
+    CHECK_OK(kvq_cache_prefix_put(a, s, ids, PT));
+    kvq_cache_free(a);
+    int n1 = restore_sweep(s, 0, ids, "sweep"), n2 = restore_sweep(s, 1, ids, NULL);
+    printf("  allocation failures injected: kvq_cache_load %d, kvq_cache_prefix_get %d\n", n1, n2);
+    CHECK(n1 > 0 && n2 > 0);
+    /* a page record missing from the store: the load fails after the first
+     * layer is in, and the cache is as it was */
+    CHECK_OK(kvq_store_del(s, "sweep/l1/p3"));
+    kvq_cache *b = NULL;
+    CHECK_OK(kvq_cache_create(&b, &cfg));
+    if (b) {
+        char before[512], after[512];
+        stats_text(b, before, sizeof before);
+        CHECK_STATUS(kvq_cache_load(b, s, "sweep"), KVQ_ERR_RANGE);
+        stats_text(b, after, sizeof after);
+        TU_REPORT(strcmp(before, after) == 0, "stats '%s' became '%s'", before, after);
+        CHECK(strstr(kvq_cache_last_error(b), "sweep/l1/p3") != NULL);
+        kvq_cache_free(b);
+    }
+    kvq_store_close(s);
+}
+
+/* ---- item 5: random cache ids; a store closed before its caches ---- */
 
 /* A cache whose pages past 32 hot + 32 warm tokens per layer go to store s
  * (NULL: all hot), with LT tokens appended and attended (so they settle
@@ -756,6 +864,12 @@ int main(int argc, char **argv) {
     snprintf(url_b, sizeof url_b, "file:%s/pb", dir);
     snprintf(url_c, sizeof url_c, "file:%s/pc", dir);
     test_prefix_forgery(url, url_b, url_c);
+    tu_rng lr;
+    tu_seed(&lr, 8);
+    tu_fill_gauss(&lr, LK, LT * SH * SD, 1.0f);
+    tu_fill_gauss(&lr, LV, LT * SH * SD, 1.0f);
+    snprintf(url, sizeof url, "file:%s/sweep", dir);
+    test_restore_failures(url);
     snprintf(url, sizeof url, "file:%s/ids", dir);
     test_cache_ids(url);
     snprintf(url, sizeof url, "file:%s/life", dir);

@@ -531,6 +531,60 @@ static void kvq__reset_layer(kvq_cache *c, kvq__layer *ly) {
     ly->pend_count = ly->pend_head = 0;
 }
 
+/* What an empty layer was before a restore, to undo a failed one. */
+typedef struct {
+    size_t pages_cap, pend_cap, n_sinks_seen;
+    int32_t last_pos, sink_until;
+    int center_ready;
+} kvq__layer_mark;
+
+static kvq__layer_mark *kvq__mark_layers(kvq_cache *c) {
+    kvq__layer_mark *m = (kvq__layer_mark *)kvq__alloc(&c->alloc, c->L * sizeof *m);
+    for (size_t l = 0; m && l < c->L; l++) {
+        const kvq__layer *ly = &c->layers[l];
+        m[l] = (kvq__layer_mark){ly->pages_cap, ly->pend_cap, ly->n_sinks_seen,
+                                 ly->last_pos,  ly->sink_until, ly->center_ready};
+    }
+    return m;
+}
+
+/* Undoes a failed restore: frees what was installed, and the page table
+ * and pending ring when the layer had none before, so the cache is as it
+ * was but for peak_stored_bytes. */
+static void kvq__undo_layers(kvq_cache *c, const kvq__layer_mark *m) {
+    for (size_t l = 0; l < c->L; l++) {
+        kvq__layer *ly = &c->layers[l];
+        kvq__reset_layer(c, ly);
+        if (m[l].pages_cap == 0 && ly->pages_cap) {
+            size_t sc = ly->slots_cap;
+            kvq__lfree(c, ly, ly->pages, ly->pages_cap * sizeof *ly->pages, 1);
+            kvq__lfree(c, ly, ly->pos, sc * sizeof(int32_t), 1);
+            kvq__lfree(c, ly, ly->state, sc, 1);
+            kvq__lfree(c, ly, ly->score, sc * sizeof(float), 1);
+            kvq__lfree(c, ly, ly->free_stack, sc * sizeof(uint32_t), 1);
+            kvq__lfree(c, ly, ly->evs, sc * sizeof(kvq__cand), 1);
+            ly->pages = NULL;
+            ly->pos = NULL;
+            ly->state = NULL;
+            ly->score = NULL;
+            ly->free_stack = NULL;
+            ly->evs = NULL;
+            ly->pages_cap = ly->slots_cap = 0;
+        }
+        if (m[l].pend_cap == 0 && ly->pend_cap) {
+            kvq__lfree(c, ly, ly->pend_slot, ly->pend_cap * sizeof(uint32_t), 1);
+            kvq__lfree(c, ly, ly->pend_pos, ly->pend_cap * sizeof(int32_t), 1);
+            ly->pend_slot = NULL;
+            ly->pend_pos = NULL;
+            ly->pend_cap = 0;
+        }
+        ly->n_sinks_seen = m[l].n_sinks_seen;
+        ly->last_pos = m[l].last_pos;
+        ly->sink_until = m[l].sink_until;
+        ly->center_ready = m[l].center_ready;
+    }
+}
+
 static int kvq__cache_empty(const kvq_cache *c) {
     for (size_t l = 0; l < c->L; l++)
         if (c->layers[l].n_tokens || c->layers[l].appended)
@@ -546,13 +600,18 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
         kvq__snap_err(c, "kvq_cache_load needs an empty cache");
         return KVQ_ERR_MISMATCH;
     }
+    kvq__layer_mark *mark = kvq__mark_layers(c);
+    if (!mark)
+        return KVQ_ERR_NOMEM;
     char key[300];
     snprintf(key, sizeof key, "%s/manifest", name);
     void *md = NULL;
     size_t ms = 0;
     kvq_status st = kvq_store_get(s, key, &md, &ms);
-    if (st != KVQ_OK)
+    if (st != KVQ_OK) {
+        kvq__free(&c->alloc, mark);
         return st;
+    }
     const uint8_t *m = (const uint8_t *)md;
     size_t T = 0;
     if (ms < KVQ__MANIFEST_HDR + 4 || memcmp(m, "KVQM", 4) != 0 ||
@@ -626,14 +685,14 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
             void *rd = NULL;
             size_t rs = 0;
             st = kvq_store_get(s, key, &rd, &rs);
-            if (st != KVQ_OK)
-                break;
-            kvq__record r;
-            /* store buffers are 64-byte aligned, as decode needs */
-            st = kvq__record_decode(rd, rs, &r);
-            if (st == KVQ_OK)
-                st = kvq__install_page(c, l, p, &r);
-            kvq_store_free_buf(s, rd);
+            if (st == KVQ_OK) {
+                kvq__record r;
+                /* store buffers are 64-byte aligned, as decode needs */
+                st = kvq__record_decode(rd, rs, &r);
+                if (st == KVQ_OK)
+                    st = kvq__install_page(c, l, p, &r);
+                kvq_store_free_buf(s, rd);
+            }
             if (st != KVQ_OK)
                 kvq__snap_err(c, "snapshot '%.60s': page record %s: %s", name, key, kvq_strerror(st));
         }
@@ -653,8 +712,8 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
     }
     kvq_store_free_buf(s, md);
     if (st != KVQ_OK)
-        for (size_t l = 0; l < c->L; l++)
-            kvq__reset_layer(c, &c->layers[l]);
+        kvq__undo_layers(c, mark);
+    kvq__free(&c->alloc, mark);
     return st;
 }
 
@@ -812,6 +871,9 @@ kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, 
     kvq_status st = kvq__config_digest(c, cfgd);
     if (st != KVQ_OK)
         return st;
+    kvq__layer_mark *mark = kvq__mark_layers(c);
+    if (!mark)
+        return KVQ_ERR_NOMEM;
     kvq__sha256_ctx run;
     kvq__sha256_init(&run);
     kvq__sha256_update(&run, cfgd, sizeof cfgd);
@@ -862,12 +924,12 @@ kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, 
         }
         memcpy(prev, cur, sizeof cur);
     }
-    if (st != KVQ_OK) {
-        for (size_t l = 0; l < c->L; l++)
-            kvq__reset_layer(c, &c->layers[l]);
-        return st;
-    }
     size_t loaded = j * P;
+    if (st != KVQ_OK || loaded == 0)
+        kvq__undo_layers(c, mark); /* a failure, or nothing loaded: as it was */
+    kvq__free(&c->alloc, mark);
+    if (st != KVQ_OK)
+        return st;
     for (size_t l = 0; l < c->L && loaded; l++) {
         kvq__layer *ly = &c->layers[l];
         ly->appended = loaded;
