@@ -114,10 +114,13 @@ static kvq_status kvq__config_text(kvq_cache *c, kvq__sbuf *b) {
     const kvq_cache_config *g = &c->cfg;
     kvq__sb_add(b, "n_layers=%zu\nn_kv_heads=%zu\nn_q_heads=%zu\nhead_dim=%zu\npage_tokens=%zu\n",
                 c->L, c->H, c->QH, c->d, c->P);
-    kvq__sb_add(b, "k_layout=%s\nk_prerope=%d\nrope_theta=%.17g\nrope_dims=%zu\nk_center=%d\n",
+    char theta[40]; /* %.17g round-trips; a locale's decimal comma is undone */
+    snprintf(theta, sizeof theta, "%.17g", g->rope_theta);
+    for (char *q = theta; *q; q++)
+        *q = *q == ',' ? '.' : *q;
+    kvq__sb_add(b, "k_layout=%s\nk_prerope=%d\nrope_theta=%s\nrope_dims=%zu\nk_center=%d\n",
                 g->k_layout == KVQ_LAYOUT_CHANNEL ? "channel" : "token", g->k_prerope ? 1 : 0,
-                g->rope_theta, g->rope_dims ? g->rope_dims : (c->d & ~(size_t)1),
-                g->k_center ? 1 : 0);
+                theta, g->rope_dims ? g->rope_dims : (c->d & ~(size_t)1), g->k_center ? 1 : 0);
     kvq__sb_add(b, "warm_codec=%s\n",
                 c->warm_distinct ? kvq_codec_spec(c->layers[0].wheads[0].vc) : "none");
     for (size_t l = 0; l < c->L; l++)
