@@ -864,6 +864,19 @@ int main(int argc, char **argv) {
     snprintf(url_b, sizeof url_b, "file:%s/pb", dir);
     snprintf(url_c, sizeof url_c, "file:%s/pc", dir);
     test_prefix_forgery(url, url_b, url_c);
+    /* the same in a shared Redis (tests/with_redis.sh), where anyone with
+     * access could plant an entry */
+    const char *redis = getenv("KVQ_TEST_REDIS");
+    const char *ns = redis ? strrchr(redis, '/') : NULL;
+    if (ns && ns > redis + 8) {
+        int hl = (int)(ns - redis);
+        snprintf(url, sizeof url, "%.*s/snap_pa", hl, redis);
+        snprintf(url_b, sizeof url_b, "%.*s/snap_pb", hl, redis);
+        snprintf(url_c, sizeof url_c, "%.*s/snap_pc", hl, redis);
+        test_prefix_forgery(url, url_b, url_c);
+    } else {
+        printf("SKIP redis prefix entries: KVQ_TEST_REDIS is not set\n");
+    }
     tu_rng lr;
     tu_seed(&lr, 8);
     tu_fill_gauss(&lr, LK, LT * SH * SD, 1.0f);
