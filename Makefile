@@ -94,6 +94,7 @@ check-run-inner:
 	done; \
 	echo "== tests/cli_test.sh ($(BUILD))"; KVQ_DATA=$(DATA) sh tests/cli_test.sh $(BUILD)/kvq || fail=1; \
 	echo "== tests/inspect_test.sh ($(BUILD))"; sh tests/inspect_test.sh $(BUILD) || fail=1; \
+	echo "== tests/tier_restart_test.sh ($(BUILD))"; sh tests/tier_restart_test.sh $(BUILD)/kvq || fail=1; \
 	if [ "$(SAN)" != 1 ]; then echo "== tests/model_cli_test.sh ($(BUILD))"; \
 	  KVQ_DATA=$(DATA) sh tests/model_cli_test.sh $(BUILD)/kvq || fail=1; fi; \
 	if [ $$fail -ne 0 ]; then echo "SOME TESTS FAILED ($(BUILD))"; exit 1; fi; \
