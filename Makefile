@@ -4,7 +4,7 @@
 #   make bench      the benchmarks (kvq bench ...)
 #   make demo       the main job, printed as a table
 #   make install PREFIX=/usr/local [DESTDIR=...]
-#   make fuzz       libFuzzer targets $(BUILD)/fuzz_record, fuzz_segment (clang)
+#   make fuzz       libFuzzer targets $(BUILD)/fuzz_<target> (clang); make fuzz-long FUZZ_SECONDS=N
 # BUILD=dir selects the build folder (helpers and sanitizer builds use their own).
 # SAN=1 builds with AddressSanitizer + UndefinedBehaviorSanitizer.
 # HIREDIS=0 builds without the Redis store even when pkg-config finds hiredis.
@@ -54,7 +54,7 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_HELP := $(filter-out $(TEST_SRC) tests/inspect_demo.c,$(wildcard tests/*.c))
 
-.PHONY: all check check-run check-run-inner check-san check-tsan tsan check-valgrind bench demo install clean python-test fuzz
+.PHONY: all check check-run check-run-inner check-san check-tsan tsan check-valgrind bench demo install clean python-test fuzz fuzz-long fuzz-corpus
 
 all: $(BUILD)/libkvq.a $(BUILD)/libkvq.so $(BUILD)/kvq
 
@@ -169,4 +169,4 @@ install: all
 clean:
 	rm -rf build build-san
 
--include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_TOOL_OBJ:.o=.d)

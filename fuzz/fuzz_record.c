@@ -52,7 +52,7 @@ static int kvq_fuzz_record_once(const uint8_t *buf, size_t len) {
 }
 
 static int kvq_fuzz_record(const uint8_t *data, size_t size) {
-    uint8_t *buf = (uint8_t *)malloc(size ? size : 1); /* aligned copy */
+    uint8_t *buf = (uint8_t *)calloc(size ? size : 1, 1); /* aligned copy */
     if (!buf)
         return 0;
     if (size)

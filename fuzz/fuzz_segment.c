@@ -90,7 +90,7 @@ static void kvq_fuzz_fix(uint8_t *buf, size_t len) {
 }
 
 static int kvq_fuzz_segment(const uint8_t *data, size_t size) {
-    uint8_t *buf = (uint8_t *)malloc(size ? size : 1);
+    uint8_t *buf = (uint8_t *)calloc(size ? size : 1, 1);
     if (!buf)
         return 0;
     if (size)

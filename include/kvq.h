@@ -510,7 +510,9 @@ KVQ_API kvq_status kvq_cache_get_config(const kvq_cache *cache, kvq_cache_config
  * (version 1 fp32, version 2 Q8_0 dequantized at load), and runs the f32
  * forward pass (RMSNorm, RoPE, grouped-query attention, SwiGLU) with K and V
  * appended to a kvq cache and attention computed by kvq_cache_attend. A
- * model is immutable after load; forward uses per-call scratch. */
+ * model is immutable after load; forward uses per-call scratch. Loading
+ * checks every size the header implies for overflow and requires the file
+ * to be exactly as long as its shape needs (KVQ_ERR_CORRUPT otherwise). */
 typedef struct kvq_model kvq_model;
 
 typedef struct kvq_model_info {
@@ -533,7 +535,9 @@ KVQ_API kvq_status kvq_model_forward(const kvq_model *model, kvq_cache *cache,
                                      const int32_t *tokens, size_t n, int32_t pos0, float *logits,
                                      size_t logits_capacity, int last_only);
 
-/* llama2.c tokenizer.bin: BPE encoder and decoder. */
+/* llama2.c tokenizer.bin: BPE encoder and decoder. vocab_size is 259..2^24
+ * (ids 0..2 are <unk> <s> </s>, 3..258 the byte pieces); a file shorter than
+ * its vocab_size entries or with a length past its end is KVQ_ERR_CORRUPT. */
 typedef struct kvq_tokenizer kvq_tokenizer;
 KVQ_API kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t vocab_size,
                                       const kvq_allocator *alloc);

@@ -1,20 +1,58 @@
 /*
  * test_fuzz_replay.c - replays the committed fuzz corpora without libFuzzer:
- * every file under fuzz/corpus/record/ goes through the record target's
- * property check (fuzz/fuzz_record.c) and every file under
- * fuzz/corpus/segment/ through the segment scanner's (fuzz/fuzz_segment.c).
- * Record files named valid-* must also decode, bad-* must be rejected.
+ * every file under fuzz/corpus/<target>/ goes through that target's property
+ * check (fuzz/fuzz_<target>.c, included here with KVQ_FUZZ_NO_ENTRY):
+ * page records, store segments, model checkpoints, tokenizers, codec state
+ * blobs / calibration files, .npy files, --alloc JSON files and snapshot
+ * manifests. Files named valid-* must also be accepted by the reader as they
+ * are, and bad-* refused (other names, e.g. edge-*, only need the property).
  * The corpus is found next to this source file (the build runs from the
- * repository root) or with --corpus DIR (the folder holding record/ and
- * segment/).
+ * repository root) or with --corpus DIR (the folder holding the target
+ * folders).
  */
 #include "testutil.h"
 
 #define KVQ_FUZZ_NO_ENTRY 1
 #include "../fuzz/fuzz_record.c"
 #include "../fuzz/fuzz_segment.c"
+#include "../fuzz/fuzz_model.c"
+#include "../fuzz/fuzz_tokenizer.c"
+#include "../fuzz/fuzz_codec_state.c"
+#include "../fuzz/fuzz_npy.c"
+#include "../fuzz/fuzz_alloc_json.c"
+#include "../fuzz/fuzz_snapshot.c"
 
 #include <dirent.h>
+
+/* 1 when the record decoder accepts the bytes (from an aligned copy). */
+static int kvq_fuzz_record_accepts(const uint8_t *data, size_t n) {
+    uint8_t *al = (uint8_t *)malloc(n ? n : 1);
+    if (!al)
+        return 0;
+    memcpy(al, data, n);
+    kvq__record r;
+    kvq_status st = kvq__record_decode(al, n, &r);
+    free(al);
+    return st == KVQ_OK;
+}
+
+typedef struct {
+    const char *dir;
+    int (*check)(const uint8_t *data, size_t size); /* 0: the property holds */
+    int (*accepts)(const uint8_t *data, size_t size); /* NULL: no valid-/bad- names */
+    int min_files;
+} replay_target;
+
+static const replay_target targets[] = {
+    {"record", kvq_fuzz_record, kvq_fuzz_record_accepts, 10},
+    {"segment", kvq_fuzz_segment, NULL, 3},
+    {"model", kvq_fuzz_model, kvq_fuzz_model_accepts, 10},
+    {"tokenizer", kvq_fuzz_tokenizer, kvq_fuzz_tokenizer_accepts, 5},
+    {"codec_state", kvq_fuzz_codec_state, kvq_fuzz_codec_state_accepts, 10},
+    {"npy", kvq_fuzz_npy, kvq_fuzz_npy_accepts, 10},
+    {"alloc_json", kvq_fuzz_alloc_json, kvq_fuzz_alloc_json_accepts, 10},
+    {"snapshot", kvq_fuzz_snapshot, kvq_fuzz_snapshot_accepts, 5},
+};
 
 static uint8_t *read_all(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
@@ -41,10 +79,10 @@ static uint8_t *read_all(const char *path, size_t *n) {
     return buf;
 }
 
-/* Runs every file of dir/sub through check; returns the number of files. */
-static int replay(const char *dir, const char *sub, int is_record) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, sub);
+/* Runs every file of dir/t->dir through t; returns the number of files. */
+static int replay(const char *dir, const replay_target *t) {
+    char path[1100];
+    snprintf(path, sizeof path, "%.1024s/%s", dir, t->dir);
     DIR *d = opendir(path);
     if (!d) {
         TU_REPORT(0, "no corpus directory %s", path);
@@ -55,7 +93,7 @@ static int replay(const char *dir, const char *sub, int is_record) {
     while ((de = readdir(d)) != NULL) {
         if (de->d_name[0] == '.')
             continue;
-        char fp[1300];
+        char fp[1400];
         snprintf(fp, sizeof fp, "%s/%s", path, de->d_name);
         size_t n = 0;
         uint8_t *data = read_all(fp, &n);
@@ -64,18 +102,13 @@ static int replay(const char *dir, const char *sub, int is_record) {
             continue;
         }
         files++;
-        int bad = is_record ? kvq_fuzz_record(data, n) : kvq_fuzz_segment(data, n);
-        TU_REPORT(!bad, "%s: property violated", fp);
-        if (is_record) {
-            uint8_t *al = (uint8_t *)malloc(n ? n : 1);
-            memcpy(al, data, n);
-            kvq__record r;
-            kvq_status st = kvq__record_decode(al, n, &r);
+        TU_REPORT(!t->check(data, n), "%s: property violated", fp);
+        if (t->accepts) {
+            int ok = t->accepts(data, n);
             if (strncmp(de->d_name, "valid-", 6) == 0)
-                TU_REPORT(st == KVQ_OK, "%s: want a valid record, got %s", fp, kvq_strerror(st));
+                TU_REPORT(ok, "%s: want it accepted, it was refused", fp);
             if (strncmp(de->d_name, "bad-", 4) == 0)
-                TU_REPORT(st != KVQ_OK, "%s: want a rejected record", fp);
-            free(al);
+                TU_REPORT(!ok, "%s: want it refused, it was accepted", fp);
         }
         free(data);
     }
@@ -97,10 +130,11 @@ int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--corpus") == 0)
             corpus = argv[i + 1];
-    int nr = replay(corpus, "record", 1);
-    int ns = replay(corpus, "segment", 0);
-    printf("replayed %d record and %d segment inputs from %s\n", nr, ns, corpus);
-    CHECK(nr >= 10);
-    CHECK(ns >= 3);
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        int n = replay(corpus, &targets[i]);
+        printf("replayed %d %s inputs from %s\n", n, targets[i].dir, corpus);
+        TU_REPORT(n >= targets[i].min_files, "%s: %d files, want at least %d", targets[i].dir, n,
+                  targets[i].min_files);
+    }
     return tu_finish();
 }

@@ -421,6 +421,143 @@ static void test_ak42(const kvq_model *m) {
 }
 
 
+/* ---- corrupt files (issue 10): every size from a header is checked for
+ * overflow and against the file's real length ---- */
+
+static int write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    int ok = (!n || fwrite(p, 1, n, f) == n);
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* A legacy checkpoint of the given header with every weight byte zero
+ * (the file's length is 28 + body bytes; ftruncate keeps it sparse). */
+static int write_legacy(const char *path, const int32_t h[7], size_t body) {
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    int ok = fwrite(h, 4, 7, f) == 7;
+    ok = fclose(f) == 0 && ok;
+    return ok && truncate(path, (off_t)(28 + body)) == 0 ? 0 : -1;
+}
+
+/* A tokenizer.bin: <unk> <s> </s>, the 256 byte pieces and `extra` merges. */
+static size_t make_tokenizer(uint8_t *b, uint32_t max_len, int extra) {
+    size_t n = 0;
+    memcpy(b, &max_len, 4);
+    n = 4;
+    for (int i = 0; i < 259 + extra; i++) {
+        char s[16];
+        if (i < 3)
+            snprintf(s, sizeof s, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
+        else if (i < 259)
+            snprintf(s, sizeof s, "<0x%02X>", i - 3);
+        else
+            snprintf(s, sizeof s, "%c%c", 'a' + (i - 259) % 26, 'a' + (i - 259) / 26);
+        float sc = -(float)i;
+        uint32_t l = (uint32_t)strlen(s);
+        memcpy(b + n, &sc, 4);
+        memcpy(b + n + 4, &l, 4);
+        memcpy(b + n + 8, s, l);
+        n += 8 + l;
+    }
+    return n;
+}
+
+static void test_corrupt_files(void) {
+    char path[] = "/tmp/kvq_corrupt_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    close(fd);
+    kvq_model *m = NULL;
+    /* The issue's crafted checkpoint: dim 2^20, hidden 2796202, 2^20 layers,
+     * 1024 heads and KV heads (head_dim 1024), vocab 3, seq_len 1. Every
+     * layer size overflows 64 bits; the sum of the tensor sizes, times 4,
+     * wraps to 2^22 * (vocab + 1) = 16 MiB, and the unused freq_cis table
+     * adds 4 KiB: a loader that computes these in size_t accepts this 16 MiB
+     * file and places the weight pointers 2^40 floats apart. */
+    {
+        const int32_t h[7] = {1 << 20, 2796202, 1 << 20, 1024, 1024, 3, 1};
+        CHECK(write_legacy(path, h, ((size_t)16 << 20) + 4096) == 0);
+        CHECK_STATUS(kvq_model_load(&m, path, NULL), KVQ_ERR_CORRUPT);
+        CHECK(m == NULL);
+        kvq_model_free(m);
+        m = NULL;
+        char why[256] = "";
+        CHECK_STATUS(kvq__model_load_mem(&m, (const uint8_t *)h, 28, NULL, KVQ_ISA_AUTO, why,
+                                         sizeof why),
+                     KVQ_ERR_CORRUPT);
+        TU_REPORT(strstr(why, "overflow") != NULL, "overflow reason: '%s'", why);
+    }
+    /* A small well-formed checkpoint, then cut, extended and with bad fields:
+     * dim 8, hidden 16, 2 layers, 2 heads, 1 KV head, vocab 300, seq_len 4 */
+    {
+        const int32_t h[7] = {8, 16, 2, 2, 1, 300, 4};
+        size_t floats = 300 * 8 + 2 * 2 * 8 + 2 * 2 * 8 * 8 + 2 * 2 * 8 * 4 + 3 * 2 * 8 * 16 + 8 +
+                        4 * 4; /* the last term: freq_cis, seq_len * head_dim */
+        CHECK(write_legacy(path, h, floats * 4) == 0);
+        CHECK_OK(kvq_model_load(&m, path, NULL));
+        kvq_model_free(m);
+        m = NULL;
+        CHECK(write_legacy(path, h, floats * 4 - 4) == 0); /* truncated */
+        CHECK_STATUS(kvq_model_load(&m, path, NULL), KVQ_ERR_CORRUPT);
+        CHECK(write_legacy(path, h, floats * 4 + 4) == 0); /* trailing bytes */
+        CHECK_STATUS(kvq_model_load(&m, path, NULL), KVQ_ERR_CORRUPT);
+        uint8_t buf[28 + 8];
+        memcpy(buf, h, 28);
+        memset(buf + 28, 0, 8);
+        char why[256] = "";
+        CHECK_STATUS(kvq__model_load_mem(&m, buf, sizeof buf, NULL, KVQ_ISA_AUTO, why, sizeof why),
+                     KVQ_ERR_CORRUPT);
+        TU_REPORT(strstr(why, "needs") != NULL, "length reason: '%s'", why);
+        int32_t hv[7];
+        memcpy(hv, h, sizeof hv);
+        hv[5] = INT32_MIN; /* negating it overflowed */
+        CHECK(write_legacy(path, hv, floats * 4) == 0);
+        CHECK_STATUS(kvq_model_load(&m, path, NULL), KVQ_ERR_CORRUPT);
+        CHECK(m == NULL);
+    }
+    /* tokenizers */
+    {
+        kvq_tokenizer *t = NULL;
+        static uint8_t tb[8192];
+        size_t n = make_tokenizer(tb, 6, 20);
+        CHECK(write_file(path, tb, n) == 0);
+        CHECK_OK(kvq_tokenizer_load(&t, path, 279, NULL));
+        kvq_tokenizer_free(t);
+        t = NULL;
+        /* ids 0..258 are reserved: a smaller vocabulary made the encoder's
+         * byte fallback index past the table */
+        CHECK_STATUS(kvq_tokenizer_load(&t, path, 258, NULL), KVQ_ERR_INVALID_ARG);
+        CHECK(t == NULL);
+        CHECK_STATUS(kvq_tokenizer_load(&t, path, 280, NULL), KVQ_ERR_CORRUPT); /* one short */
+        /* a huge max_token_length: the encoder allocated 2 * it + 8 bytes */
+        uint32_t huge = 0xffffffffu;
+        memcpy(tb, &huge, 4);
+        CHECK(write_file(path, tb, n) == 0);
+        CHECK_STATUS(kvq_tokenizer_load(&t, path, 279, NULL), KVQ_ERR_CORRUPT);
+        CHECK(t == NULL);
+        char why[256] = "";
+        CHECK_STATUS(kvq__tokenizer_load_mem(&t, tb, n, 279, NULL, why, sizeof why),
+                     KVQ_ERR_CORRUPT);
+        TU_REPORT(strstr(why, "max_token_length") != NULL, "max_len reason: '%s'", why);
+        uint32_t six = 6, len = 0xfffffff0u;
+        memcpy(tb, &six, 4);
+        memcpy(tb + 4 + 4, &len, 4); /* the first piece's length */
+        CHECK(write_file(path, tb, n) == 0);
+        CHECK_STATUS(kvq_tokenizer_load(&t, path, 279, NULL), KVQ_ERR_CORRUPT);
+        CHECK_STATUS(kvq__tokenizer_load_mem(&t, tb, n, 279, NULL, why, sizeof why),
+                     KVQ_ERR_CORRUPT);
+        TU_REPORT(strstr(why, "length") != NULL, "piece length reason: '%s'", why);
+        CHECK(t == NULL);
+    }
+    unlink(path);
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 /* A plain sum over n floats, four AVX2 chains: the memory-bandwidth baseline
@@ -610,6 +747,7 @@ done:
 
 int main(int argc, char **argv) {
     tu_init(argc, argv);
+    test_corrupt_files(); /* needs no data */
     snprintf(text_path, sizeof text_path, "%s/text/tinystories-valid-sample.txt", tu_data_dir());
     char p15[1024], p260[1024];
     snprintf(p260, sizeof p260, "%s/stories260K/stories260K.bin", tu_data_dir());

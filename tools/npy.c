@@ -42,16 +42,10 @@ static const char *npy_value(const char *hdr, const char *key) {
     return p;
 }
 
-static int npy_load_impl(const char *path, float **data, size_t *rows, size_t *cols,
-                         size_t *shape_out, int *ndim_out, char *err, size_t err_size) {
+int kvqt_npy_read(FILE *f, const char *path, float **data, size_t *rows, size_t *cols,
+                  size_t *shape_out, int *ndim_out, char *err, size_t err_size) {
     *data = NULL;
     char msg[256];
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(msg, sizeof msg, "cannot open: %s", strerror(errno));
-        npy_err(err, err_size, path, msg);
-        return -1;
-    }
     int rc = -1;
     char *hdr = NULL;
     float *out = NULL;
@@ -163,11 +157,11 @@ static int npy_load_impl(const char *path, float **data, size_t *rows, size_t *c
                 "0-dimensional array (need at least one axis, the last being head_dim)");
         goto done;
     }
-    if (shape_out) {
+    if (shape_out)
         for (int i = 0; i < ndim; i++)
             shape_out[i] = shape[i];
+    if (ndim_out)
         *ndim_out = ndim;
-    }
     size_t c = shape[ndim - 1], r = 1;
     for (int i = 0; i + 1 < ndim; i++) {
         if (shape[i] && r > SIZE_MAX / shape[i]) {
@@ -240,6 +234,20 @@ static int npy_load_impl(const char *path, float **data, size_t *rows, size_t *c
 done:
     free(out);
     free(hdr);
+    return rc;
+}
+
+static int npy_load_impl(const char *path, float **data, size_t *rows, size_t *cols,
+                         size_t *shape_out, int *ndim_out, char *err, size_t err_size) {
+    *data = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "cannot open: %s", strerror(errno));
+        npy_err(err, err_size, path, msg);
+        return -1;
+    }
+    int rc = kvqt_npy_read(f, path, data, rows, cols, shape_out, ndim_out, err, err_size);
     fclose(f);
     return rc;
 }

@@ -8,6 +8,7 @@
 #define KVQ_NPY_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #define KVQT_NPY_MAX_AXES 16
 
@@ -20,5 +21,11 @@ int kvqt_npy_load(const char *path, float **data, size_t *rows, size_t *cols, ch
 /* The same, also returning the shape (at most KVQT_NPY_MAX_AXES axes). */
 int kvqt_npy_load_shape(const char *path, float **data, size_t *shape, int *ndim, char *err,
                         size_t err_size);
+
+/* The same from an open stream at offset 0 (seekable: the data
+ * size is held against the stream's length); path only names it in messages.
+ * shape and ndim may be NULL. The stream is left open. */
+int kvqt_npy_read(FILE *f, const char *path, float **data, size_t *rows, size_t *cols,
+                  size_t *shape, int *ndim, char *err, size_t err_size);
 
 #endif

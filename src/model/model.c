@@ -17,6 +17,7 @@
 
 #include "../kernels/kernels.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -42,6 +43,214 @@ static void kvq__q80_dequant(const uint8_t *src, size_t n, size_t gs, float *dst
     }
 }
 
+/* *r = a * b or a + b; 0 when the result does not fit in size_t. */
+static int kvq__mul(size_t *r, size_t a, size_t b) { return !__builtin_mul_overflow(a, b, r); }
+static int kvq__add(size_t *r, size_t a, size_t b) { return !__builtin_add_overflow(a, b, r); }
+
+static kvq_status kvq__model_bad(char *why, size_t why_size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static kvq_status kvq__model_bad(char *why, size_t why_size, const char *fmt, ...) {
+    if (why && why_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, why_size, fmt, ap);
+        va_end(ap);
+    }
+    return KVQ_ERR_CORRUPT;
+}
+
+/* Element counts of every tensor, in our order (see kvq_model). */
+typedef struct {
+    size_t emb, rms, wq, wk, wo, w1, cls, total;
+} kvq__model_sizes;
+
+/* The tensor sizes of the shape in `in`, and the exact number of bytes the
+ * weights take in the file after the header (*file_bytes). Every product and
+ * sum is checked: each header field may be up to 2^24, so L * D * D alone
+ * can reach 2^72. 0 when some size does not fit in size_t. */
+static int kvq__model_sizes_of(const kvq_model_info *in, size_t gs, kvq__model_sizes *z,
+                               size_t *file_bytes) {
+    size_t D = in->dim, HD = in->hidden_dim, L = in->n_layers, V = in->vocab_size;
+    size_t kvd = in->n_kv_heads * in->head_dim; /* <= dim: n_kv_heads divides n_heads */
+    size_t t, mats, norms, b;
+    if (!kvq__mul(&z->emb, V, D) || !kvq__mul(&z->rms, L, D) || !kvq__mul(&z->wq, z->rms, D) ||
+        !kvq__mul(&z->wk, z->rms, kvd) || !kvq__mul(&z->w1, z->rms, HD))
+        return 0;
+    z->wo = z->wq;
+    z->cls = in->shared_classifier ? 0 : z->emb;
+    /* the matrices (what v2 stores as Q8_0) and the norms (f32 everywhere) */
+    if (!kvq__add(&mats, z->emb, z->wq) || !kvq__add(&mats, mats, z->wk) ||
+        !kvq__add(&mats, mats, z->wk) || !kvq__add(&mats, mats, z->wo) ||
+        !kvq__add(&mats, mats, z->w1) || !kvq__add(&mats, mats, z->w1) ||
+        !kvq__add(&mats, mats, z->w1) || !kvq__add(&mats, mats, z->cls))
+        return 0;
+    if (!kvq__add(&norms, z->rms, z->rms) || !kvq__add(&norms, norms, D))
+        return 0;
+    if (!kvq__add(&z->total, mats, norms) || !kvq__mul(&t, z->total, sizeof(float)))
+        return 0; /* the f32 weights must be addressable */
+    if (in->version == 0) { /* plus the unused freq_cis table, seq_len * head_dim floats */
+        size_t freq;
+        if (!kvq__mul(&freq, in->seq_len, in->head_dim) || !kvq__add(&b, z->total, freq) ||
+            !kvq__mul(&b, b, 4))
+            return 0;
+    } else if (in->version == 1) {
+        b = t;
+    } else {
+        /* every matrix (per layer or whole) is a multiple of dim values and
+         * gs divides dim, so the per-layer Q8_0 tensors add up to the Q8_0
+         * size of their sum */
+        size_t nb, qb;
+        if (!kvq__mul(&qb, mats / gs, 4) || !kvq__add(&qb, qb, mats) ||
+            !kvq__mul(&nb, norms, 4) || !kvq__add(&b, nb, qb))
+            return 0;
+    }
+    *file_bytes = b;
+    return 1;
+}
+
+kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
+                               const kvq_allocator *alloc, kvq_isa isa, char *why,
+                               size_t why_size) {
+    if (why && why_size)
+        why[0] = 0;
+    if (!out || (!buf && size))
+        return KVQ_ERR_INVALID_ARG;
+    *out = NULL;
+    kvq_allocator al;
+    kvq__allocator_init(&al, alloc);
+    kvq_model_info in;
+    memset(&in, 0, sizeof in);
+    int32_t h[7];
+    size_t off;
+    size_t gs = 0;
+    if (size >= 8 && kvq__ld32(buf) == 0x616b3432u) {
+        uint32_t ver = kvq__ld32(buf + 4);
+        if (ver != 1 && ver != 2) {
+            if (why && why_size)
+                snprintf(why, why_size, "ak42 version %u is not supported (1 or 2)", ver);
+            return KVQ_ERR_VERSION;
+        }
+        in.version = (int)ver;
+        if (size < 256)
+            return kvq__model_bad(why, why_size, "ak42 header truncated (%zu of 256 bytes)", size);
+        for (int i = 0; i < 7; i++)
+            h[i] = (int32_t)kvq__ld32(buf + 8 + 4 * i);
+        in.shared_classifier = buf[36] != 0;
+        if (in.version == 2)
+            gs = kvq__ld32(buf + 37);
+        off = 256;
+    } else {
+        if (size < 28)
+            return kvq__model_bad(why, why_size, "header truncated (%zu of 28 bytes)", size);
+        for (int i = 0; i < 7; i++)
+            h[i] = (int32_t)kvq__ld32(buf + 4 * i);
+        /* a negative vocab_size means a separate classifier */
+        in.shared_classifier = h[5] > 0;
+        if (h[5] < 0 && h[5] != INT32_MIN)
+            h[5] = -h[5];
+        off = 28;
+    }
+    static const char *const names[7] = {"dim",       "hidden_dim", "n_layers", "n_heads",
+                                          "n_kv_heads", "vocab_size", "seq_len"};
+    for (int i = 0; i < 7; i++)
+        if (h[i] <= 0 || h[i] > (1 << 24))
+            return kvq__model_bad(why, why_size, "%s %d outside 1..2^24", names[i], (int)h[i]);
+    in.dim = (size_t)h[0], in.hidden_dim = (size_t)h[1], in.n_layers = (size_t)h[2];
+    in.n_heads = (size_t)h[3], in.n_kv_heads = (size_t)h[4], in.vocab_size = (size_t)h[5];
+    in.seq_len = (size_t)h[6];
+    if (in.dim % in.n_heads || in.n_heads % in.n_kv_heads || (in.dim / in.n_heads) % 2 ||
+        in.dim / in.n_heads > KVQ__MAX_HEAD_DIM)
+        return kvq__model_bad(why, why_size,
+                              "shape dim %zu, n_heads %zu, n_kv_heads %zu: need n_heads | dim, "
+                              "n_kv_heads | n_heads and an even head_dim <= %d",
+                              in.dim, in.n_heads, in.n_kv_heads, KVQ__MAX_HEAD_DIM);
+    if (in.version == 2 && (gs == 0 || in.dim % gs))
+        return kvq__model_bad(why, why_size, "Q8_0 group size %zu does not divide dim %zu", gs,
+                              in.dim);
+    in.head_dim = in.dim / in.n_heads;
+    kvq__model_sizes z;
+    size_t need = 0;
+    if (!kvq__model_sizes_of(&in, gs, &z, &need))
+        return kvq__model_bad(why, why_size, "the weight sizes of the header overflow");
+    /* checked against the real length before anything is allocated: the
+     * f32 weights are then at most 4x the file (Q8_0), 1x otherwise */
+    if (size - off != need)
+        return kvq__model_bad(why, why_size,
+                              "the header's shape needs %zu bytes of weights, the file has %zu",
+                              need, size - off);
+    size_t D = in.dim, L = in.n_layers;
+    kvq_model *m = (kvq_model *)kvq__calloc(&al, sizeof *m);
+    float *w = m ? (float *)kvq__alloc(&al, z.total * sizeof(float)) : NULL;
+    if (!m || !w) {
+        kvq__free(&al, m);
+        return KVQ_ERR_NOMEM;
+    }
+    m->alloc = al;
+    m->info = in;
+    m->data = w;
+    m->n_data = z.total;
+    m->mm = kvq__matmul_select(isa);
+    float *p = w;
+    m->emb = p, p += z.emb;
+    m->rms_att = p, p += z.rms;
+    m->wq = p, p += z.wq;
+    m->wk = p, p += z.wk;
+    m->wv = p, p += z.wk;
+    m->wo = p, p += z.wo;
+    m->rms_ffn = p, p += z.rms;
+    m->w1 = p, p += z.w1;
+    m->w2 = p, p += z.w1;
+    m->w3 = p, p += z.w1;
+    m->rms_final = p, p += D;
+    m->wcls = in.shared_classifier ? m->emb : p;
+    const uint8_t *src = buf + off;
+    if (in.version == 0) {
+        /* legacy: emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final,
+         * (freq_cis real/imag, skipped), wcls */
+        size_t before_freq = z.total - z.cls;
+        size_t freq = in.seq_len * in.head_dim; /* real + imag halves */
+        memcpy(w, src, before_freq * 4);
+        if (z.cls)
+            memcpy(w + before_freq, src + (before_freq + freq) * 4, z.cls * 4);
+    } else {
+        /* ak42: rms_att, rms_ffn, rms_final, then emb, wq, wk, wv, wo, w1, w2, w3, [wcls];
+         * the sizes add up to `need`, checked above */
+        float *norms_dst[3] = {(float *)m->rms_att, (float *)m->rms_ffn, (float *)m->rms_final};
+        size_t norms_n[3] = {z.rms, z.rms, D};
+        float *mats_dst[9] = {(float *)m->emb, (float *)m->wq, (float *)m->wk, (float *)m->wv,
+                              (float *)m->wo, (float *)m->w1, (float *)m->w2, (float *)m->w3,
+                              z.cls ? (float *)m->wcls : NULL};
+        size_t mats_n[9] = {z.emb, z.wq, z.wk, z.wk, z.wo, z.w1, z.w1, z.w1, z.cls};
+        size_t pos = 0;
+        for (int i = 0; i < 3; i++) {
+            memcpy(norms_dst[i], src + pos, norms_n[i] * 4);
+            pos += norms_n[i] * 4;
+        }
+        for (int i = 0; i < 9; i++) {
+            if (!mats_n[i])
+                continue;
+            if (in.version == 1) {
+                memcpy(mats_dst[i], src + pos, mats_n[i] * 4);
+                pos += mats_n[i] * 4;
+            } else {
+                /* v2 stores each layer's matrix as its own Q8_0 tensor */
+                size_t per = i == 0 || i == 8 ? mats_n[i] : mats_n[i] / L;
+                size_t cnt = i == 0 || i == 8 ? 1 : L;
+                for (size_t k = 0; k < cnt; k++) {
+                    kvq__q80_dequant(src + pos, per, gs, mats_dst[i] + k * per);
+                    pos += kvq__q80_bytes(per, gs);
+                }
+            }
+        }
+    }
+    if (!kvq__all_finite(w, z.total)) {
+        kvq_model_free(m);
+        return kvq__model_bad(why, why_size, "a weight is NaN or infinite");
+    }
+    *out = m;
+    return KVQ_OK;
+}
+
 kvq_status kvq__model_load_isa(kvq_model **out, const char *path, const kvq_allocator *alloc,
                                kvq_isa isa) {
     if (!out || !path)
@@ -54,152 +263,9 @@ kvq_status kvq__model_load_isa(kvq_model **out, const char *path, const kvq_allo
     kvq_status st = kvq__read_file(&al, path, 0, SIZE_MAX, &buf, &size);
     if (st != KVQ_OK)
         return st;
-    kvq_model_info in;
-    memset(&in, 0, sizeof in);
-    int32_t h[7];
-    size_t off;
-    size_t gs = 0;
-    if (size >= 8 && kvq__ld32(buf) == 0x616b3432u) {
-        in.version = (int)kvq__ld32(buf + 4);
-        if (in.version != 1 && in.version != 2) {
-            kvq__free(&al, buf);
-            return KVQ_ERR_VERSION;
-        }
-        if (size < 256) {
-            kvq__free(&al, buf);
-            return KVQ_ERR_CORRUPT;
-        }
-        for (int i = 0; i < 7; i++)
-            h[i] = (int32_t)kvq__ld32(buf + 8 + 4 * i);
-        in.shared_classifier = buf[36] != 0;
-        if (in.version == 2)
-            gs = kvq__ld32(buf + 37);
-        off = 256;
-    } else {
-        if (size < 28) {
-            kvq__free(&al, buf);
-            return KVQ_ERR_CORRUPT;
-        }
-        for (int i = 0; i < 7; i++)
-            h[i] = (int32_t)kvq__ld32(buf + 4 * i);
-        in.shared_classifier = h[5] > 0;
-        if (h[5] < 0)
-            h[5] = -h[5];
-        off = 28;
-    }
-    for (int i = 0; i < 7; i++)
-        if (h[i] <= 0 || h[i] > (1 << 24)) {
-            kvq__free(&al, buf);
-            return KVQ_ERR_CORRUPT;
-        }
-    in.dim = (size_t)h[0], in.hidden_dim = (size_t)h[1], in.n_layers = (size_t)h[2];
-    in.n_heads = (size_t)h[3], in.n_kv_heads = (size_t)h[4], in.vocab_size = (size_t)h[5];
-    in.seq_len = (size_t)h[6];
-    if (in.dim % in.n_heads || in.n_heads % in.n_kv_heads || (in.dim / in.n_heads) % 2 ||
-        in.dim / in.n_heads > KVQ__MAX_HEAD_DIM || (in.version == 2 && (gs == 0 || in.dim % gs))) {
-        kvq__free(&al, buf);
-        return KVQ_ERR_CORRUPT;
-    }
-    in.head_dim = in.dim / in.n_heads;
-    size_t D = in.dim, HD = in.hidden_dim, L = in.n_layers, V = in.vocab_size;
-    size_t kvd = in.n_kv_heads * in.head_dim;
-    /* element counts in our order */
-    size_t n_emb = V * D, n_rms = L * D, n_wq = L * D * D, n_wk = L * D * kvd, n_wo = L * D * D;
-    size_t n_w1 = L * D * HD, n_cls = in.shared_classifier ? 0 : V * D;
-    size_t total = n_emb + 2 * n_rms + n_wq + 2 * n_wk + n_wo + 3 * n_w1 + D + n_cls;
-    kvq_model *m = (kvq_model *)kvq__calloc(&al, sizeof *m);
-    float *w = m ? (float *)kvq__alloc(&al, total * sizeof(float)) : NULL;
-    if (!m || !w) {
-        kvq__free(&al, m);
-        kvq__free(&al, buf);
-        return KVQ_ERR_NOMEM;
-    }
-    m->alloc = al;
-    m->info = in;
-    m->data = w;
-    m->n_data = total;
-    m->mm = kvq__matmul_select(isa);
-    float *p = w;
-    m->emb = p, p += n_emb;
-    m->rms_att = p, p += n_rms;
-    m->wq = p, p += n_wq;
-    m->wk = p, p += n_wk;
-    m->wv = p, p += n_wk;
-    m->wo = p, p += n_wo;
-    m->rms_ffn = p, p += n_rms;
-    m->w1 = p, p += n_w1;
-    m->w2 = p, p += n_w1;
-    m->w3 = p, p += n_w1;
-    m->rms_final = p, p += D;
-    m->wcls = in.shared_classifier ? m->emb : p;
-    st = KVQ_OK;
-    const uint8_t *src = buf + off;
-    size_t avail = size - off;
-    if (in.version == 0) {
-        /* legacy: emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final,
-         * (freq_cis real/imag, skipped), wcls */
-        size_t before_freq = total - n_cls;
-        size_t freq = in.seq_len * in.head_dim; /* real + imag halves */
-        size_t need = (before_freq + freq + n_cls) * 4;
-        if (avail < need) {
-            st = KVQ_ERR_CORRUPT;
-        } else {
-            memcpy(w, src, before_freq * 4);
-            if (n_cls)
-                memcpy(w + before_freq, src + (before_freq + freq) * 4, n_cls * 4);
-        }
-    } else {
-        /* ak42: rms_att, rms_ffn, rms_final, then emb, wq, wk, wv, wo, w1, w2, w3, [wcls] */
-        const float *norms_dst[3] = {m->rms_att, m->rms_ffn, m->rms_final};
-        size_t norms_n[3] = {n_rms, n_rms, D};
-        float *mats_dst[9] = {(float *)m->emb, (float *)m->wq, (float *)m->wk, (float *)m->wv,
-                              (float *)m->wo, (float *)m->w1, (float *)m->w2, (float *)m->w3,
-                              n_cls ? (float *)m->wcls : NULL};
-        size_t mats_n[9] = {n_emb, n_wq, n_wk, n_wk, n_wo, n_w1, n_w1, n_w1, n_cls};
-        size_t pos = 0;
-        for (int i = 0; i < 3 && st == KVQ_OK; i++) {
-            if (avail - pos < norms_n[i] * 4 || pos > avail) {
-                st = KVQ_ERR_CORRUPT;
-                break;
-            }
-            memcpy((float *)norms_dst[i], src + pos, norms_n[i] * 4);
-            pos += norms_n[i] * 4;
-        }
-        for (int i = 0; i < 9 && st == KVQ_OK; i++) {
-            if (!mats_n[i])
-                continue;
-            if (in.version == 1) {
-                if (avail - pos < mats_n[i] * 4) {
-                    st = KVQ_ERR_CORRUPT;
-                    break;
-                }
-                memcpy(mats_dst[i], src + pos, mats_n[i] * 4);
-                pos += mats_n[i] * 4;
-            } else {
-                /* v2 stores each layer's matrix as its own Q8_0 tensor */
-                size_t per = i == 0 || i == 8 ? mats_n[i] : mats_n[i] / L;
-                size_t cnt = i == 0 || i == 8 ? 1 : L;
-                for (size_t k = 0; k < cnt; k++) {
-                    size_t b = kvq__q80_bytes(per, gs);
-                    if (per % gs || avail - pos < b) {
-                        st = KVQ_ERR_CORRUPT;
-                        break;
-                    }
-                    kvq__q80_dequant(src + pos, per, gs, mats_dst[i] + k * per);
-                    pos += b;
-                }
-            }
-        }
-    }
+    st = kvq__model_load_mem(out, buf, size, &al, isa, NULL, 0);
     kvq__free(&al, buf);
-    if (st == KVQ_OK && !kvq__all_finite(w, total))
-        st = KVQ_ERR_CORRUPT;
-    if (st != KVQ_OK) {
-        kvq_model_free(m);
-        return st;
-    }
-    *out = m;
-    return KVQ_OK;
+    return st;
 }
 
 kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator *alloc) {

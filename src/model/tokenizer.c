@@ -5,10 +5,14 @@
  * pair whose concatenation is the vocabulary piece of highest score (the
  * leftmost on ties). Pieces are looked up through a sorted index.
  */
-#include "../common/common.h"
+#include "model_impl.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+/* ids 0..2 (<unk> <s> </s>) and the 256 byte pieces 3..258 */
+#define KVQ__TOK_MIN_VOCAB 259
 
 typedef struct {
     const char *s;
@@ -42,43 +46,70 @@ void kvq_tokenizer_free(kvq_tokenizer *t) {
     kvq__free(&a, t);
 }
 
-kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t vocab,
-                              const kvq_allocator *alloc) {
-    if (!out || !path || vocab == 0 || vocab > (1u << 24))
+static kvq_status kvq__tok_bad(char *why, size_t why_size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static kvq_status kvq__tok_bad(char *why, size_t why_size, const char *fmt, ...) {
+    if (why && why_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, why_size, fmt, ap);
+        va_end(ap);
+    }
+    return KVQ_ERR_CORRUPT;
+}
+
+/* Format: u32 max_token_length, then per id: f32 score, u32 length, the
+ * piece's bytes. Every length is held against what is left of the file
+ * before it is used; the header's max_token_length only has to fit in the
+ * file (the encoder sizes its buffer from the longest piece actually read). */
+kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size_t len,
+                                   size_t vocab, const kvq_allocator *alloc, char *why,
+                                   size_t why_size) {
+    if (why && why_size)
+        why[0] = 0;
+    /* ids 0..2 are <unk> <s> </s> and 3..258 the byte pieces the encoder falls back to */
+    if (!out || (!buf && len) || vocab < KVQ__TOK_MIN_VOCAB || vocab > (1u << 24))
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
+    if (len < 4)
+        return kvq__tok_bad(why, why_size, "header truncated (%zu of 4 bytes)", len);
+    uint32_t hdr_max = kvq__ld32(buf);
+    if (hdr_max > len - 4)
+        return kvq__tok_bad(why, why_size, "max_token_length %u exceeds the file (%zu bytes)",
+                            hdr_max, len);
     kvq_allocator al;
     kvq__allocator_init(&al, alloc);
-    uint8_t *buf;
-    size_t len;
-    kvq_status st = kvq__read_file(&al, path, 4, SIZE_MAX, &buf, &len);
-    if (st != KVQ_OK)
-        return st;
     kvq_tokenizer *t = (kvq_tokenizer *)kvq__calloc(&al, sizeof *t);
-    if (!t) {
-        kvq__free(&al, buf);
+    if (!t)
         return KVQ_ERR_NOMEM;
-    }
     t->alloc = al;
     t->n = vocab;
-    t->max_len = kvq__ld32(buf);
+    t->max_len = 0;
+    /* vocab <= 2^24 and len is the size of a buffer in memory: no overflow */
     t->piece = (char **)kvq__calloc(&al, vocab * sizeof(char *));
     t->score = (float *)kvq__calloc(&al, vocab * sizeof(float));
     t->sorted = (kvq__tokref *)kvq__calloc(&al, vocab * sizeof(kvq__tokref));
     t->strings = (char *)kvq__calloc(&al, len + vocab + 1);
+    kvq_status st = KVQ_OK;
     if (!t->piece || !t->score || !t->sorted || !t->strings)
         st = KVQ_ERR_NOMEM;
     size_t off = 4, soff = 0;
     for (size_t i = 0; i < vocab && st == KVQ_OK; i++) {
         if (len - off < 8) {
-            st = KVQ_ERR_CORRUPT;
+            st = kvq__tok_bad(why, why_size, "truncated at id %zu of %zu (byte %zu)", i, vocab,
+                              off);
             break;
         }
         memcpy(&t->score[i], buf + off, 4);
         uint32_t n = kvq__ld32(buf + off + 4);
         off += 8;
-        if (n > len - off || !isfinite(t->score[i])) {
-            st = KVQ_ERR_CORRUPT;
+        if (n > len - off) {
+            st = kvq__tok_bad(why, why_size, "piece %zu: length %u exceeds the %zu bytes left", i,
+                              n, len - off);
+            break;
+        }
+        if (!isfinite(t->score[i])) {
+            st = kvq__tok_bad(why, why_size, "piece %zu: score is not finite", i);
             break;
         }
         t->piece[i] = t->strings + soff;
@@ -91,7 +122,6 @@ kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t voca
         if (n > t->max_len)
             t->max_len = n;
     }
-    kvq__free(&al, buf);
     if (st != KVQ_OK) {
         kvq_tokenizer_free(t);
         return st;
@@ -99,6 +129,23 @@ kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t voca
     qsort(t->sorted, vocab, sizeof(kvq__tokref), kvq__piece_cmp);
     *out = t;
     return KVQ_OK;
+}
+
+kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t vocab,
+                              const kvq_allocator *alloc) {
+    if (!out || !path || vocab < KVQ__TOK_MIN_VOCAB || vocab > (1u << 24))
+        return KVQ_ERR_INVALID_ARG;
+    *out = NULL;
+    kvq_allocator al;
+    kvq__allocator_init(&al, alloc);
+    uint8_t *buf;
+    size_t len;
+    kvq_status st = kvq__read_file(&al, path, 4, SIZE_MAX, &buf, &len);
+    if (st != KVQ_OK)
+        return st;
+    st = kvq__tokenizer_load_mem(out, buf, len, vocab, &al, NULL, 0);
+    kvq__free(&al, buf);
+    return st;
 }
 
 static int32_t kvq__lookup(const kvq_tokenizer *t, const char *s) {
@@ -116,10 +163,11 @@ static int32_t kvq__lookup(const kvq_tokenizer *t, const char *s) {
     return -1;
 }
 
-/* The id of the piece a+b, or -1. sb holds 2 * max_len + 8 bytes. */
+/* The id of the piece a+b, or -1. sb holds 2 * max_len + 8 bytes; max_len
+ * is the longest piece, so a longer concatenation is no piece. */
 static int32_t kvq__pair(const kvq_tokenizer *t, int32_t a, int32_t b, char *sb) {
     size_t la = strlen(t->piece[a]), lb = strlen(t->piece[b]);
-    if (la + lb > 2 * t->max_len)
+    if (la + lb > t->max_len)
         return -1;
     memcpy(sb, t->piece[a], la);
     memcpy(sb + la, t->piece[b], lb + 1);
