@@ -124,22 +124,65 @@ check-valgrind: $(BUILD)/tests/test_cache $(BUILD)/tests/test_tier
 	    valgrind -q --error-exitcode=9 --leak-check=full $(BUILD)/tests/$$t --data $(DATA) || exit 1; done; \
 	else echo "valgrind not installed: skipping the valgrind run"; fi
 
-# libFuzzer targets (clang): the decoders of untrusted bytes with ASan+UBSan,
-# the library sources they need compiled in. Run e.g.
+# libFuzzer targets (clang, ASan+UBSan), one per reader of untrusted bytes:
+# page records, store segments, model checkpoints, tokenizers, codec state
+# blobs and calibration files, .npy files, --alloc JSON files and snapshot
+# manifests (fuzz/fuzz_<target>.c). The library and the tool sources they
+# need are compiled for fuzzing (coverage + sanitizers) in $(BUILD)/fuzzobj.
+#   make fuzz                            builds $(BUILD)/fuzz_<target> for every target
+#   make fuzz-long FUZZ_SECONDS=N        runs each for N seconds on a copy of its corpus
+#                                        (FUZZ_PARALLEL=1: all at once) under $(FUZZ_OUT),
+#                                        then prints executions and crashes per target
 #   cp -r fuzz/corpus/record /tmp/c && $(BUILD)/fuzz_record -max_total_time=300 /tmp/c
-FUZZ_CC    ?= clang
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -g -O1 -fno-omit-frame-pointer \
-              -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-fuzz: $(BUILD)/fuzz_record $(BUILD)/fuzz_segment
+# tests/test_fuzz_replay.c replays every committed corpus (fuzz/corpus/<target>/)
+# through the same property checks in `make check`, without libFuzzer.
+FUZZ_CC       ?= clang
+FUZZ_TARGETS  := record segment model tokenizer codec_state npy alloc_json snapshot
+FUZZ_SECONDS  ?= 60
+FUZZ_PARALLEL ?= 0
+FUZZ_OUT      ?= /tmp/kvq-fuzz-long
+FUZZ_FLAGS    := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -Itools -g -O1 -fno-omit-frame-pointer \
+                 -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_OBJ      := $(BUILD)/fuzzobj
+FUZZ_LIB_OBJ  := $(LIB_SRC:%.c=$(FUZZ_OBJ)/%.o)
+FUZZ_TOOLS    := npy json alloc_json cacheopts
+FUZZ_TOOL_OBJ := $(FUZZ_TOOLS:%=$(FUZZ_OBJ)/tools/%.o)
+FUZZ_BIN      := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 
-$(BUILD)/fuzz_record: fuzz/fuzz_record.c src/tier/record.c src/common/common.c src/tier/record.h
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lm -lpthread
+fuzz: $(FUZZ_BIN)
 
-$(BUILD)/fuzz_segment: fuzz/fuzz_segment.c src/tier/store_file.c src/tier/store.c \
-                       src/tier/store_redis.c src/common/common.c src/tier/store_impl.h
+$(FUZZ_OBJ)/src/kernels/x86/%.o: src/kernels/x86/%.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lm -lpthread
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(AVX2FLAGS) -MMD -MP -c $< -o $@
+
+$(FUZZ_OBJ)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+$(FUZZ_OBJ)/libkvq.a: $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_file.h $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a -lm -lpthread
+
+# Rewrites the seed corpora of the file readers (fuzz/make_corpus.c).
+fuzz-corpus: $(BUILD)/make_corpus
+	$(BUILD)/make_corpus fuzz/corpus
+
+$(BUILD)/make_corpus: fuzz/make_corpus.c fuzz/fuzz_snapshot.c $(BUILD)/libkvq.a
+	$(CC) $(CFLAGS_ALL) -Isrc -o $@ $< $(BUILD)/libkvq.a $(LDLIBS)
+
+fuzz-long: fuzz
+	@sh fuzz/fuzz_long.sh $(BUILD) $(FUZZ_SECONDS) $(FUZZ_PARALLEL) $(FUZZ_OUT) $(FUZZ_TARGETS)
+
+# The corpus replay includes the fuzz targets and needs the tool sources
+# that some of them read through.
+FUZZ_REPLAY_TOOL_OBJ := $(FUZZ_TOOLS:%=$(BUILD)/obj/tools/%.o)
+$(BUILD)/tests/test_fuzz_replay: tests/test_fuzz_replay.c $(wildcard fuzz/*.c fuzz/*.h) $(TEST_HELP) \
+                                 tests/testutil.h $(FUZZ_REPLAY_TOOL_OBJ) $(BUILD)/libkvq.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Isrc -Itools -o $@ $< $(TEST_HELP) $(FUZZ_REPLAY_TOOL_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
 
 # The Python binding's tests (python/tests/run.py) against this build's libkvq.so.
 python-test: $(BUILD)/libkvq.so
