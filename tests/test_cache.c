@@ -1,8 +1,10 @@
 /*
- * test_cache.c - the cache: fused attention over encoded pages against a
- * naive f32 reference (exact for f32, and exact against the cache's own
- * decoded K/V for every codec), GQA and MQA, recent window, pre-RoPE and
- * centred keys, channel layout, precision switching, eviction invariants,
+ * test_cache.c - the cache: fused attention over encoded pages against
+ * double-precision references (the cache's own decoded K/V, pre-RoPE keys
+ * rotated, within the kernels' rounding; the exact K/V within the codecs'
+ * theoretical error, which attention ignoring the keys fails), GQA and
+ * MQA, recent window, pre-RoPE and centred keys, channel layout, precision
+ * switching, eviction invariants,
  * byte accounting through a counting allocator, bad input and allocation
  * failures leaving the cache unchanged, threads.
  */
@@ -55,45 +57,6 @@ static void free_seq(seqdata *s) {
     free(s->pos);
 }
 
-/* naive attention over explicit K/V rows [n][H][d] with positions. */
-static void naive_attend(size_t H, size_t QH, size_t d, size_t n, const float *K, const float *V,
-                         const int32_t *kpos, const float *q, int32_t qp, float *out) {
-    size_t G = QH / H;
-    double *sc = malloc(n * sizeof(double));
-    for (size_t qh = 0; qh < QH; qh++) {
-        size_t h = qh / G;
-        double mx = -1e300;
-        for (size_t j = 0; j < n; j++) {
-            if (kpos[j] > qp) {
-                sc[j] = -1e300;
-                continue;
-            }
-            double s = 0;
-            for (size_t t = 0; t < d; t++)
-                s += (double)q[qh * d + t] * K[(j * H + h) * d + t];
-            sc[j] = s / sqrt((double)d);
-            if (sc[j] > mx)
-                mx = sc[j];
-        }
-        double l = 0;
-        for (size_t t = 0; t < d; t++)
-            out[qh * d + t] = 0;
-        double *o = calloc(d, sizeof(double));
-        for (size_t j = 0; j < n; j++) {
-            if (kpos[j] > qp)
-                continue;
-            double w = exp(sc[j] - mx);
-            l += w;
-            for (size_t t = 0; t < d; t++)
-                o[t] += w * V[(j * H + h) * d + t];
-        }
-        for (size_t t = 0; t < d; t++)
-            out[qh * d + t] = l > 0 ? (float)(o[t] / l) : 0.0f;
-        free(o);
-    }
-    free(sc);
-}
-
 static kvq_cache *make_cache(kvq_cache_config *cfg) {
     kvq_cache *c = NULL;
     char msg[200] = "";
@@ -117,40 +80,390 @@ static void fill_cache(kvq_cache *c, const seqdata *s, int prerope, size_t chunk
         }
 }
 
-/* Compares cache attention at a few query positions with (a) naive attention
- * over the exact data and (b) naive attention over the cache's own decoded
- * K/V (the fused kernels must match the latter closely for every codec). */
-static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, double tol_exact,
-                            double tol_decoded, const char *what, tu_rng *r) {
-    size_t QH = s->QH, d = s->d, H = s->H, n;
+/* ---- what attention may differ by, from the codecs' theory ----
+ *
+ * check_attention compares the cache's attention with two references.
+ *
+ * (a) Attention in double over the cache's own decoded K/V (get_kv; pre-RoPE
+ *     keys rotated here at their positions): the fused kernels must match it
+ *     up to their own arithmetic.
+ *     - Float rounding: the score of key j may be off by delta_j (logits) =
+ *       lambda sqrt(n) u |q||k| (probabilistic bound of Higham & Mary 2019,
+ *       lambda = 8, n = 4d roundings on the longest path: the query's
+ *       rotation, the key's reconstruction, the dot, a tqp sketch; it fails
+ *       with probability < 2n e^-32 per score; |k| counts a minimum term 2x)
+ *       plus the float RoPE angle (pos * freq in float: 4u pos). Then every
+ *       weight is within exp(+-2 max delta)(1 +- eta) of the reference's
+ *       (eta: the exp polynomial's 4e-7 and the float sum of the weights,
+ *       gamma_{n+64}), so the output moves by at most eps_p sum_j p_j
+ *       |v_j - o| (the weights sum to 1 either way), plus the float
+ *       accumulation of the values, 2 lambda u sqrt(n + 4d) sum_j p_j |v_j|.
+ *     - The SIMD paths that quantize the query (int codecs: int8 codes per
+ *       block of 32 values, step = block absmax / 127; tq4: int16 query,
+ *       step max|q| / 8191, and int16 codebook, |error| <= 1/16382 of the
+ *       largest centroid) add to each encoded key's score a rounding error
+ *       of variance sum_t step^2/12 k_t^2 (independent uniform roundings);
+ *       the output error then has E|.|^2 = sum_j p_j^2 var_j |v_j - o|^2,
+ *       bounded by 3x its root (>= 8 independent components exceed 3x
+ *       their rms with probability < 1e-8).
+ * (b) Attention in double over the exact K/V: the codecs' own error. To
+ *     first order, with independent errors e_j of the values and d_j =
+ *     <q, e_j^k>/sqrt(d) of the scores, E|o' - o|^2 = sum_j p_j^2 (E|e_j^v|^2
+ *     + (exp(E d_j^2) - 1) |v_j - o|^2) (the weights move by the lognormal
+ *     factor exp(d_j) / E exp(d)). E|e|^2 and E d^2 come from each codec's
+ *     theory on the vector at hand (codec_err); tokens still staged are f16.
+ *     The bound is 2x the root of that expectation over the query heads
+ *     (the realised error of >= 8 independent components exceeds 2x its rms
+ *     with probability < 1e-4; the factor also covers second-order terms),
+ *     plus bound (a). Attention that ignores the keys (uniform weights over
+ *     the visible tokens) must fail it, so a broken key path cannot pass. */
+#define ATT_LAMBDA 8.0
+#define ATT_U 0x1p-24
+
+typedef struct {
+    const char *k[8], *v[8]; /* codec spec of each KV head's keys and values */
+    int kchan;               /* channel-layout key bits (0: token layout) */
+    size_t page, recent;     /* page_tokens, recent_window */
+    size_t staged;           /* newest tokens still in f16 staging at the first attend */
+    int prerope;
+    double theta;
+    const float *center; /* [L][H][d] or NULL */
+    int simd;            /* the AVX2 kernels run (query codes on the int and tq4 paths) */
+    int keys_matter;     /* the codecs' bound (b) is below the error of uniform weights */
+} att_model;
+
+static void model_from_cfg(att_model *m, const kvq_cache_config *cfg) {
+    memset(m, 0, sizeof *m);
+    for (size_t h = 0; h < 8; h++) {
+        m->k[h] = cfg->k_codec;
+        m->v[h] = cfg->v_codec;
+    }
+    if (cfg->k_layout == KVQ_LAYOUT_CHANNEL)
+        m->kchan = atoi(cfg->k_codec + 3); /* "int<b>" */
+    m->page = cfg->page_tokens ? cfg->page_tokens : 16;
+    m->recent = cfg->recent_window;
+    m->prerope = cfg->k_prerope;
+    m->theta = cfg->rope_theta;
+    m->center = cfg->k_center ? cfg->k_center_values : NULL;
+    m->simd = cfg->isa != KVQ_ISA_SCALAR && kvq_cpu_supports(KVQ_ISA_AVX2);
+    m->keys_matter = 1;
+}
+
+/* RoPE in double at position pos (sign -1: the inverse rotation). */
+static void rope_d(double *x, size_t d, int32_t pos, double theta, int sign) {
+    for (size_t i = 0; i < d / 2; i++) {
+        double a = sign * (double)pos * pow(theta, -(double)(2 * i) / (double)d);
+        double c = cos(a), sn = sin(a), v0 = x[2 * i], v1 = x[2 * i + 1];
+        x[2 * i] = v0 * c - v1 * sn;
+        x[2 * i + 1] = v0 * sn + v1 * c;
+    }
+}
+
+static double norm_d(const double *x, size_t d) {
+    double s = 0;
+    for (size_t t = 0; t < d; t++)
+        s += x[t] * x[t];
+    return sqrt(s);
+}
+
+/* Gaussian Lloyd-Max distortion per unit variance (Max 1960), b = 1..4. The
+ * codebook of one coordinate of a random unit vector in R^d (lighter tails)
+ * does better at every d >= 2. */
+static const double lloyd_max_gauss[5] = {0, 0.3634, 0.1175, 0.03454, 0.009497};
+
+/* nmse of tq<b> with its norm correction (x' = |x| c/|c|): the error
+ * 2(1 - cos) = 2 sin^2/(1 + cos), sin^2 <= |u - c|^2 ~ D, cos ~ sqrt(1 - D). */
+static double tq_nmse(int b) {
+    double D = lloyd_max_gauss[b];
+    return D * 2.0 / (1.0 + sqrt(1.0 - D));
+}
+
+/* Theory of one token-layout codec on one vector x (the codec's input):
+ * *e2 = E|x' - x|^2 and *qe2 = E<qs, x' - x>^2 for the query qs. Integer
+ * codecs: uniform rounding, step^2/12 per value (step = absmax/127 or
+ * range/L of the group); f16 / bf16: rounding to 2^-10 / 2^-7 relative
+ * ulps; tq: tq_nmse |x|^2, isotropic (random rotation); tqp: tq(b-1)'s error
+ * times the QJL estimator's pi/2 - 1/d (its mean over sketches), times
+ * 1 + 2/sqrt(d) for one fixed sketch of d rows. */
+static void codec_err(const char *spec, const float *x, size_t d, const double *qs, double *e2,
+                      double *qe2) {
+    double xx = 0, qq = 0;
+    for (size_t t = 0; t < d; t++) {
+        xx += (double)x[t] * x[t];
+        qq += qs[t] * qs[t];
+    }
+    *e2 = *qe2 = 0;
+    if (!strncmp(spec, "f16", 3) || !strncmp(spec, "bf16", 4)) {
+        double rel = spec[0] == 'f' ? 0x1p-10 : 0x1p-7;
+        for (size_t t = 0; t < d; t++) {
+            double v = rel * rel / 12 * x[t] * x[t];
+            *e2 += v;
+            *qe2 += qs[t] * qs[t] * v;
+        }
+    } else if (!strncmp(spec, "int", 3)) {
+        int bits = atoi(spec + 3);
+        const char *gs = strstr(spec, ":g=");
+        size_t g = gs ? (size_t)atoi(gs + 3) : d;
+        for (size_t g0 = 0; g0 < d; g0 += g) {
+            float mn = x[g0], mx = x[g0], am = 0;
+            double q2 = 0;
+            for (size_t t = g0; t < g0 + g; t++) {
+                mn = fminf(mn, x[t]), mx = fmaxf(mx, x[t]), am = fmaxf(am, fabsf(x[t]));
+                q2 += qs[t] * qs[t];
+            }
+            double step = bits == 8 ? am / 127.0 : (mx - mn) / (double)((1 << bits) - 1);
+            *e2 += (double)g * step * step / 12;
+            *qe2 += q2 * step * step / 12;
+        }
+    } else if (!strncmp(spec, "tqp", 3)) {
+        *e2 = tq_nmse(spec[3] - '0' - 1) * (M_PI / 2 - 1.0 / (double)d) *
+              (1 + 2 / sqrt((double)d)) * xx;
+        *qe2 = qq * *e2 / (double)d;
+    } else if (!strncmp(spec, "tq", 2)) {
+        *e2 = tq_nmse(spec[2] - '0') * xx;
+        *qe2 = qq * *e2 / (double)d;
+    }
+}
+
+/* Variance of the score error that the query quantization of the SIMD path
+ * adds to key k (as stored: less the centre) for the query qs (see (a)). */
+static double quant_var(const att_model *m, const char *kc, const double *qs, const double *k,
+                        size_t d) {
+    if (!m->simd || m->prerope || m->kchan || d % 32 != 0)
+        return 0; /* float paths: pre-RoPE and channel keys are scored in float */
+    double v = 0;
+    if (!strncmp(kc, "int", 3)) {
+        double mn = 0; /* int4/int2: codes count up from the group minimum (one group here) */
+        if (atoi(kc + 3) != 8) {
+            mn = k[0];
+            for (size_t t = 1; t < d; t++)
+                mn = fmin(mn, k[t]);
+        }
+        for (size_t b0 = 0; b0 < d; b0 += 32) {
+            double bm = 0;
+            for (size_t t = b0; t < b0 + 32; t++)
+                bm = fmax(bm, fabs(qs[t]));
+            double step = bm / 127;
+            for (size_t t = b0; t < b0 + 32; t++)
+                v += step * step / 12 * (k[t] - mn) * (k[t] - mn);
+        }
+    } else if (!strcmp(kc, "tq4")) {
+        /* query: step max|qr| / 8191 <= |q| / 8191 against scale * c
+         * (|scale c| = |k|); codebook: |error| <= cmax/16382 with cmax < 1,
+         * times scale = |k|/|c| <= 2|k| (|c| >= 1/2: tq4's per-vector error
+         * |u - c|^2 is ~0.01 on these keys) */
+        double qn = norm_d(qs, d), kn = norm_d(k, d);
+        v = qn * qn * kn * kn * (1.0 / (12.0 * 8191.0 * 8191.0) + 4.0 / (16382.0 * 16382.0));
+    }
+    return v;
+}
+
+/* Softmax weights (p[j], 0 when not visible) of scores sc over n tokens and
+ * the output o = sum p_j V_j; returns 0 when nothing is visible. */
+static int softmax_out(size_t n, size_t d, const double *sc, const int32_t *kpos, int32_t qp,
+                       const float *V, size_t vstride, double *p, double *o) {
+    double mx = -INFINITY, l = 0;
+    for (size_t j = 0; j < n; j++)
+        if (kpos[j] <= qp && sc[j] > mx)
+            mx = sc[j];
+    for (size_t j = 0; j < n; j++) {
+        p[j] = kpos[j] <= qp ? exp(sc[j] - mx) : 0;
+        l += p[j];
+    }
+    memset(o, 0, d * sizeof(double));
+    if (l == 0)
+        return 0;
+    for (size_t j = 0; j < n; j++) {
+        p[j] /= l;
+        for (size_t t = 0; t < d; t++)
+            o[t] += p[j] * V[j * vstride + t];
+    }
+    return 1;
+}
+
+/* Compares cache attention at three query positions with (a) attention over
+ * its own decoded K/V and (b) attention over the exact data, with the bounds
+ * described above, and checks that uniform weights fail (b). */
+static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, const att_model *m,
+                            const char *what, tu_rng *r) {
+    size_t QH = s->QH, d = s->d, H = s->H, G = QH / H, n, N = s->n, HD = H * d;
     CHECK_OK(kvq_cache_tokens(c, layer, &n));
+    TU_REPORT(n == N, "%s: %zu tokens stored, %zu appended", what, n, N);
+    if (n != N)
+        return;
     float *q = malloc(QH * d * sizeof(float)), *out = malloc(QH * d * sizeof(float));
-    float *ref = malloc(QH * d * sizeof(float)), *ref2 = malloc(QH * d * sizeof(float));
-    float *K = malloc((n + 1) * H * d * sizeof(float)), *V = malloc((n + 1) * H * d * sizeof(float));
-    int32_t *kp = malloc((n + 1) * sizeof(int32_t));
-    CHECK_OK(kvq_cache_positions(c, layer, kp, n));
-    double worst1 = 0, worst2 = 0;
-    int32_t qps[3] = {s->pos[s->n - 1], s->pos[s->n / 2], s->pos[0]};
+    float *K = malloc(N * HD * sizeof(float)), *V = malloc(N * HD * sizeof(float));
+    int32_t *kp = malloc(N * sizeof(int32_t));
+    double *sc = malloc(N * sizeof(double)), *p = malloc(N * sizeof(double));
+    double *qv = malloc(N * sizeof(double)); /* quantization variance per key */
+    double *o = malloc(d * sizeof(double)), *qs = malloc(d * sizeof(double));
+    double *qr = malloc(d * sizeof(double)), *kd = malloc(d * sizeof(double));
+    double *ks = malloc(d * sizeof(double)), *un = malloc(d * sizeof(double));
+    float *xin = malloc(d * sizeof(float));
+    CHECK_OK(kvq_cache_positions(c, layer, kp, N));
+    const float *Kx = s->k + layer * N * HD, *Kin = (m->prerope ? s->kpre : s->k) + layer * N * HD;
+    const float *Vx = s->v + layer * N * HD;
+    double worst_dec = 0, worst_exact = 0, min_unif = INFINITY;
+    int32_t qps[3] = {s->pos[N - 1], s->pos[N / 2], s->pos[0]};
+    size_t nf16 = m->staged < N ? m->staged : N;
     for (int qi = 0; qi < 3; qi++) {
         /* what this attend sees (an attend that reaches the newest token
          * settles staged tokens after it: the next one sees them encoded) */
-        CHECK_OK(kvq_cache_get_kv(c, layer, -1, 0, n, K, V, n * H * d));
+        CHECK_OK(kvq_cache_get_kv(c, layer, -1, 0, N, K, V, N * HD));
         tu_fill_gauss(r, q, QH * d, 1.0f);
-        CHECK_OK(kvq_cache_attend(c, layer, q, &qps[qi], 1, out, QH * d, NULL, 0));
-        naive_attend(H, QH, d, s->n, s->k + layer * s->n * H * d, s->v + layer * s->n * H * d,
-                     s->pos, q, qps[qi], ref);
-        /* the decoded keys are pre-RoPE when the cache stores them so */
-        naive_attend(H, QH, d, n, K, V, kp, q, qps[qi], ref2);
-        double e1 = tu_rel_err(out, ref, QH * d), e2 = tu_rel_err(out, ref2, QH * d);
-        worst1 = fmax(worst1, e1);
-        worst2 = fmax(worst2, e2);
+        int32_t qp = qps[qi];
+        CHECK_OK(kvq_cache_attend(c, layer, q, &qp, 1, out, QH * d, NULL, 0));
+        double e_dec2 = 0, ref2 = 0, dref2 = 0, e_ex2 = 0, pred2 = 0, bflt2 = 0, bq2 = 0;
+        double unif2 = 0;
+        for (size_t qh = 0; qh < QH; qh++) {
+            size_t h = qh / G;
+            const float *cen = m->center ? m->center + (layer * H + h) * d : NULL;
+            double cn = 0;
+            for (size_t t = 0; t < d; t++) {
+                qs[t] = q[qh * d + t] / sqrt((double)d);
+                cn += cen ? (double)cen[t] * cen[t] : 0;
+            }
+            cn = sqrt(cn);
+            double qn = norm_d(qs, d);
+            /* (a) over the decoded K/V */
+            double delta = 0;
+            for (size_t j = 0; j < N; j++) {
+                double kinf = 0;
+                for (size_t t = 0; t < d; t++) {
+                    kd[t] = K[(j * H + h) * d + t];
+                    ks[t] = kd[t] - (cen ? cen[t] : 0); /* what the codec stored */
+                    kinf = fmax(kinf, fabs(ks[t]));
+                }
+                double kn = norm_d(ks, d);
+                qv[j] = j < N - nf16 ? quant_var(m, m->k[h], qs, ks, d) : 0;
+                if (m->prerope)
+                    rope_d(kd, d, kp[j], m->theta, 1);
+                double dot = 0;
+                for (size_t t = 0; t < d; t++)
+                    dot += qs[t] * kd[t];
+                sc[j] = dot;
+                if (kp[j] > qp)
+                    continue;
+                /* float rounding: N = 4d roundings (d + 4 on the direct
+                 * paths: float, int, channel keys, each of a value of at
+                 * most |q|(|k| + |centre|), int4/int2 adding sqrt(d)|q| |m|
+                 * (the minimum times the query's sum) */
+                const char *kc = m->k[h];
+                int direct = m->kchan || strncmp(kc, "tq", 2) != 0;
+                int asym = !m->kchan && !strncmp(kc, "int", 3) && atoi(kc + 3) != 8;
+                double nr = direct ? d + 4.0 : 4.0 * d;
+                double dj = ATT_LAMBDA * ATT_U * sqrt(nr) * qn *
+                            (kn + cn + (asym ? 2 * kinf * sqrt((double)d) : 0));
+                if (m->prerope)
+                    dj += (4 * ATT_U * kp[j] + 8 * ATT_U) * qn * (kn + cn);
+                delta = fmax(delta, dj);
+            }
+            softmax_out(N, d, sc, kp, qp, V + h * d, HD, p, o);
+            double eta = (double)(N + 64) * ATT_U / (1 - (N + 64) * ATT_U) + 4e-7;
+            double eps_p = exp(2 * delta) * (1 + eta) - 1;
+            double spread = 0, mag = 0, qvar = 0;
+            for (size_t j = 0; j < N; j++) {
+                if (p[j] == 0)
+                    continue;
+                double dv = 0, vv = 0;
+                for (size_t t = 0; t < d; t++) {
+                    double x = V[(j * H + h) * d + t];
+                    dv += (x - o[t]) * (x - o[t]);
+                    vv += x * x;
+                }
+                spread += p[j] * sqrt(dv);
+                mag += p[j] * sqrt(vv);
+                qvar += p[j] * p[j] * expm1(qv[j]) * dv;
+            }
+            double bh = eps_p * spread + 2 * ATT_LAMBDA * ATT_U * sqrt((double)(N + 4 * d)) * mag;
+            bflt2 += bh * bh;
+            bq2 += qvar;
+            for (size_t t = 0; t < d; t++) {
+                e_dec2 += (out[qh * d + t] - o[t]) * (out[qh * d + t] - o[t]);
+                dref2 += o[t] * o[t];
+            }
+            /* (b) over the exact data, and the codecs' expected error */
+            for (size_t j = 0; j < N; j++) {
+                double dot = 0;
+                for (size_t t = 0; t < d; t++)
+                    dot += qs[t] * Kx[(j * H + h) * d + t];
+                sc[j] = dot;
+            }
+            softmax_out(N, d, sc, s->pos, qp, Vx + h * d, HD, p, o);
+            double pe = 0;
+            size_t nvis = 0;
+            memset(un, 0, d * sizeof(double));
+            for (size_t j = 0; j < N; j++) {
+                if (s->pos[j] > qp)
+                    continue;
+                nvis++;
+                int f16 = j >= N - nf16; /* staged: f16 until settled */
+                const float *vj = Vx + (j * H + h) * d;
+                for (size_t t = 0; t < d; t++)
+                    un[t] += vj[t];
+                /* key error: the codec's input is the key as given less
+                 * the centre; a pre-RoPE key's error turns with the key */
+                for (size_t t = 0; t < d; t++) {
+                    xin[t] = Kin[(j * H + h) * d + t] - (cen ? cen[t] : 0.0f);
+                    qr[t] = qs[t];
+                }
+                if (m->prerope)
+                    rope_d(qr, d, s->pos[j], m->theta, -1);
+                double ke2 = 0, kq2 = 0, ve2 = 0, vq2 = 0;
+                size_t P = m->page, pg = j / P;
+                if (m->kchan && !f16 && (pg + 1) * P <= N - nf16) {
+                    /* KIVI: each channel's range over the page's P tokens in
+                     * 2^b - 1 steps (a page is encoded once full and settled) */
+                    for (size_t t = 0; t < d; t++) {
+                        float mn = INFINITY, mx = -INFINITY;
+                        for (size_t i = pg * P; i < (pg + 1) * P; i++) {
+                            float x = Kin[(i * H + h) * d + t] - (cen ? cen[t] : 0.0f);
+                            mn = fminf(mn, x), mx = fmaxf(mx, x);
+                        }
+                        double st = (mx - mn) / (double)((1 << m->kchan) - 1);
+                        kq2 += qr[t] * qr[t] * st * st / 12;
+                    }
+                } else {
+                    codec_err(f16 || m->kchan ? "f16" : m->k[h], xin, d, qr, &ke2, &kq2);
+                }
+                codec_err(f16 ? "f16" : m->v[h], vj, d, qs, &ve2, &vq2);
+                double dv = 0;
+                for (size_t t = 0; t < d; t++)
+                    dv += (vj[t] - o[t]) * (vj[t] - o[t]);
+                pe += p[j] * p[j] * (ve2 + expm1(kq2) * dv);
+            }
+            for (size_t t = 0; t < d; t++) {
+                double x = out[qh * d + t] - o[t], y = un[t] / (double)nvis - o[t];
+                e_ex2 += x * x;
+                unif2 += y * y;
+                ref2 += o[t] * o[t];
+            }
+            pred2 += pe;
+        }
+        double bound_a = sqrt(bflt2) + 3 * sqrt(bq2); /* absolute, over the query heads */
+        double bound_b = (2 * sqrt(pred2) + bound_a) / sqrt(ref2);
+        double ex = sqrt(e_ex2 / ref2), unif = sqrt(unif2 / ref2);
+        worst_dec = fmax(worst_dec, sqrt(e_dec2) / bound_a);
+        worst_exact = fmax(worst_exact, ex / bound_b);
+        if (qi < 2) /* at the first position one token is visible: nothing to weigh */
+            min_unif = fmin(min_unif, unif / bound_b);
+        if (getenv("KVQ_TEST_VERBOSE"))
+            printf("  %s q@%d: exact %.3g (bound %.3g, uniform %.3g), decoded %.3g (bound %.3g)\n",
+                   what, (int)qp, ex, bound_b, unif, sqrt(e_dec2 / dref2),
+                   bound_a / sqrt(dref2));
+        /* settled by that attend: the recent window stays in f16 */
+        nf16 = m->recent > 0 ? m->recent - 1 : 0;
     }
-    TU_REPORT(worst1 <= tol_exact, "%s: attention rel err vs exact f32 %.3g > %.3g", what, worst1,
-              tol_exact);
-    if (tol_decoded > 0)
-        TU_REPORT(worst2 <= tol_decoded, "%s: attention rel err vs its own decoded K/V %.3g > %.3g",
-                  what, worst2, tol_decoded);
-    free(q), free(out), free(ref), free(ref2), free(K), free(V), free(kp);
+    TU_REPORT(worst_dec <= 1, "%s: attention vs its own decoded K/V exceeds the bound by %.3gx",
+              what, worst_dec);
+    TU_REPORT(worst_exact <= 1, "%s: attention vs exact f32 exceeds the codecs' bound by %.3gx",
+              what, worst_exact);
+    if (m->keys_matter)
+        TU_REPORT(min_unif > 1,
+                  "%s: uniform weights (keys ignored) pass the codecs' bound (error/bound %.3g)",
+                  what, min_unif);
+    free(q), free(out), free(K), free(V), free(kp), free(sc), free(p), free(qv), free(o);
+    free(qs), free(qr), free(kd), free(ks), free(un), free(xin);
 }
 
 static void base_cfg(kvq_cache_config *cfg, const seqdata *s, const char *kc, const char *vc) {
@@ -169,13 +482,16 @@ static void base_cfg(kvq_cache_config *cfg, const seqdata *s, const char *kc, co
  * does, then freed; nothing more when creation fails (make_cache reports
  * it). */
 static void check_filled(kvq_cache_config *cfg, const seqdata *s, int prerope, size_t chunk,
-                         size_t layer, double tol_exact, double tol_decoded, const char *what,
-                         tu_rng *r) {
+                         size_t layer, const char *what, tu_rng *r) {
     kvq_cache *c = make_cache(cfg);
     if (!c)
         return;
     fill_cache(c, s, prerope, chunk);
-    check_attention(c, s, layer, tol_exact, tol_decoded, what, r);
+    att_model m;
+    model_from_cfg(&m, cfg);
+    /* the last chunk and the recent window before it wait in f16 */
+    m.staged = (s->n % chunk ? s->n % chunk : chunk) + (m.recent ? m.recent - 1 : 0);
+    check_attention(c, s, layer, &m, what, r);
     kvq_cache_free(c);
 }
 
@@ -197,18 +513,32 @@ static void test_exact_and_codecs(tu_rng *r) {
         base_cfg(&cfg, &s, "f32", "f32");
         char what[96];
         snprintf(what, sizeof what, "f32 H=%zu QH=%zu d=%zu", s.H, s.QH, s.d);
-        check_filled(&cfg, &s, 0, 7, 1, 1e-5, 1e-5, what, r);
+        check_filled(&cfg, &s, 0, 7, 1, what, r);
         /* every codec: close to exact, and matching its own decoded K/V */
-        const char *codecs[][3] = {{"f16", "f16", "2e-3"},   {"bf16", "bf16", "2e-2"},
-                                   {"int8", "int8", "2e-2"}, {"int4", "int4", "0.25"},
-                                   {"tq4", "tq4", "0.25"},   {"tq3", "tq3", "0.5"},
-                                   {"int8", "tq3", "0.3"},   {"tqp3", "int4", "0.6"}};
+        const char *codecs[][2] = {{"f16", "f16"}, {"bf16", "bf16"}, {"int8", "int8"},
+                                   {"int4", "int4"}, {"tq4", "tq4"},   {"tq3", "tq3"},
+                                   {"int8", "tq3"},  {"tqp3", "int4"}};
         for (size_t ci = 0; ci < 8; ci++) {
             base_cfg(&cfg, &s, codecs[ci][0], codecs[ci][1]);
             cfg.page_tokens = 8;
             snprintf(what, sizeof what, "%s/%s H=%zu QH=%zu d=%zu", codecs[ci][0], codecs[ci][1],
                      s.H, s.QH, s.d);
-            check_filled(&cfg, &s, 0, 75, 0, atof(codecs[ci][2]), 2e-2, what, r);
+            kvq_cache *c = make_cache(&cfg);
+            if (!c)
+                continue;
+            fill_cache(c, &s, 0, 75);
+            att_model m;
+            model_from_cfg(&m, &cfg);
+            m.staged = s.n;
+            /* tqp3 keys: by the codec's theory (nmse ~0.2 of |k|^2, with
+             * the offset channel |k|^2 ~ d + 9) the scores move by ~0.5 to
+             * 0.8 logits, so attention over them may legitimately be as far
+             * from exact as attention that ignores the keys; bound (b)
+             * cannot tell them apart here, and the key path is held by
+             * bound (a) instead */
+            m.keys_matter = strcmp(codecs[ci][0], "tqp3") != 0;
+            check_attention(c, &s, 0, &m, what, r);
+            kvq_cache_free(c);
         }
         free_seq(&s);
     }
@@ -220,11 +550,11 @@ static void test_window_prerope_center_chan(tu_rng *r) {
     /* recent window: the newest R tokens in f16, the rest int8 */
     seq_and_cfg(&s, &cfg, 2, 2, 4, 16, 90, "int8", "int8", r);
     cfg.recent_window = 20;
-    check_filled(&cfg, &s, 0, 9, 1, 2e-2, 2e-3, "int8 + recent window 20", r);
+    check_filled(&cfg, &s, 0, 9, 1, "int8 + recent window 20", r);
     /* pre-RoPE keys in f32: exactly the post-RoPE result */
     base_cfg(&cfg, &s, "f32", "f32");
     cfg.k_prerope = 1;
-    check_filled(&cfg, &s, 1, 13, 0, 1e-5, 0, "f32 pre-RoPE", r);
+    check_filled(&cfg, &s, 1, 13, 0, "f32 pre-RoPE", r);
     /* centring (given channel means: the pre-RoPE means of the keys, what
      * calibration would supply) is exact in f32 */
     float *cen = calloc(s.L * s.H * s.d, sizeof(float));
@@ -235,13 +565,13 @@ static void test_window_prerope_center_chan(tu_rng *r) {
     base_cfg(&cfg, &s, "f32", "f32");
     cfg.k_center = 1;
     cfg.k_center_values = cen;
-    check_filled(&cfg, &s, 0, 30, 1, 1e-5, 1e-5, "f32 centred", r);
+    check_filled(&cfg, &s, 0, 30, 1, "f32 centred", r);
     /* centring + pre-RoPE + tq keys */
     base_cfg(&cfg, &s, "tq4", "tq4");
     cfg.k_center = 1;
     cfg.k_center_values = cen;
     cfg.k_prerope = 1;
-    check_filled(&cfg, &s, 1, 30, 1, 0.25, 0, "tq4 centred pre-RoPE", r);
+    check_filled(&cfg, &s, 1, 30, 1, "tq4 centred pre-RoPE", r);
     /* a centre without values is refused (it would come from the sequence) */
     base_cfg(&cfg, &s, "f32", "f32");
     cfg.k_center = 1;
@@ -253,14 +583,13 @@ static void test_window_prerope_center_chan(tu_rng *r) {
     free(cen);
     /* channel layout int8 keys, pages of 16: partial page stays f16 */
     const char *ck[] = {"int8", "int4", "int3", "int2"};
-    const double ct[] = {2e-2, 0.2, 0.35, 0.7};
     for (int i = 0; i < 4; i++) {
         base_cfg(&cfg, &s, ck[i], "int8");
         cfg.k_layout = KVQ_LAYOUT_CHANNEL;
         cfg.k_prerope = i >= 2;
         char what[64];
         snprintf(what, sizeof what, "channel %s%s", ck[i], cfg.k_prerope ? " pre-RoPE" : "");
-        check_filled(&cfg, &s, cfg.k_prerope, 11, 1, ct[i], cfg.k_prerope ? 0 : 2e-2, what, r);
+        check_filled(&cfg, &s, cfg.k_prerope, 11, 1, what, r);
     }
     base_cfg(&cfg, &s, "tq3", "int8");
     cfg.k_layout = KVQ_LAYOUT_CHANNEL;
@@ -282,7 +611,11 @@ static void test_precision_switch(tu_rng *r) {
     CHECK(e > 1e-4 && e < 0.05);
     CHECK_OK(kvq_cache_set_precision(c, 1, 0, 1, "int8", &e));
     CHECK(e > 0 && e < 1e-3);
-    check_attention(c, &s, 1, 0.2, 2e-2, "after set_precision", r);
+    att_model m;
+    model_from_cfg(&m, &cfg);
+    m.k[0] = m.k[1] = "int4";
+    m.v[0] = "int8";
+    check_attention(c, &s, 1, &m, "after set_precision", r);
     CHECK_STATUS(kvq_cache_set_precision(c, 1, 0, 1, "int5", &e), KVQ_ERR_UNKNOWN_CODEC);
     CHECK_STATUS(kvq_cache_set_precision(c, 7, 0, 1, "int8", &e), KVQ_ERR_RANGE);
     /* new tokens use the new codec */
@@ -536,7 +869,9 @@ static void test_bad_input(tu_rng *r) {
     size_t n;
     kvq_cache_tokens(c, 0, &n);
     CHECK_EQ(n, 10);
-    check_attention(c, &s, 0, 2e-2, 2e-3, "after bad input", r);
+    att_model m;
+    model_from_cfg(&m, &cfg);
+    check_attention(c, &s, 0, &m, "after bad input", r);
     kvq_cache_free(c);
     /* configuration errors */
     kvq_cache *bad = NULL;
