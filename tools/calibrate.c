@@ -1,38 +1,42 @@
 /*
  * calibrate.c - `kvq calibrate`: per-head mixed precision, made automatic.
  *
- * A unit is the keys or the values of one KV head of one layer. For every
- * unit and candidate codec the tool measures KL(f32 || compressed) of the
+ * A unit is the keys or the values of one KV head of one layer. For a unit
+ * and a candidate codec the tool measures KL(f32 || compressed) of the
  * next-token distributions with only that unit compressed, decoding the
  * calibration text token by token as inference (and kvq eval) does: each
  * query sees the cache as it was when its token was decoded, so a channel
- * page is seen quantized only once a later token has settled it. Decoding is
- * one model call per token, so the measurement is kept cheap:
- *   - it runs on the first sens_tokens predicted tokens of the text (whole
- *     stories), and scores every stride-th of them (the classifier of a
- *     large vocabulary costs more than the layers; unscored tokens still
- *     pass through the cache);
- *   - only the candidates of 4 bits and below are measured. Dearer ones
- *     (nuq5, nuq6, int8) change the output by less than their 4-bit sibling;
- *     their KL is taken as the measured KL of the unit's most accurate
- *     token-codec candidate times the ratio of reconstruction errors on the
- *     calibration samples (KL is second order in a small error), and f16
- *     counts as exact;
- *   - the runs of different units are independent and spread over --jobs
- *     threads.
- * The public model API gives logits only (no hidden states or queries), so
- * every sensitivity is a whole decode of the measured tokens.
+ * page is seen quantized only once a later token has settled it, and the
+ * open page and recent window exact. Decoding is one model call per token,
+ * and the public model API gives logits only (no hidden states or queries to
+ * measure a layer from), so every measurement is a whole decode. It is kept
+ * cheap three ways:
+ *   - the runs decode about sens_tokens predicted tokens: the longest
+ *     sequences of the text, whole (long contexts, every position; the first
+ *     lines of a text are no sample of it), and score every stride-th
+ *     prediction (the classifier of a large vocabulary costs more than the
+ *     layers; unscored tokens still pass through the cache);
+ *   - one candidate per family is measured (chan:int, nuq, tq: the member
+ *     closest to 3 bits); KL is second order in a small error, so the other
+ *     members' KL is the measured one times the ratio of their reconstruction
+ *     errors on the decoded sequences (for f16: exact). --measure-all
+ *     measures every candidate of 4 bits and below instead;
+ *   - the runs are independent and spread over --jobs threads.
+ * Codecs fitted to data (nuq tables) are fitted on the sequences the runs do
+ * not decode, so that the runs see what the tables do on text they were not
+ * fitted on (values outside a table's range are clipped); the allocation
+ * keeps tables refitted on the whole text.
  *
- * Bits are the cache's asymptotic bits per value (kvq_stats): the payload
- * of one token in a full encoded page, channel-page headers and alignment
- * included. Each unit's cost is measured exactly on a one-head cache and
- * the units add up to the whole cache's figure. The allocation starts at
- * every unit's cheapest candidate and takes, while the mean stays within the
+ * Bits are the cache's asymptotic bits per value (kvq_stats): the payload of
+ * one token in a full encoded page, channel-page headers and alignment
+ * included. Each unit's cost is measured exactly on a one-head cache and the
+ * units add up to the whole cache's figure. The allocation starts at every
+ * unit's cheapest candidate and takes, while the mean stays within the
  * target, the upgrade with the most KL saved per bit added. The fixed cost of
- * a sequence (f16 staging of tokens not yet encoded, the recent window,
- * unfilled page slots) does not grow with its length: it is reported in
- * bytes beside the asymptotic figure, both measured by decoding the whole
- * calibration text with the allocation.
+ * a sequence (f16 staging of tokens not yet encoded, of the open channel
+ * page and of the recent window, unfilled page slots) does not grow with its
+ * length: it is reported in bytes beside the asymptotic figure, both measured
+ * by decoding the whole calibration text with the allocation.
  *
  * Keys are stored pre-RoPE and centred on their per-channel mean over the
  * calibration text (written into the allocation), which makes per-channel
@@ -61,8 +65,10 @@ typedef struct cal_cand {
     double kl;       /* KL with only this unit compressed (measured or estimated) */
     double mse;      /* mean squared reconstruction error on the samples; < 0 unknown */
     int measure;     /* measured (1) or estimated from a measured sibling (0) */
-    unsigned char *state;
+    unsigned char *state;  /* fitted state the sensitivity runs use, or NULL */
     size_t state_size;
+    unsigned char *fstate; /* fitted on all the calibration text (NULL: state) */
+    size_t fstate_size;
 } cal_cand;
 
 typedef struct cal_unit {
@@ -80,6 +86,7 @@ struct kvqt_calib {
     size_t nseq, ntok;   /* sequences, predicted tokens */
     size_t sens_seq;     /* the first sens_seq sequences are the sensitivity runs' */
     size_t sens_tok;     /* their predicted tokens */
+    size_t sens_kv;      /* their tokens (K/V samples) */
     kvqt_ref_row *ref;   /* [ntok] f32 reference rows, in text order */
     uint16_t *codes;     /* their codes [ntok][vocab] */
     float *center;       /* [layers][kv heads][head_dim] */
@@ -155,8 +162,100 @@ static int cal_unit_bits(const kvqt_calib *cb, int is_value, cal_cand *c) {
     return 0;
 }
 
-/* Creates the candidate's codec (fitted on the samples when it needs it),
- * keeps its state and measures its reconstruction error. */
+/* The mean squared error of channel-layout keys (KIVI pages of the
+ * calibration page size) on the sensitivity runs' sequences: each appended in chunks
+ * of a page to a one-head cache, as decoding settles them, and read back
+ * (the last, unsettled page stays exact, as it does in decoding). */
+static double cal_chan_mse(const kvqt_calib *cb, const char *spec, const float *smp) {
+    size_t d = cb->in.head_dim, P = cb->o.page;
+    kvq_cache_config cfg;
+    kvq_cache_config_init(&cfg);
+    cfg.n_layers = 1, cfg.n_kv_heads = 1, cfg.n_q_heads = 1;
+    cfg.head_dim = d;
+    cfg.max_tokens = cb->in.seq_len;
+    cfg.page_tokens = P;
+    cfg.k_codec = "f16", cfg.v_codec = "f16";
+    kvq_codec_override ov = {0, 0, 0, spec, NULL, 0};
+    cfg.overrides = &ov;
+    cfg.n_overrides = 1;
+    float *back = malloc(cb->in.seq_len * d * sizeof(float));
+    double e = 0;
+    size_t at = 0, cnt = 0;
+    int rc = back ? 0 : -1;
+    for (size_t s = 0; rc == 0 && s < cb->sens_seq; s++) {
+        size_t n = cb->len[s];
+        const float *k = smp + at * d;
+        kvq_cache *c = NULL;
+        if (kvq_cache_create(&c, &cfg) != KVQ_OK)
+            rc = -1;
+        for (size_t t = 0; rc == 0 && t < n; t += P) {
+            size_t m = n - t < P ? n - t : P;
+            if (kvq_cache_append(c, 0, k + t * d, k + t * d, NULL, m) != KVQ_OK)
+                rc = -1;
+        }
+        if (rc == 0 && kvq_cache_get_kv(c, 0, 0, 0, n, back, NULL, n * d) != KVQ_OK)
+            rc = -1;
+        for (size_t i = 0; rc == 0 && i < n * d; i++)
+            e += ((double)back[i] - k[i]) * ((double)back[i] - k[i]);
+        kvq_cache_free(c);
+        at += n;
+        cnt += n * d;
+    }
+    free(back);
+    return rc == 0 && cnt ? e / (double)cnt : -1;
+}
+
+/* A codec for spec fitted on n samples when it needs fitting; its state
+ * (NULL when it has none) is copied to *state. */
+static kvq_codec *cal_codec(const char *spec, size_t d, const float *smp, size_t n,
+                            unsigned char **state, size_t *state_size) {
+    kvq_codec *k = NULL;
+    *state = NULL;
+    *state_size = 0;
+    if (kvq_codec_create(&k, spec, d, NULL) != KVQ_OK)
+        return NULL;
+    if (kvq_codec_needs_fit(k) && kvq_codec_fit(k, smp, n) != KVQ_OK) {
+        kvq_codec_free(k);
+        return NULL;
+    }
+    if (kvq_codec_state_bytes(k) > 0) {
+        size_t sz = 0;
+        kvq_codec_save_state(k, NULL, 0, &sz);
+        *state = malloc(sz);
+        if (!*state || kvq_codec_save_state(k, *state, sz, &sz) != KVQ_OK) {
+            free(*state);
+            *state = NULL;
+            kvq_codec_free(k);
+            return NULL;
+        }
+        *state_size = sz;
+    }
+    return k;
+}
+
+/* Mean squared error of a codec's round trip over n samples; < 0 on error. */
+static double cal_codec_mse(const kvq_codec *k, const float *smp, size_t n) {
+    size_t d = kvq_codec_head_dim(k), cap = kvq_codec_encode_bound(k, n);
+    unsigned char *enc = malloc(cap);
+    float *dec = malloc(n * d * sizeof(float));
+    double e = -1;
+    if (enc && dec && kvq_codec_encode(k, enc, cap, smp, n) == KVQ_OK &&
+        kvq_codec_decode(k, dec, n * d, enc, n * kvq_codec_vector_bytes(k)) == KVQ_OK) {
+        e = 0;
+        for (size_t i = 0; i < n * d; i++)
+            e += ((double)dec[i] - smp[i]) * ((double)dec[i] - smp[i]);
+        e /= (double)(n * d);
+    }
+    free(enc), free(dec);
+    return e;
+}
+
+/* Adds a candidate to a unit. Codecs fitted to data (nuq) are fitted twice:
+ * on the calibration sequences that the sensitivity runs do not decode (the
+ * tables those runs measure, and the error is taken on the decoded ones, so
+ * both see text the tables were not fitted on: a table clips what it has
+ * not seen), and on all of them (the tables the allocation keeps). smp holds
+ * the unit's ns samples, sequence by sequence. */
 static int cal_add(const kvqt_calib *cb, cal_unit *u, const char *spec, int measure,
                    const float *smp, size_t ns) {
     cal_cand *c = &u->cand[u->n_cand];
@@ -164,38 +263,24 @@ static int cal_add(const kvqt_calib *cb, cal_unit *u, const char *spec, int meas
     snprintf(c->codec, sizeof c->codec, "%s", spec);
     c->measure = measure;
     c->mse = -1;
-    size_t d = cb->in.head_dim;
-    if (strncmp(spec, "chan:", 5) != 0) {
-        kvq_codec *k = NULL;
-        if (kvq_codec_create(&k, spec, d, NULL) != KVQ_OK)
+    size_t d = cb->in.head_dim, s1 = cb->sens_kv;
+    size_t f0 = s1 < ns ? s1 : 0; /* the fitting samples: [f0, ns) */
+    if (!strncmp(spec, "chan:", 5)) {
+        c->mse = cal_chan_mse(cb, spec, smp);
+    } else {
+        kvq_codec *k = cal_codec(spec, d, smp + f0 * d, ns - f0, &c->state, &c->state_size);
+        if (!k)
             return -1;
-        int rc = 0;
-        if (kvq_codec_needs_fit(k) && kvq_codec_fit(k, smp, ns) != KVQ_OK)
-            rc = -1;
-        if (rc == 0 && kvq_codec_state_bytes(k) > 0) {
-            size_t n = 0;
-            kvq_codec_save_state(k, NULL, 0, &n);
-            c->state = malloc(n);
-            if (!c->state || kvq_codec_save_state(k, c->state, n, &n) != KVQ_OK)
-                rc = -1;
-            c->state_size = n;
-        }
-        size_t cap = kvq_codec_encode_bound(k, ns);
-        unsigned char *enc = rc == 0 ? malloc(cap) : NULL;
-        float *dec = rc == 0 ? malloc(ns * d * sizeof(float)) : NULL;
-        if (enc && dec && kvq_codec_encode(k, enc, cap, smp, ns) == KVQ_OK &&
-            kvq_codec_decode(k, dec, ns * d, enc, ns * kvq_codec_vector_bytes(k)) == KVQ_OK) {
-            double e = 0;
-            for (size_t i = 0; i < ns * d; i++)
-                e += ((double)dec[i] - smp[i]) * ((double)dec[i] - smp[i]);
-            c->mse = e / (double)(ns * d);
-        } else {
-            rc = -1;
-        }
-        free(enc), free(dec);
+        c->mse = cal_codec_mse(k, smp, s1);
         kvq_codec_free(k);
-        if (rc)
+        if (c->mse < 0)
             return -1;
+        if (c->state && f0 > 0) {
+            k = cal_codec(spec, d, smp, ns, &c->fstate, &c->fstate_size);
+            if (!k)
+                return -1;
+            kvq_codec_free(k);
+        }
     }
     if (cal_unit_bits(cb, u->is_value, c) != 0)
         return -1;
@@ -361,18 +446,70 @@ static int cal_measure_all(kvqt_calib *cb) {
     return p.failed ? -1 : 0;
 }
 
-/* The KL of candidates that were not measured: the unit's most accurate
- * measured token codec scaled by the ratio of reconstruction errors; f16
- * (and anything that reconstructs exactly) counts as exact. */
-static void cal_estimate(cal_unit *u) {
-    int a = -1;
+/* The family of a codec: its name up to the first digit ("chan:int", "nuq",
+ * "tq", "int", "f"). */
+static size_t cal_family(const char *codec) {
+    return strcspn(codec, "0123456789");
+}
+
+static int cal_same_family(const char *a, const char *b) {
+    size_t n = cal_family(a);
+    return n == cal_family(b) && !strncmp(a, b, n);
+}
+
+/* Which candidates are measured. With measure_all, those the menu marks
+ * (4 bits and below); otherwise one anchor per family of chan:int, nuq and
+ * tq: the member closest to 3 bits per value. Without any such family in
+ * the unit (a --codecs list), the candidate closest to 3 bits is measured.
+ * f16 is never measured (it counts as exact). */
+static void cal_plan(cal_unit *u, int measure_all) {
+    if (measure_all)
+        return; /* the menu's flags */
+    static const char *const anchored[] = {"chan:int", "nuq", "tq"};
+    int any = 0;
     for (int c = 0; c < u->n_cand; c++)
-        if (u->cand[c].measure && u->cand[c].mse > 0 && (a < 0 || u->cand[c].mse < u->cand[a].mse))
-            a = c;
+        u->cand[c].measure = 0;
+    for (size_t f = 0; f < sizeof anchored / sizeof *anchored; f++) {
+        int best = -1;
+        for (int c = 0; c < u->n_cand; c++)
+            if (cal_same_family(u->cand[c].codec, anchored[f]) &&
+                (best < 0 || fabs(u->cand[c].bits - 3) < fabs(u->cand[best].bits - 3)))
+                best = c;
+        if (best >= 0)
+            u->cand[best].measure = any = 1;
+    }
+    if (!any) {
+        int best = -1;
+        for (int c = 0; c < u->n_cand; c++)
+            if (strcmp(u->cand[c].codec, "f16") &&
+                (best < 0 || fabs(u->cand[c].bits - 3) < fabs(u->cand[best].bits - 3)))
+                best = c;
+        if (best >= 0)
+            u->cand[best].measure = 1;
+    }
+}
+
+/* The KL of candidates that were not measured: KL is second order in a
+ * small error, so a measured candidate's KL is scaled by the ratio of
+ * reconstruction errors on the calibration samples, from the measured
+ * member of the same family, else from the measured candidate whose error
+ * is closest. f16 (and anything that reconstructs exactly) counts as exact. */
+static void cal_estimate(cal_unit *u) {
     for (int c = 0; c < u->n_cand; c++) {
         cal_cand *x = &u->cand[c];
         if (x->measure)
             continue;
+        int a = -1;
+        for (int m = 0; m < u->n_cand; m++) {
+            const cal_cand *y = &u->cand[m];
+            if (!y->measure || y->mse <= 0)
+                continue;
+            int fam = cal_same_family(y->codec, x->codec);
+            int afam = a >= 0 && cal_same_family(u->cand[a].codec, x->codec);
+            if (a < 0 || (fam && !afam) ||
+                (fam == afam && fabs(log(y->mse / x->mse)) < fabs(log(u->cand[a].mse / x->mse))))
+                a = m;
+        }
         if (!strcmp(x->codec, "f16") || x->mse <= 0 || a < 0)
             x->kl = 0;
         else
@@ -394,8 +531,10 @@ void kvqt_calib_free(kvqt_calib *cb) {
     if (!cb)
         return;
     for (size_t i = 0; cb->U && i < cb->nu; i++)
-        for (int c = 0; c < cb->U[i].n_cand; c++)
+        for (int c = 0; c < cb->U[i].n_cand; c++) {
             free(cb->U[i].cand[c].state);
+            free(cb->U[i].cand[c].fstate);
+        }
     free(cb->U), free(cb->center), free(cb->ref), free(cb->codes);
     free(cb->tk), free(cb->start), free(cb->len);
     free(cb);
@@ -423,10 +562,22 @@ static int cal_text(kvqt_calib *cb, const kvq_tokenizer *tok, char **lines, size
         cb->len[cb->nseq++] = n;
         cb->ntok += n - 1;
         used += n;
-        if (cb->sens_tok < cb->o.sens_tokens) {
-            cb->sens_seq = cb->nseq;
-            cb->sens_tok += n - 1;
-        }
+    }
+    /* the sensitivity runs decode the longest sequences (the long contexts
+     * where compression matters, every position), up to sens_tokens
+     * predicted tokens; they go first */
+    for (size_t i = 0; i < cb->nseq && cb->sens_tok < cb->o.sens_tokens; i++) {
+        size_t b = i;
+        for (size_t j = i + 1; j < cb->nseq; j++)
+            if (cb->len[j] > cb->len[b])
+                b = j;
+        size_t st = cb->start[b], ln = cb->len[b];
+        memmove(cb->start + i + 1, cb->start + i, (b - i) * sizeof *cb->start);
+        memmove(cb->len + i + 1, cb->len + i, (b - i) * sizeof *cb->len);
+        cb->start[i] = st, cb->len[i] = ln;
+        cb->sens_seq = i + 1;
+        cb->sens_tok += ln - 1;
+        cb->sens_kv += ln;
     }
     return cb->ntok ? 0 : -1;
 }
@@ -533,16 +684,10 @@ kvqt_calib *kvqt_calib_new(const kvq_model *m, const kvq_tokenizer *tok, char **
                 const cal_menu_item *menu = isv ? cal_values : cal_keys;
                 size_t nm = isv ? sizeof cal_values / sizeof *cal_values
                                 : sizeof cal_keys / sizeof *cal_keys;
-                int anchor = 0;
-                for (size_t c = 0; c < nm; c++)
-                    if (cal_allowed(o->only, menu[c].codec))
-                        anchor |= menu[c].measure && strncmp(menu[c].codec, "chan:", 5) != 0;
                 for (size_t c = 0; rc == 0 && c < nm; c++) {
                     if (!cal_allowed(o->only, menu[c].codec))
                         continue;
-                    /* without a measured token codec to scale from, measure them all */
-                    int meas = menu[c].measure || (!anchor && strcmp(menu[c].codec, "f16") != 0);
-                    if (cal_add(cb, u, menu[c].codec, meas, smp, nkv) != 0) {
+                    if (cal_add(cb, u, menu[c].codec, menu[c].measure, smp, nkv) != 0) {
                         fprintf(stderr, "kvq calibrate: candidate %s failed\n", menu[c].codec);
                         rc = -1;
                     }
@@ -552,6 +697,8 @@ kvqt_calib *kvqt_calib_new(const kvq_model *m, const kvq_tokenizer *tok, char **
                             isv ? "values" : "keys");
                     rc = -1;
                 }
+                if (rc == 0)
+                    cal_plan(u, o->measure_all);
             }
     free(K), free(Vv);
     if (rc == 0 && cal_measure_all(cb) != 0) {
@@ -625,6 +772,12 @@ static void cal_greedy(cal_unit *U, size_t nu, double budget) {
     }
 }
 
+/* The state the allocation keeps: fitted on all the calibration text. */
+static const unsigned char *cal_final_state(const cal_cand *c, size_t *n) {
+    *n = c->fstate ? c->fstate_size : c->state_size;
+    return c->fstate ? c->fstate : c->state;
+}
+
 static void cal_hex(FILE *f, const unsigned char *p, size_t n) {
     for (size_t i = 0; i < n; i++)
         fprintf(f, "%02x", p[i]);
@@ -652,9 +805,11 @@ static int cal_write(const kvqt_calib *cb, const char *path, const kvqt_calib_re
                    "%.4f, \"kl_alone\": %.6g, \"measured\": %s",
                 u->layer, u->head, u->is_value ? "v" : "k", c->codec, c->bits, c->kl,
                 c->measure ? "true" : "false");
-        if (c->state) {
+        size_t sn;
+        const unsigned char *st = cal_final_state(c, &sn);
+        if (st) {
             fprintf(f, ", \"state\": \"");
-            cal_hex(f, c->state, c->state_size);
+            cal_hex(f, st, sn);
             fprintf(f, "\"");
         }
         fprintf(f, "}%s\n", i + 1 < cb->nu ? "," : "");
@@ -687,8 +842,9 @@ int kvqt_calib_solve(kvqt_calib *cb, double target, const char *out, kvqt_calib_
     for (size_t i = 0; i < cb->nu; i++) {
         const cal_unit *u = &cb->U[i];
         const cal_cand *c = &u->cand[u->chosen];
-        ov[i] = (kvq_codec_override){u->layer, u->head, u->is_value, c->codec, c->state,
-                                     c->state_size};
+        size_t sn;
+        const unsigned char *st = cal_final_state(c, &sn);
+        ov[i] = (kvq_codec_override){u->layer, u->head, u->is_value, c->codec, st, sn};
         r->kl_estimate += c->kl;
     }
     kvqt_ref_cmp cmp;
@@ -752,6 +908,7 @@ int kvq_tool_calibrate(int argc, char **argv) {
                              {"--page", KVQT_OPT_SIZE, &co.page},
                              {"--recent", KVQT_OPT_SIZE, &co.recent},
                              {"--jobs", KVQT_OPT_SIZE, &co.jobs},
+                             {"--measure-all", KVQT_OPT_FLAG, &co.measure_all},
                              {"--verbose", KVQT_OPT_FLAG, &verbose},
                              {"--json", KVQT_OPT_FLAG, &json}};
     kvqt_modelopts mo;

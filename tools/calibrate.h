@@ -20,6 +20,7 @@ typedef struct kvqt_calib_opts {
     size_t stride;      /* score every stride-th of them (2) */
     size_t jobs;        /* measuring threads (1) */
     const char *only;   /* comma-separated candidate list, or NULL for all */
+    int measure_all;    /* measure every candidate of 4 bits and below, not one per family */
     int progress;       /* a progress line on stderr */
     int verbose;        /* every unit's candidates and their KL on stderr */
 } kvqt_calib_opts;

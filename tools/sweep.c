@@ -189,7 +189,8 @@ static int sw_csv(const char *path, const sw_row *rows, size_t n) {
 }
 
 /* Parses the modifiers after the first '+' of spec (cut there). */
-static int sw_modifiers(char *spec, kvqt_cacheopts *o, int *center) {
+static int sw_modifiers(char *spec, kvqt_cacheopts *o, int *center, int *page_set,
+                        int *recent_set) {
     char *plus = strchr(spec, '+');
     if (!plus)
         return 0;
@@ -201,15 +202,40 @@ static int sw_modifiers(char *spec, kvqt_cacheopts *o, int *center) {
         else if (!strcmp(mod, "center"))
             *center = 1;
         else if (!strncmp(mod, "page=", 5) && atoi(mod + 5) > 0)
-            o->page = (size_t)atoi(mod + 5);
+            o->page = (size_t)atoi(mod + 5), *page_set = 1;
         else if (!strncmp(mod, "recent=", 7) && atoi(mod + 7) >= 0)
-            o->recent = (size_t)atoi(mod + 7);
+            o->recent = (size_t)atoi(mod + 7), *recent_set = 1;
         else {
             fprintf(stderr, "kvq sweep: unknown modifier '+%s'\n", mod);
             return -1;
         }
     }
     return 0;
+}
+
+/* Calibrations of one run, by page and recent window: calib: entries with
+ * +page= / +recent= measure under those settings. */
+#define SW_MAX_CALIB 8
+typedef struct sw_calib {
+    kvqt_calib *cb;
+    size_t page, recent;
+} sw_calib;
+
+/* The calibration with o's page and recent window (any, when any is set
+ * and one exists), made on the first calib_lines lines when there is none. */
+static kvqt_calib *sw_calib_get(sw_calib *cbs, size_t *n, const kvqt_model_session *ms,
+                                size_t calib_lines, const kvqt_calib_opts *o, int any) {
+    for (size_t i = 0; i < *n; i++)
+        if (any || (cbs[i].page == o->page && cbs[i].recent == o->recent))
+            return cbs[i].cb;
+    if (*n == SW_MAX_CALIB) {
+        fprintf(stderr, "kvq sweep: more than %d calibration settings\n", SW_MAX_CALIB);
+        return NULL;
+    }
+    kvqt_calib *cb = kvqt_calib_new(ms->model, ms->tok, ms->lines, calib_lines, o);
+    if (cb)
+        cbs[(*n)++] = (sw_calib){cb, o->page, o->recent};
+    return cb;
 }
 
 int kvq_tool_sweep(int argc, char **argv) {
@@ -263,6 +289,10 @@ int kvq_tool_sweep(int argc, char **argv) {
     char *list = strdup(configs);
     sw_row *rows = calloc(SW_MAX, sizeof *rows);
     size_t n = 0;
+    /* calibrations by (page, recent): calib: entries with +page= / +recent=
+     * modifiers measure under those settings */
+    sw_calib cbs[SW_MAX_CALIB];
+    size_t ncb = 0;
     kvqt_calib *cb = NULL;
     int rc = 0, progress = isatty(2);
     co.progress = progress;
@@ -275,14 +305,19 @@ int kvq_tool_sweep(int argc, char **argv) {
         kvqt_cacheopts_init(&o);
         char spec[160];
         snprintf(spec, sizeof spec, "%s", tok);
-        int center = 0, need_calib = !strncmp(spec, "calib:", 6);
-        if (sw_modifiers(spec, &o, &center) != 0) {
+        int center = 0, page_set = 0, recent_set = 0, need_calib = !strncmp(spec, "calib:", 6);
+        if (sw_modifiers(spec, &o, &center, &page_set, &recent_set) != 0) {
             rc = 1;
             continue;
         }
         need_calib |= center;
-        if (need_calib && !cb) {
-            cb = kvqt_calib_new(ms.model, ms.tok, ms.lines, calib_lines, &co);
+        if (need_calib) {
+            kvqt_calib_opts c2 = co;
+            if (!strncmp(spec, "calib:", 6)) {
+                c2.page = page_set ? o.page : co.page;
+                c2.recent = recent_set ? o.recent : co.recent;
+            }
+            cb = sw_calib_get(cbs, &ncb, &ms, calib_lines, &c2, strncmp(spec, "calib:", 6) != 0);
             if (!cb) {
                 rc = 1;
                 break;
@@ -292,7 +327,7 @@ int kvq_tool_sweep(int argc, char **argv) {
         if (!strncmp(spec, "calib:", 6)) {
             r->kind = SW_CALIB;
             char path[4096];
-            snprintf(path, sizeof path, "%s/alloc-%s.json", dir, spec + 6);
+            snprintf(path, sizeof path, "%s/alloc-%s.json", dir, tok + 6);
             kvqt_calib_report cr;
             if (kvqt_calib_solve(cb, strtod(spec + 6, NULL), path, &cr) != 0 ||
                 kvqt_alloc_load_into(path, &o, err, sizeof err) != 0) {
@@ -352,7 +387,8 @@ int kvq_tool_sweep(int argc, char **argv) {
     if (rows)
         sw_svg(path, title, rows, n);
     printf("wrote %s/sweep.csv and %s/sweep.svg (%zu configurations)\n", dir, dir, n);
-    kvqt_calib_free(cb);
+    for (size_t i = 0; i < ncb; i++)
+        kvqt_calib_free(cbs[i].cb);
     free(rows);
     free(list);
     kvqt_model_session_close(&ms);
