@@ -460,8 +460,8 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         if (st == KVQ_OK)
             kvq__layout_layer(c, ly);
     }
-    /* workspace sizes */
-    c->max_qp = c->f16->qp_bytes;
+    /* workspace sizes (no f16 codec when its creation failed) */
+    c->max_qp = c->f16 ? c->f16->qp_bytes : 0;
     c->max_acc = c->d;
     for (size_t i = 0; i < c->n_codecs; i++) {
         c->max_qp = KVQ__MAX(c->max_qp, c->codecs[i]->qp_bytes);
@@ -497,7 +497,7 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
     }
     c->block_pages = c->P >= 256 ? 1 : 256 / c->P;
     c->rows_max = c->G >= 32 ? c->G : (32 / c->G) * c->G; /* query tokens x group per tile */
-    c->exp_block = kvq__exp_block_select(c->f16->isa);
+    c->exp_block = kvq__exp_block_select(c->f16 ? c->f16->isa : KVQ_ISA_SCALAR);
     if (st == KVQ_OK) {
         c->work = (kvq__work *)kvq__calloc(&al, c->n_threads * sizeof *c->work);
         if (!c->work)

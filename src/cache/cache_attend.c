@@ -320,14 +320,8 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
         return KVQ_ERR_DST_TOO_SMALL;
     if (!kvq__all_finite(q, T * QH * d))
         return KVQ_ERR_NONFINITE;
-    if (c->tiers) {
-        int32_t qmax = INT32_MIN;
-        for (size_t t = 0; t < T; t++)
-            qmax = qpos[t] > qmax ? qpos[t] : qmax;
-        kvq_status tst = kvq__tier_before_attend(c, layer, qmax);
-        if (tst != KVQ_OK)
-            return tst;
-    }
+    /* every allocation comes before the first change (the tier moves), so
+     * that a failure leaves the cache as it was */
     int want_attn = token_attn != NULL || c->cfg.policy == KVQ_POLICY_UTILITY;
     float *attn = NULL;
     kvq__cand *sorted = NULL;
@@ -344,7 +338,7 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
             }
         }
         /* the workers' raw-score tiles, reserved here: workers never call
-         * the allocator */
+         * the allocator (a tile grown before a failure stays: scratch) */
         size_t need = c->rows_max * ly->slots_cap + 16;
         for (size_t t = 0; t < c->n_threads; t++) {
             kvq__work *w = &c->work[t];
@@ -360,6 +354,23 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
             w->rawsc = r;
             w->rawsc_cap = need;
         }
+    }
+    if (c->tiers) {
+        int32_t qmax = INT32_MIN;
+        for (size_t t = 0; t < T; t++)
+            qmax = qpos[t] > qmax ? qpos[t] : qmax;
+        kvq_status tst = kvq__tier_before_attend(c, layer, qmax);
+        if (tst != KVQ_OK) {
+            kvq__free(&c->alloc, attn);
+            kvq__free(&c->alloc, sorted);
+            return tst;
+        }
+        /* tokens of lost cold pages were dropped: they leave the list */
+        size_t k = 0;
+        for (size_t i = 0; i < n_sorted; i++)
+            if (ly->pos[sorted[i].slot] == sorted[i].pos)
+                sorted[k++] = sorted[i];
+        n_sorted = k;
     }
     kvq__attn_job jobs[256];
     size_t nt = c->n_threads;

@@ -186,6 +186,7 @@ void kvq__track_total_peak(kvq_cache *c);
 void kvq__layer_release(kvq_cache *c, kvq__layer *ly);
 kvq_status kvq__grow_pages(kvq_cache *c, kvq__layer *ly, size_t n_pages);
 kvq_status kvq__page_alloc(kvq_cache *c, kvq__layer *ly, size_t p, int stage);
+void kvq__page_install(kvq_cache *c, kvq__layer *ly, size_t p, uint8_t *block, uint16_t *stage);
 void kvq__page_unalloc(kvq_cache *c, kvq__layer *ly, size_t p);
 void kvq__maybe_free_page(kvq_cache *c, kvq__layer *ly, size_t p);
 void kvq__maybe_free_stage(kvq_cache *c, kvq__layer *ly, size_t p);

@@ -145,20 +145,15 @@ void kvq__maybe_free_page(kvq_cache *c, kvq__layer *ly, size_t p) {
     kvq__page_unalloc(c, ly, p);
 }
 
-/* Allocates the block of page p (and its staging when stage is set). */
-kvq_status kvq__page_alloc(kvq_cache *c, kvq__layer *ly, size_t p, int stage) {
+/* Makes page p a hot page with the given block (block_bytes, zeroed) and
+ * staging (stage_bytes, or NULL), counting both. */
+void kvq__page_install(kvq_cache *c, kvq__layer *ly, size_t p, uint8_t *block, uint16_t *stage) {
     kvq__page *pg = &ly->pages[p];
-    pg->block = kvq__lalloc(c, ly, ly->block_bytes, 0);
-    if (!pg->block)
-        return KVQ_ERR_NOMEM;
-    if (stage && ly->stage_bytes) {
-        pg->stage = kvq__lalloc(c, ly, ly->stage_bytes, 0);
-        if (!pg->stage) {
-            kvq__lfree(c, ly, pg->block, ly->block_bytes, 0);
-            pg->block = NULL;
-            return KVQ_ERR_NOMEM;
-        }
-    }
+    pg->block = block;
+    kvq__layer_count(ly, ly->block_bytes, 0);
+    pg->stage = stage;
+    if (stage)
+        kvq__layer_count(ly, ly->stage_bytes, 0);
     pg->n_valid = pg->n_pending = pg->filled = 0;
     pg->encoded = 0;
     ly->codec_meta_bytes += kvq__block_codec_meta(c, ly);
@@ -169,6 +164,19 @@ kvq_status kvq__page_alloc(kvq_cache *c, kvq__layer *ly, size_t p, int stage) {
         ly->pos[p * c->P + i] = -1;
         ly->state[p * c->P + i] = KVQ__FREE;
     }
+}
+
+/* Allocates the block of page p (and its staging when stage is set). */
+kvq_status kvq__page_alloc(kvq_cache *c, kvq__layer *ly, size_t p, int stage) {
+    uint8_t *block = (uint8_t *)kvq__calloc(&c->alloc, ly->block_bytes);
+    uint16_t *stg = stage && ly->stage_bytes ? (uint16_t *)kvq__calloc(&c->alloc, ly->stage_bytes)
+                                             : NULL;
+    if (!block || (stage && ly->stage_bytes && !stg)) {
+        kvq__free(&c->alloc, block);
+        kvq__free(&c->alloc, stg);
+        return KVQ_ERR_NOMEM;
+    }
+    kvq__page_install(c, ly, p, block, stg);
     return KVQ_OK;
 }
 

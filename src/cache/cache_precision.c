@@ -1,8 +1,10 @@
 /*
  * cache_precision.c - switching the codec of a layer's keys or values (one
  * KV head or all) at run time: the layer's pending tokens are settled
- * first, then every page is re-encoded into a new block (all blocks
- * allocated before any is replaced), and the layouts follow.
+ * first, then every page is re-encoded into a new block, and the layouts
+ * follow. All or nothing over every layer the call names: the new layouts,
+ * blocks and staging of all of them are allocated before anything is
+ * settled or switched, so a failure leaves every layer as it was.
  */
 #include "cache_impl.h"
 
@@ -30,6 +32,135 @@ size_t kvq__reencode_slots(const kvq__layer *ly, size_t p, size_t P, const kvq_c
     return m;
 }
 
+/* What switching one layer needs, allocated before anything changes: the
+ * new head layouts, a new block for every page that has one, and new
+ * staging for every page that has staging when its size changes (settling
+ * may free some of it: those are released unused). */
+typedef struct {
+    kvq__head *nh;
+    uint8_t **nb, **ns; /* [n_pages] each; NULL entries where the page needs none */
+    size_t n_pages;
+    size_t new_block, new_meta, new_stage;
+} kvq__prec_plan;
+
+static void kvq__prec_plan_free(kvq_cache *c, kvq__prec_plan *pl) {
+    for (size_t p = 0; pl->nb && p < pl->n_pages; p++) {
+        kvq__free(&c->alloc, pl->nb[p]);
+        kvq__free(&c->alloc, pl->ns[p]);
+    }
+    kvq__free(&c->alloc, pl->nb);
+    kvq__free(&c->alloc, pl->nh);
+    memset(pl, 0, sizeof *pl);
+}
+
+static kvq_status kvq__prec_plan_make(kvq_cache *c, kvq__layer *ly, int kv_head, int is_value,
+                                      kvq_codec *nc, kvq__prec_plan *pl) {
+    memset(pl, 0, sizeof *pl);
+    pl->nh = (kvq__head *)kvq__alloc(&c->alloc, c->H * sizeof *pl->nh);
+    if (!pl->nh)
+        return KVQ_ERR_NOMEM;
+    memcpy(pl->nh, ly->heads, c->H * sizeof *pl->nh);
+    for (size_t h = 0; h < c->H; h++)
+        if (kv_head < 0 || (size_t)kv_head == h) {
+            if (is_value)
+                pl->nh[h].vc = nc;
+            else
+                pl->nh[h].kc = nc;
+        }
+    /* the new layout, computed on the layer and put back */
+    kvq__head *oh = ly->heads;
+    size_t old_stage = ly->stage_bytes;
+    ly->heads = pl->nh;
+    kvq__layout_layer(c, ly);
+    pl->new_block = ly->block_bytes;
+    pl->new_meta = kvq__block_codec_meta(c, ly);
+    pl->new_stage = ly->stage_bytes;
+    ly->heads = oh;
+    kvq__layout_layer(c, ly);
+    pl->n_pages = ly->n_pages;
+    pl->nb = (uint8_t **)kvq__calloc(&c->alloc, 2 * (ly->n_pages + 1) * sizeof *pl->nb);
+    if (!pl->nb)
+        return KVQ_ERR_NOMEM;
+    pl->ns = pl->nb + ly->n_pages + 1;
+    for (size_t p = 0; p < ly->n_pages; p++) {
+        if (ly->pages[p].block) {
+            pl->nb[p] = (uint8_t *)kvq__calloc(&c->alloc, pl->new_block);
+            if (!pl->nb[p])
+                return KVQ_ERR_NOMEM;
+        }
+        if (ly->pages[p].stage && pl->new_stage != old_stage) {
+            pl->ns[p] = (uint8_t *)kvq__calloc(&c->alloc, pl->new_stage);
+            if (!pl->ns[p])
+                return KVQ_ERR_NOMEM;
+        }
+    }
+    return KVQ_OK;
+}
+
+/* Switches one layer to the plan (never fails; takes the plan's memory). */
+static void kvq__prec_apply(kvq_cache *c, kvq__layer *ly, int kv_head, int is_value,
+                            kvq__prec_plan *pl, double *err, double *ref) {
+    size_t P = c->P;
+    kvq__head *oh = ly->heads, *nh = pl->nh;
+    /* staged tokens are encoded with the codec they were staged for; after
+     * this only channel keys remain in staging */
+    kvq__settle(c, ly, 1);
+    size_t old_block = ly->block_bytes, old_meta = kvq__block_codec_meta(c, ly);
+    size_t old_stage = ly->stage_bytes;
+    /* the staged channel keys come first in both layouts (a layer with
+     * channel keys switches only its values) */
+    size_t kpart = 0;
+    for (size_t h = 0; h < c->H; h++)
+        kpart += oh[h].kchan_bits ? c->P * c->d * sizeof(uint16_t) : 0;
+    for (size_t p = 0; p < ly->n_pages; p++) {
+        kvq__page *pg = &ly->pages[p];
+        uint8_t *nb = pl->nb[p], *ns = pl->ns[p];
+        pl->nb[p] = pl->ns[p] = NULL;
+        if (!pg->block)
+            continue;
+        for (size_t h = 0; h < c->H; h++) {
+            kvq__head *o = &oh[h], *n = &nh[h];
+            int target = kv_head < 0 || (size_t)kv_head == h;
+            /* keys */
+            int rekey = !is_value && target && !o->kchan_bits;
+            if (!rekey) {
+                memcpy(nb + n->k_off, pg->block + o->k_off, o->k_hdr + o->kbytes * P);
+            } else {
+                size_t m = kvq__reencode_slots(ly, p, P, o->kc, pg->block + o->k_off, o->kbytes,
+                                               n->kc, nb + n->k_off, n->kbytes, 0, err, ref);
+                ly->reencodes += m;
+                ly->bytes_written += m * n->kbytes;
+            }
+            /* values */
+            if (!(is_value && target)) {
+                memcpy(nb + n->v_off, pg->block + o->v_off, o->vbytes * P);
+            } else {
+                size_t m = kvq__reencode_slots(ly, p, P, o->vc, pg->block + o->v_off, o->vbytes,
+                                               n->vc, nb + n->v_off, n->vbytes, 0, err, ref);
+                ly->reencodes += m;
+                ly->bytes_written += m * n->vbytes;
+            }
+        }
+        kvq__lfree(c, ly, pg->block, old_block, 0);
+        pg->block = nb;
+        ly->payload_bytes += pl->new_block;
+        ly->codec_meta_bytes += pl->new_meta - old_meta;
+        if (ns && pg->stage) {
+            memcpy(ns, pg->stage, KVQ__MIN(kpart, pl->new_stage));
+            kvq__lfree(c, ly, pg->stage, old_stage, 0);
+            pg->stage = (uint16_t *)ns;
+            ly->payload_bytes += pl->new_stage;
+        } else {
+            kvq__free(&c->alloc, ns); /* settling freed the page's staging */
+        }
+    }
+    memcpy(ly->heads, nh, c->H * sizeof *nh);
+    kvq__layout_layer(c, ly);
+    if (ly->payload_bytes + ly->meta_bytes > ly->peak_bytes)
+        ly->peak_bytes = ly->payload_bytes + ly->meta_bytes;
+    kvq__prec_plan_free(c, pl);
+}
+
 kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_value,
                                    const char *spec, double *added_nmse) {
     if (!c || !spec)
@@ -45,6 +176,8 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
     for (size_t l = 0; l < c->L; l++)
         if (c->layers[l].tier_pages[KVQ__TIER_WARM] || c->layers[l].tier_pages[KVQ__TIER_COLD])
             return KVQ_ERR_UNSUPPORTED; /* warm and cold pages keep the layout they left with */
+    /* the codec joins the registry and the workspaces grow for it; neither
+     * is visible (a codec unused stays until the cache is freed) */
     kvq_codec *nc = NULL;
     kvq_status st = kvq__get_codec(c, spec, &nc);
     if (st != KVQ_OK)
@@ -71,115 +204,25 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
         kvq__free(&c->alloc, c->work);
         c->work = nw;
     }
-    size_t P = c->P;
-    double err = 0.0, ref = 0.0;
     size_t l0 = layer < 0 ? 0 : (size_t)layer, l1 = layer < 0 ? c->L : (size_t)layer + 1;
-    for (size_t l = l0; l < l1; l++) {
-        kvq__layer *ly = &c->layers[l];
-        /* staged tokens are encoded with the codec they were staged for;
-         * after this only channel keys remain in staging */
-        kvq__settle(c, ly, 1);
-        /* new layout for this layer */
-        kvq__head *nh = (kvq__head *)kvq__alloc(&c->alloc, c->H * sizeof *nh);
-        if (!nh) {
-            st = KVQ_ERR_NOMEM;
-            break;
-        }
-        memcpy(nh, ly->heads, c->H * sizeof *nh);
-        for (size_t h = 0; h < c->H; h++)
-            if (kv_head < 0 || (size_t)kv_head == h) {
-                if (is_value)
-                    nh[h].vc = nc;
-                else
-                    nh[h].kc = nc;
-            }
-        kvq__head *oh = ly->heads;
-        size_t old_block = ly->block_bytes, old_meta = kvq__block_codec_meta(c, ly);
-        size_t old_stage = ly->stage_bytes;
-        ly->heads = nh;
-        kvq__layout_layer(c, ly);
-        size_t new_block = ly->block_bytes, new_meta = kvq__block_codec_meta(c, ly);
-        size_t new_stage = ly->stage_bytes;
-        ly->heads = oh;
-        kvq__layout_layer(c, ly);
-        /* the staged channel keys come first in both layouts (a layer with
-         * channel keys switches only its values) */
-        size_t kpart = 0;
-        for (size_t h = 0; h < c->H; h++)
-            kpart += oh[h].kchan_bits ? c->P * c->d * sizeof(uint16_t) : 0;
-        /* allocate every new block first: all or nothing */
-        uint8_t **nb = (uint8_t **)kvq__calloc(&c->alloc, 2 * (ly->n_pages + 1) * sizeof *nb);
-        uint8_t **ns = nb ? nb + ly->n_pages + 1 : NULL;
-        int ok = nb != NULL;
-        for (size_t p = 0; ok && p < ly->n_pages; p++) {
-            if (ly->pages[p].block) {
-                nb[p] = (uint8_t *)kvq__calloc(&c->alloc, new_block);
-                ok = nb[p] != NULL;
-            }
-            if (ok && ly->pages[p].stage && new_stage != old_stage) {
-                ns[p] = (uint8_t *)kvq__calloc(&c->alloc, new_stage);
-                ok = ns[p] != NULL;
-            }
-        }
-        if (!ok) {
-            for (size_t p = 0; nb && p < ly->n_pages; p++) {
-                kvq__free(&c->alloc, nb[p]);
-                kvq__free(&c->alloc, ns[p]);
-            }
-            kvq__free(&c->alloc, nb);
-            kvq__free(&c->alloc, nh);
-            st = KVQ_ERR_NOMEM;
-            break;
-        }
-        for (size_t p = 0; p < ly->n_pages; p++) {
-            kvq__page *pg = &ly->pages[p];
-            if (!pg->block)
-                continue;
-            for (size_t h = 0; h < c->H; h++) {
-                kvq__head *o = &oh[h], *n = &nh[h];
-                int target = kv_head < 0 || (size_t)kv_head == h;
-                /* keys */
-                int rekey = !is_value && target && !o->kchan_bits;
-                if (!rekey) {
-                    memcpy(nb[p] + n->k_off, pg->block + o->k_off, o->k_hdr + o->kbytes * P);
-                } else {
-                    size_t m = kvq__reencode_slots(ly, p, P, o->kc, pg->block + o->k_off, o->kbytes,
-                                                   n->kc, nb[p] + n->k_off, n->kbytes, 0, &err, &ref);
-                    ly->reencodes += m;
-                    ly->bytes_written += m * n->kbytes;
-                }
-                /* values */
-                if (!(is_value && target)) {
-                    memcpy(nb[p] + n->v_off, pg->block + o->v_off, o->vbytes * P);
-                } else {
-                    size_t m = kvq__reencode_slots(ly, p, P, o->vc, pg->block + o->v_off, o->vbytes,
-                                                   n->vc, nb[p] + n->v_off, n->vbytes, 0, &err,
-                                                   &ref);
-                    ly->reencodes += m;
-                    ly->bytes_written += m * n->vbytes;
-                }
-            }
-            kvq__lfree(c, ly, pg->block, old_block, 0);
-            pg->block = nb[p];
-            ly->payload_bytes += new_block;
-            ly->codec_meta_bytes += new_meta - old_meta;
-            if (ns[p]) {
-                memcpy(ns[p], pg->stage, KVQ__MIN(kpart, new_stage));
-                kvq__lfree(c, ly, pg->stage, old_stage, 0);
-                pg->stage = (uint16_t *)ns[p];
-                ly->payload_bytes += new_stage;
-            }
-        }
-        kvq__free(&c->alloc, nb);
-        memcpy(ly->heads, nh, c->H * sizeof *nh);
-        kvq__free(&c->alloc, nh);
-        kvq__layout_layer(c, ly);
-        if (ly->payload_bytes + ly->meta_bytes > ly->peak_bytes)
-            ly->peak_bytes = ly->payload_bytes + ly->meta_bytes;
+    /* every layer's new blocks first: all or nothing */
+    kvq__prec_plan *plans = (kvq__prec_plan *)kvq__calloc(&c->alloc, (l1 - l0) * sizeof *plans);
+    if (!plans)
+        return KVQ_ERR_NOMEM;
+    for (size_t l = l0; l < l1 && st == KVQ_OK; l++)
+        st = kvq__prec_plan_make(c, &c->layers[l], kv_head, is_value, nc, &plans[l - l0]);
+    if (st != KVQ_OK) {
+        for (size_t l = l0; l < l1; l++)
+            kvq__prec_plan_free(c, &plans[l - l0]);
+        kvq__free(&c->alloc, plans);
+        return st;
     }
+    double err = 0.0, ref = 0.0;
+    for (size_t l = l0; l < l1; l++)
+        kvq__prec_apply(c, &c->layers[l], kv_head, is_value, &plans[l - l0], &err, &ref);
+    kvq__free(&c->alloc, plans);
     kvq__track_total_peak(c);
     if (added_nmse)
         *added_nmse = ref > 0 ? err / ref : 0.0;
-    return st;
+    return KVQ_OK;
 }
-

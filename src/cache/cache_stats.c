@@ -81,29 +81,36 @@ kvq_status kvq_cache_get_kv(const kvq_cache *c, size_t layer, int kv_head, size_
     kvq__cand *sorted = kvq__sorted_tokens(c, ly, &n);
     if (!sorted)
         return KVQ_ERR_NOMEM;
+    /* the records of the cold pages in the range are read first, so that a
+     * failure writes nothing to k and v */
     kvq_status st = KVQ_OK;
-    uint8_t *tmp = NULL;
-    size_t tmp_page = SIZE_MAX;
+    uint8_t **cold = NULL;
+    for (size_t r = 0; r < count && st == KVQ_OK; r++) {
+        size_t p = sorted[first + r].slot / c->P;
+        if (ly->pages[p].tier != KVQ__TIER_COLD || (cold && cold[p]))
+            continue;
+        if (!cold) {
+            cold = (uint8_t **)kvq__calloc(&c->alloc, ly->n_pages * sizeof *cold);
+            if (!cold) {
+                st = KVQ_ERR_NOMEM;
+                break;
+            }
+        }
+        st = kvq__tier_peek(c, ly, p, &cold[p]);
+    }
     for (size_t r = 0; r < count && st == KVQ_OK; r++) {
         uint32_t slot = sorted[first + r].slot;
         size_t p = slot / c->P;
-        const uint8_t *blk = ly->pages[p].block;
-        if (ly->pages[p].tier == KVQ__TIER_COLD) { /* read the record, leave the page cold */
-            if (tmp_page != p) {
-                kvq__free(&c->alloc, tmp);
-                tmp = NULL;
-                st = kvq__tier_peek(c, ly, p, &tmp);
-                tmp_page = p;
-            }
-            blk = tmp;
-        }
-        for (size_t j = 0; j < nh && st == KVQ_OK; j++) {
+        const uint8_t *blk = ly->pages[p].tier == KVQ__TIER_COLD ? cold[p] : ly->pages[p].block;
+        for (size_t j = 0; j < nh; j++) {
             size_t h = kv_head < 0 ? j : (size_t)kv_head;
             size_t off = (r * nh + j) * c->d;
             kvq__read_token(c, ly, slot, h, blk, k ? k + off : NULL, v ? v + off : NULL);
         }
     }
-    kvq__free(&c->alloc, tmp);
+    for (size_t p = 0; cold && p < ly->n_pages; p++)
+        kvq__free(&c->alloc, cold[p]);
+    kvq__free(&c->alloc, cold);
     kvq__free(&c->alloc, sorted);
     return st;
 }

@@ -122,17 +122,23 @@ static void kvq__reencode_block(kvq_cache *c, kvq__layer *ly, size_t p, const kv
     }
 }
 
-/* Moves page p between the hot and warm arenas. */
-static kvq_status kvq__move_hw(kvq_cache *c, kvq__layer *ly, size_t p, int to_warm) {
+/* Moves page p between the hot and warm arenas; pre (may be NULL) is its
+ * new block, allocated ahead from the target arena and not counted yet:
+ * the move then cannot fail. */
+static kvq_status kvq__move_hw(kvq_cache *c, kvq__layer *ly, size_t p, int to_warm, uint8_t *pre) {
     kvq__page *pg = &ly->pages[p];
     double t0 = kvq__now_ms();
     size_t nb = to_warm ? ly->wblock_bytes : ly->block_bytes;
     size_t ob = to_warm ? ly->block_bytes : ly->wblock_bytes;
-    if (c->cfg.verify_tiers && !to_warm && kvq__crc32c(0, pg->block, ob) != pg->crc)
-        c->ts.verify_mismatches++;
-    uint8_t *blk = (uint8_t *)kvq__lalloc_tier(c, ly, nb, to_warm);
+    uint8_t *blk = pre;
+    if (blk)
+        kvq__layer_count(ly, nb, 0);
+    else
+        blk = (uint8_t *)kvq__lalloc_tier(c, ly, nb, to_warm);
     if (!blk)
         return KVQ_ERR_NOMEM;
+    if (c->cfg.verify_tiers && !to_warm && kvq__crc32c(0, pg->block, ob) != pg->crc)
+        c->ts.verify_mismatches++;
     kvq__reencode_block(c, ly, p, to_warm ? ly->heads : ly->wheads, pg->block,
                         to_warm ? ly->wheads : ly->heads, blk);
     ly->codec_meta_bytes -= kvq__block_codec_meta(c, ly);
@@ -381,68 +387,135 @@ static kvq_status kvq__page_lost(kvq_cache *c, kvq__layer *ly, size_t p, kvq_sta
     return KVQ_OK;
 }
 
-/* Reads cold page p back into the arena of the layout it left with. A lost
- * record is handled here (kvq__page_lost); other failures leave the page
- * cold. */
-static kvq_status kvq__from_cold(kvq_cache *c, kvq__layer *ly, size_t p) {
+/* A page that attention needs back, read and allocated before any page
+ * moves (kvq__tier_before_attend is all or nothing). */
+typedef struct {
+    size_t p;
+    uint8_t *blk;    /* cold: its block, copied from the record into the arena of the
+                        layout it left with (not counted yet) */
+    size_t size;     /* cold: the record's size */
+    uint64_t epoch;  /* cold: the store's epoch after the read */
+    uint8_t *hot;    /* warm_promote: the hot block it moves to (not counted yet) */
+    double t0;
+} kvq__fetch;
+
+static void kvq__fetch_release(kvq_cache *c, const kvq__layer *ly, kvq__fetch *x) {
+    if (x->blk && ly->pages[x->p].cold_warm)
+        kvq__free(&c->warm_alloc, x->blk);
+    else
+        kvq__free(&c->alloc, x->blk);
+    kvq__free(&c->alloc, x->hot);
+    x->blk = x->hot = NULL;
+}
+
+/* Reads cold page p's record into x->blk. A lost record is handled here
+ * (kvq__page_lost: the page is then gone, or with strict_tiers the call
+ * fails); other failures leave the page cold. */
+static kvq_status kvq__cold_fetch(kvq_cache *c, kvq__layer *ly, size_t p, kvq__fetch *x) {
     kvq__page *pg = &ly->pages[p];
-    double t0 = kvq__now_ms();
+    x->p = p;
+    x->t0 = kvq__now_ms();
     void *data = NULL;
-    size_t size = 0;
     kvq__record r;
-    uint64_t epoch = 0;
     int vfail = 0;
     char why[200];
-    kvq_status st = kvq__cold_read(c, ly, p, &data, &size, &r, &epoch, &vfail, why, sizeof why);
+    kvq_status st = kvq__cold_read(c, ly, p, &data, &x->size, &r, &x->epoch, &vfail, why, sizeof why);
     if (vfail)
         c->ts.verify_mismatches++;
     if (st != KVQ_OK)
         return kvq__is_loss(st) ? kvq__page_lost(c, ly, p, st, why) : st;
     int warm = pg->cold_warm;
     size_t bb = warm ? ly->wblock_bytes : ly->block_bytes;
-    uint8_t *blk = (uint8_t *)kvq__lalloc_tier(c, ly, bb, warm);
-    if (!blk) {
-        kvq_store_free_buf(c->cold, data);
-        return KVQ_ERR_NOMEM;
-    }
-    memcpy(blk, r.block, bb);
+    x->blk = (uint8_t *)kvq__calloc(warm ? &c->warm_alloc : &c->alloc, bb);
+    if (x->blk)
+        memcpy(x->blk, r.block, bb);
     kvq_store_free_buf(c->cold, data);
-    pg->block = blk; /* the record stays: the block is immutable, a later demotion reuses it */
-    pg->record_epoch = epoch;
+    return x->blk ? KVQ_OK : KVQ_ERR_NOMEM;
+}
+
+/* Puts the fetched block of cold page x->p in place. Never fails. */
+static void kvq__cold_install(kvq_cache *c, kvq__layer *ly, kvq__fetch *x) {
+    kvq__page *pg = &ly->pages[x->p];
+    int warm = pg->cold_warm;
+    kvq__layer_count(ly, warm ? ly->wblock_bytes : ly->block_bytes, 0);
+    pg->block = x->blk; /* the record stays: the block is immutable, a later demotion reuses it */
+    x->blk = NULL;
+    pg->record_epoch = x->epoch;
     pg->lost = 0;
     ly->tier_pages[KVQ__TIER_COLD]--;
     pg->tier = warm ? KVQ__TIER_WARM : KVQ__TIER_HOT;
     ly->tier_pages[pg->tier]++;
     ly->codec_meta_bytes += kvq__block_codec_meta(c, ly);
     c->ts.promotions++;
-    c->ts.bytes_from_cold += size;
-    kvq__model_transfer(c, 1, size);
-    c->ts.measured_transfer_ms += kvq__now_ms() - t0;
-    kvq__push_page_free(c, ly, p);
-    return KVQ_OK;
+    c->ts.bytes_from_cold += x->size;
+    kvq__model_transfer(c, 1, x->size);
+    c->ts.measured_transfer_ms += kvq__now_ms() - x->t0;
+    kvq__push_page_free(c, ly, x->p);
 }
 
+/* Brings back every page the queries up to qmax see: cold pages from the
+ * store, and with warm_promote warm pages to the hot arena. All or
+ * nothing: every record is read and every block allocated before a page
+ * moves, so a failure moves nothing and counts no read. Lost records found
+ * on the way are handled as they are found (their tokens dropped, counted)
+ * and stay so. */
 kvq_status kvq__tier_before_attend(kvq_cache *c, size_t layer, int32_t qmax) {
     kvq__layer *ly = &c->layers[layer];
+    int promote = c->cfg.warm_promote;
+    size_t n = 0;
     for (size_t p = 0; p < ly->n_pages; p++) {
+        const kvq__page *pg = &ly->pages[p];
+        if (kvq__page_live(pg) && pg->n_valid && pg->min_pos <= qmax &&
+            (pg->tier == KVQ__TIER_COLD || (pg->tier == KVQ__TIER_WARM && promote)))
+            n++;
+    }
+    kvq__fetch *f = NULL;
+    if (n) {
+        f = (kvq__fetch *)kvq__calloc(&c->alloc, n * sizeof *f);
+        if (!f)
+            return KVQ_ERR_NOMEM;
+    }
+    uint64_t reads[3] = {0, 0, 0}; /* one read of each page by this attention call */
+    size_t m = 0;
+    kvq_status st = KVQ_OK;
+    for (size_t p = 0; p < ly->n_pages && st == KVQ_OK; p++) {
         kvq__page *pg = &ly->pages[p];
         if (!kvq__page_live(pg) || !pg->n_valid || pg->min_pos > qmax)
             continue;
-        c->ts.reads[pg->tier]++; /* one read of the page by this attention call */
-        if (pg->tier == KVQ__TIER_HOT)
+        reads[pg->tier]++;
+        if (pg->tier == KVQ__TIER_HOT || (pg->tier == KVQ__TIER_WARM && !promote))
             continue;
-        kvq_status st = KVQ_OK;
+        kvq__fetch *x = &f[m];
+        x->p = p;
         if (pg->tier == KVQ__TIER_COLD) {
-            st = kvq__from_cold(c, ly, p);
+            st = kvq__cold_fetch(c, ly, p, x);
             if (st == KVQ_OK && !kvq__page_live(pg))
                 continue; /* lost: its tokens are gone */
         }
-        if (st == KVQ_OK && pg->tier == KVQ__TIER_WARM && c->cfg.warm_promote)
-            st = kvq__move_hw(c, ly, p, 0);
-        if (st != KVQ_OK)
-            return st; /* earlier promotions (and losses) stand; they lose nothing more */
+        m++;
+        if (st == KVQ_OK && promote && (pg->tier == KVQ__TIER_WARM || pg->cold_warm)) {
+            x->hot = (uint8_t *)kvq__calloc(&c->alloc, ly->block_bytes);
+            if (!x->hot)
+                st = KVQ_ERR_NOMEM;
+        }
     }
-    return KVQ_OK;
+    if (st == KVQ_OK) {
+        for (int t = 0; t < 3; t++)
+            c->ts.reads[t] += reads[t];
+        for (size_t j = 0; j < m; j++) {
+            kvq__fetch *x = &f[j];
+            if (x->blk)
+                kvq__cold_install(c, ly, x);
+            if (x->hot) {
+                (void)kvq__move_hw(c, ly, x->p, 0, x->hot); /* cannot fail with its block */
+                x->hot = NULL;
+            }
+        }
+    }
+    for (size_t j = 0; j < m; j++)
+        kvq__fetch_release(c, ly, &f[j]);
+    kvq__free(&c->alloc, f);
+    return st;
 }
 
 /* Demotion order: lowest score first (utility: the best token's score;
@@ -529,7 +602,7 @@ kvq_status kvq__tier_enforce(kvq_cache *c, size_t layer) {
             size_t p = cand[i].slot;
             kvq_status st;
             if (tier == KVQ__TIER_HOT && warm_on)
-                st = kvq__move_hw(c, ly, p, 1);
+                st = kvq__move_hw(c, ly, p, 1, NULL);
             else if (c->cold)
                 st = kvq__to_cold(c, ly, p);
             else {

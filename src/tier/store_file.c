@@ -260,21 +260,25 @@ static kvq_status tab_grow(kvq_store *s, fs_store *f) {
     return KVQ_OK;
 }
 
-/* Points key at a new entry (inserting it if needed). */
-static kvq_status tab_set(kvq_store *s, fs_store *f, const char *key, size_t klen, uint32_t seg,
-                          uint64_t off, uint64_t len, uint32_t vlen) {
+/* Points key at a new entry (inserting it if needed, with kcopy as the
+ * key's copy when given: taken, or freed when the key is there already). */
+static kvq_status tab_set(kvq_store *s, fs_store *f, const char *key, size_t klen, char *kcopy,
+                          uint32_t seg, uint64_t off, uint64_t len, uint32_t vlen) {
     uint64_t h = key_hash(key, klen);
     fs_slot *e = f->tab_cap ? tab_find(f, key, klen, h) : NULL;
     if (e) {
+        kvq__free(&s->alloc, kcopy);
         f->live_entry_bytes -= e->len;
         f->live_value_bytes -= e->vlen;
     } else {
         if ((f->tab_n + 1) * 10 > f->tab_cap * 7) {
             kvq_status st = tab_grow(s, f);
-            if (st != KVQ_OK)
+            if (st != KVQ_OK) {
+                kvq__free(&s->alloc, kcopy);
                 return st;
+            }
         }
-        char *k = (char *)kvq__alloc(&s->alloc, klen + 1);
+        char *k = kcopy ? kcopy : (char *)kvq__alloc(&s->alloc, klen + 1);
         if (!k)
             return KVQ_ERR_NOMEM;
         memcpy(k, key, klen);
@@ -804,23 +808,31 @@ static kvq_status fs_put(kvq_store *s, const char *key, size_t klen, const void 
         kvq__store_err(s, "%s: the store is open readonly", f->dir);
         return KVQ_ERR_UNSUPPORTED;
     }
-    /* reserve the index slot first so a memory failure cannot follow the write */
+    /* reserve the index slot and the key's copy first, so that no memory
+     * failure can follow the write (a failed put leaves the store as it
+     * was, after a reopen too) */
     if (f->tab_cap == 0 || (f->tab_n + 1) * 10 > f->tab_cap * 7) {
         kvq_status st = tab_grow(s, f);
         if (st != KVQ_OK)
             return st;
     }
+    char *kcopy = NULL;
+    if (!tab_find(f, key, klen, key_hash(key, klen))) {
+        kcopy = (char *)kvq__alloc(&s->alloc, klen + 1);
+        if (!kcopy)
+            return KVQ_ERR_NOMEM;
+        memcpy(kcopy, key, klen);
+        kcopy[klen] = 0;
+    }
     uint32_t seg;
     uint64_t off;
     kvq_status st = append_entry(s, f, KVQ__SEG_PUT, key, klen, data, size, &seg, &off);
-    if (st != KVQ_OK)
-        return st;
-    st = tab_set(s, f, key, klen, seg, off, KVQ__SEG_HDR + klen + size, (uint32_t)size);
     if (st != KVQ_OK) {
-        /* on disk but not indexed (the key copy failed): reopen would find it */
-        kvq__store_err(s, "out of memory indexing '%.200s' (written; visible after reopen)", key);
+        kvq__free(&s->alloc, kcopy);
         return st;
     }
+    /* cannot fail now: the slot is there and the key copied */
+    (void)tab_set(s, f, key, klen, kcopy, seg, off, KVQ__SEG_HDR + klen + size, (uint32_t)size);
     maybe_compact(s, f);
     return KVQ_OK;
 }
@@ -1001,7 +1013,7 @@ static int scan_visit(void *ctx, const kvq__seg_entry *e) {
         return 0;
     }
     if (e->op == KVQ__SEG_PUT)
-        return tab_set(v->s, v->f, e->key, e->klen, v->seg, e->off, e->len, e->vlen) != KVQ_OK;
+        return tab_set(v->s, v->f, e->key, e->klen, NULL, v->seg, e->off, e->len, e->vlen) != KVQ_OK;
     fs_slot *t = v->f->tab_cap ? tab_find(v->f, e->key, e->klen, key_hash(e->key, e->klen)) : NULL;
     if (t)
         tab_remove(v->s, v->f, t);
