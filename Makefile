@@ -184,6 +184,12 @@ $(BUILD)/tests/test_fuzz_replay: tests/test_fuzz_replay.c $(wildcard fuzz/*.c fu
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Isrc -Itools -o $@ $< $(TEST_HELP) $(FUZZ_REPLAY_TOOL_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
 
+# The JSON reader and allocation-file test links the tool sources it tests.
+$(BUILD)/tests/test_json: tests/test_json.c $(TEST_HELP) tests/testutil.h $(FUZZ_REPLAY_TOOL_OBJ) \
+                          $(BUILD)/libkvq.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Isrc -Itools -o $@ $< $(TEST_HELP) $(FUZZ_REPLAY_TOOL_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
+
 # The Python binding's tests (python/tests/run.py) against this build's libkvq.so.
 python-test: $(BUILD)/libkvq.so
 	KVQ_LIB=$(abspath $(BUILD))/libkvq.so KVQ_DATA=$(DATA) $(PYTHON) python/tests/run.py

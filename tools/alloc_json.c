@@ -10,6 +10,8 @@
 #include "alloc_json.h"
 #include "json.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,11 @@ static char *kvqt_slurp(const char *path, size_t max) {
     return b;
 }
 
+static int kvqt_hexdigit(char h) {
+    return h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+         : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+}
+
 static int kvqt_hex(const char *s, unsigned char **out, size_t *n) {
     size_t len = strlen(s);
     if (len % 2)
@@ -53,16 +60,24 @@ static int kvqt_hex(const char *s, unsigned char **out, size_t *n) {
     if (!*out)
         return -1;
     for (size_t i = 0; i < len / 2; i++) {
-        unsigned v;
-        if (sscanf(s + 2 * i, "%2x", &v) != 1) {
+        int hi = kvqt_hexdigit(s[2 * i]), lo = kvqt_hexdigit(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
             free(*out);
             *out = NULL;
             return -1;
         }
-        (*out)[i] = (unsigned char)v;
+        (*out)[i] = (unsigned char)(hi * 16 + lo);
     }
     *n = len / 2;
     return 0;
+}
+
+/* A JSON number that must be an integer in lo..hi (1), else 0. */
+static int kvqt_int_in(const kj_value *v, double lo, double hi, long long *out) {
+    if (!v || v->type != KJ_NUM || !(v->num >= lo && v->num <= hi) || v->num != floor(v->num))
+        return 0;
+    *out = (long long)v->num;
+    return 1;
 }
 
 int kvqt_alloc_load(const char *path, kvqt_cacheopts *o, char *err, size_t err_size) {
@@ -91,10 +106,21 @@ int kvqt_alloc_load(const char *path, kvqt_cacheopts *o, char *err, size_t err_s
         o->k_prerope = v->boolean;
     if ((v = kj_get(root, "k_center")) && v->type == KJ_BOOL)
         o->k_center = v->boolean;
-    if ((v = kj_get(root, "page")) && v->type == KJ_NUM && v->num >= 1)
-        o->page = (size_t)v->num;
-    if ((v = kj_get(root, "recent")) && v->type == KJ_NUM && v->num >= 0)
-        o->recent = (size_t)v->num;
+    long long iv;
+    if ((v = kj_get(root, "page"))) {
+        if (!kvqt_int_in(v, 1, 4096, &iv)) {
+            snprintf(err, err_size, "page must be an integer in 1..4096");
+            goto done;
+        }
+        o->page = (size_t)iv;
+    }
+    if ((v = kj_get(root, "recent"))) {
+        if (!kvqt_int_in(v, 0, 1 << 20, &iv)) {
+            snprintf(err, err_size, "recent must be an integer in 0..1048576");
+            goto done;
+        }
+        o->recent = (size_t)iv;
+    }
     for (size_t i = 0; i < o->n_ovr; i++)
         free(o->ovr_state[i]);
     o->n_ovr = 0;
@@ -111,10 +137,16 @@ int kvqt_alloc_load(const char *path, kvqt_cacheopts *o, char *err, size_t err_s
                 snprintf(err, err_size, "override %zu needs layer, head, kind (k|v) and codec", i);
                 goto done;
             }
+            long long li, hi;
+            if (!kvqt_int_in(l, -1, 65535, &li) || !kvqt_int_in(h, -1, 65535, &hi)) {
+                snprintf(err, err_size, "override %zu: layer and head must be integers in "
+                                        "-1..65535 (-1: all)", i);
+                goto done;
+            }
             kvq_codec_override *ov = &o->ovr[o->n_ovr];
             memset(ov, 0, sizeof *ov);
-            ov->layer = (int)l->num;
-            ov->kv_head = (int)h->num;
+            ov->layer = (int)li;
+            ov->kv_head = (int)hi;
             ov->is_value = k->str[0] == 'v';
             snprintf(o->ovr_codec[o->n_ovr], sizeof o->ovr_codec[0], "%s", c->str);
             ov->codec = o->ovr_codec[o->n_ovr];
@@ -140,8 +172,8 @@ int kvqt_alloc_load(const char *path, kvqt_cacheopts *o, char *err, size_t err_s
             goto done;
         }
         for (size_t i = 0; i < v->n; i++) {
-            if (v->items[i].type != KJ_NUM) {
-                snprintf(err, err_size, "center must be numbers");
+            if (v->items[i].type != KJ_NUM || !(fabs(v->items[i].num) <= FLT_MAX)) {
+                snprintf(err, err_size, "center must be finite float numbers");
                 goto done;
             }
             o->center_values[i] = (float)v->items[i].num;

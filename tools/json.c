@@ -1,6 +1,7 @@
 /* json.c - the small JSON reader (see json.h). */
 #include "json.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +50,16 @@ static char *kj_string(kj_ctx *c) {
     char *out = malloc(cap);
     while (out && c->s[c->i] && c->s[c->i] != '"') {
         char ch = c->s[c->i++];
+        if ((unsigned char)ch < 0x20) {
+            kj_fail(c, "control character in a string");
+            free(out);
+            return NULL;
+        }
         if (ch == '\\') {
-            char e = c->s[c->i++];
+            char e = c->s[c->i];
+            if (!e)
+                break; /* unterminated: reported below, never read past the end */
+            c->i++;
             switch (e) {
             case 'n': ch = '\n'; break;
             case 't': ch = '\t'; break;
@@ -61,11 +70,19 @@ static char *kj_string(kj_ctx *c) {
             case 'u': {
                 unsigned v = 0;
                 for (int k = 0; k < 4; k++) {
-                    char h = c->s[c->i++];
-                    v = v * 16 + (unsigned)(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : 99);
+                    char h = c->s[c->i]; /* NUL ends the loop as a bad digit */
+                    int x = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                          : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                    if (x < 0) {
+                        kj_fail(c, "\\u needs four hex digits");
+                        free(out);
+                        return NULL;
+                    }
+                    c->i++;
+                    v = v * 16 + (unsigned)x;
                 }
-                if (v > 0x7f) {
-                    kj_fail(c, "\\u escapes above U+007F are not supported");
+                if (v > 0x7f || v == 0) {
+                    kj_fail(c, "\\u escapes other than U+0001..U+007F are not supported");
                     free(out);
                     return NULL;
                 }
@@ -190,14 +207,48 @@ static int kj_value_parse(kj_ctx *c, kj_value *v, int depth) {
         c->i += 4;
         return 0;
     }
-    char *end;
-    v->num = strtod(c->s + c->i, &end);
-    if (end == c->s + c->i) {
+    /* RFC 8259 numbers only: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+     * (strtod alone would take nan, inf, hex and leading '+') */
+    const char *p = c->s + c->i, *q = p;
+    if (*q == '-')
+        q++;
+    if (*q == '0')
+        q++;
+    else if (*q >= '1' && *q <= '9')
+        while (*q >= '0' && *q <= '9')
+            q++;
+    else {
         kj_fail(c, "unexpected character");
         return -1;
     }
+    if (*q == '.') {
+        q++;
+        if (!(*q >= '0' && *q <= '9')) {
+            kj_fail(c, "a digit must follow the decimal point");
+            return -1;
+        }
+        while (*q >= '0' && *q <= '9')
+            q++;
+    }
+    if (*q == 'e' || *q == 'E') {
+        q++;
+        if (*q == '+' || *q == '-')
+            q++;
+        if (!(*q >= '0' && *q <= '9')) {
+            kj_fail(c, "a digit must follow the exponent");
+            return -1;
+        }
+        while (*q >= '0' && *q <= '9')
+            q++;
+    }
+    char *end;
+    v->num = strtod(p, &end);
+    if (end != q || !isfinite(v->num)) {
+        kj_fail(c, "number out of range");
+        return -1;
+    }
     v->type = KJ_NUM;
-    c->i = (size_t)(end - c->s);
+    c->i = (size_t)(q - c->s);
     return 0;
 }
 
