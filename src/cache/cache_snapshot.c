@@ -343,6 +343,13 @@ kvq_status kvq_cache_save(kvq_cache *c, kvq_store *s, const char *name, int32_t 
     size_t at = KVQ__MANIFEST_HDR + txt.n;
     kvq__free(&c->alloc, txt.s);
     char key[300];
+    /* an earlier snapshot of this name loses its manifest before any of its
+     * page records is replaced: a save cut short leaves no snapshot, never
+     * the old manifest over a mix of old and new pages */
+    snprintf(key, sizeof key, "%s/manifest", name);
+    st = kvq_store_del(s, key);
+    if (st == KVQ_ERR_RANGE)
+        st = KVQ_OK;
     for (size_t l = 0; l < c->L && st == KVQ_OK; l++) {
         kvq__layer *ly = &c->layers[l];
         size_t hdr = at;
@@ -457,9 +464,18 @@ static kvq_status kvq__install_page(kvq_cache *c, size_t l, size_t p, const kvq_
     return KVQ_OK;
 }
 
-/* After pages are installed: free slots, the pending ring and the open page. */
-static void kvq__finish_restore(kvq_cache *c, kvq__layer *ly) {
+/* After pages are installed: free slots, the pending ring and the open
+ * page. The ring comes first (the one allocation): on failure nothing else
+ * changed, and the restore fails (a pending token in no ring would never
+ * be encoded). */
+static kvq_status kvq__finish_restore(kvq_cache *c, kvq__layer *ly) {
     size_t P = c->P;
+    size_t npend = 0;
+    for (size_t p = 0; p < ly->n_pages; p++)
+        npend += ly->pages[p].block ? ly->pages[p].n_pending : 0;
+    if (npend && npend > ly->pend_cap &&
+        kvq__ring_resize(c, ly, 2 * npend + c->cfg.recent_window + 2) != KVQ_OK)
+        return KVQ_ERR_NOMEM;
     for (size_t p = 0; p < ly->n_pages; p++) {
         kvq__page *pg = &ly->pages[p];
         if (!pg->block)
@@ -472,25 +488,6 @@ static void kvq__finish_restore(kvq_cache *c, kvq__layer *ly) {
         kvq__push_page_free(c, ly, p);
     }
     /* pending tokens, in position order */
-    size_t npend = 0;
-    for (size_t p = 0; p < ly->n_pages; p++)
-        npend += ly->pages[p].block ? ly->pages[p].n_pending : 0;
-    if (npend && npend > ly->pend_cap) {
-        size_t cap = 2 * npend + c->cfg.recent_window + 2;
-        kvq__lfree(c, ly, ly->pend_slot, ly->pend_cap * sizeof(uint32_t), 1);
-        kvq__lfree(c, ly, ly->pend_pos, ly->pend_cap * sizeof(int32_t), 1);
-        ly->pend_cap = 0;
-        ly->pend_slot = kvq__lalloc(c, ly, cap * sizeof(uint32_t), 1);
-        ly->pend_pos = kvq__lalloc(c, ly, cap * sizeof(int32_t), 1);
-        if (ly->pend_slot && ly->pend_pos) {
-            ly->pend_cap = cap;
-        } else { /* stays staged, in no ring: only larger */
-            kvq__lfree(c, ly, ly->pend_slot, cap * sizeof(uint32_t), 1);
-            kvq__lfree(c, ly, ly->pend_pos, cap * sizeof(int32_t), 1);
-            ly->pend_slot = NULL;
-            ly->pend_pos = NULL;
-        }
-    }
     if (ly->pend_slot && ly->pend_pos && ly->pend_cap) {
         ly->pend_head = ly->pend_count = 0;
         for (int32_t last = -1;;) {
@@ -507,6 +504,7 @@ static void kvq__finish_restore(kvq_cache *c, kvq__layer *ly) {
             last = ly->pos[best];
         }
     }
+    return KVQ_OK;
 }
 
 static void kvq__reset_layer(kvq_cache *c, kvq__layer *ly) {
@@ -710,7 +708,7 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
             ly->last_pos = last;
             ly->sink_until = sink_until;
             ly->n_sinks_seen = sinks_seen;
-            kvq__finish_restore(c, ly);
+            st = kvq__finish_restore(c, ly);
         }
     }
     kvq_store_free_buf(s, md);
@@ -928,12 +926,7 @@ kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, 
         memcpy(prev, cur, sizeof cur);
     }
     size_t loaded = j * P;
-    if (st != KVQ_OK || loaded == 0)
-        kvq__undo_layers(c, mark); /* a failure, or nothing loaded: as it was */
-    kvq__free(&c->alloc, mark);
-    if (st != KVQ_OK)
-        return st;
-    for (size_t l = 0; l < c->L && loaded; l++) {
+    for (size_t l = 0; l < c->L && loaded && st == KVQ_OK; l++) {
         kvq__layer *ly = &c->layers[l];
         ly->appended = loaded;
         ly->last_pos = (int32_t)loaded - 1;
@@ -941,8 +934,13 @@ kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, 
         ly->sink_until = (int32_t)ly->n_sinks_seen - 1;
         if (c->cfg.k_center && !ly->center_ready)
             ly->center_ready = 1; /* centre values were given at create */
-        kvq__finish_restore(c, ly);
+        st = kvq__finish_restore(c, ly);
     }
+    if (st != KVQ_OK || loaded == 0)
+        kvq__undo_layers(c, mark); /* a failure, or nothing loaded: as it was */
+    kvq__free(&c->alloc, mark);
+    if (st != KVQ_OK)
+        return st;
     *n_loaded = loaded;
     return KVQ_OK;
 }
