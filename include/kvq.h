@@ -11,7 +11,19 @@
  *   values are errors; kvq_strerror() names them and never returns NULL.
  *   Results come back through out-parameters.
  * - When a function returns an error, it has written nothing to its outputs
- *   and the handle is unchanged.
+ *   and the handle is unchanged: everything it returns afterwards (stats
+ *   included) is what it returned before. The exceptions are stated at
+ *   their calls: what kvq_cache_save, kvq_cache_prefix_put and a Redis put
+ *   or del may have written to the store, the peak of a failed
+ *   kvq_cache_load or kvq_cache_prefix_get, what kvq_cache_prefix_put
+ *   settles, the layers kvq_model_forward ran before it failed, and lost
+ *   cold pages (they are gone whatever the call does). Work inside a call
+ *   that the call can do without may fail without failing it: a buffer that
+ *   cannot shrink stays larger (stored_bytes), a page that cannot move to
+ *   the warm or cold tier stays where it is (demotion_failures), a
+ *   compaction of the file store waits for a later put or del.
+ *   tests/test_failalloc.c fails every allocation of every call that
+ *   mutates a cache, a codec or a store in turn and checks all of this.
  * - Buffers are passed as (dst, dst_capacity, src, src_size); sizes are
  *   size_t. Capacities of float buffers count floats, of byte buffers bytes.
  * - Handles are opaque; every _free() accepts NULL.
@@ -368,9 +380,10 @@ KVQ_API void kvq_cache_free(kvq_cache *cache);
 /* Appends n_tokens tokens to one layer. k and v are [n_tokens][n_kv_heads]
  * [head_dim]; positions[n_tokens] strictly increase and continue after the
  * last appended position (NULL: the next positions in order). The new
- * tokens stay until their queries have attended (see "Eviction" above). On
- * error nothing is stored (earlier staged tokens may have been encoded, as
- * the next call would do anyway). */
+ * tokens stay until their queries have attended (see "Eviction" above). All
+ * or nothing: the pages, staging and table the chunk needs are allocated
+ * before the append encodes the staged tokens it owes (see "Causality"), so
+ * on error those stay staged and nothing is stored. */
 KVQ_API kvq_status kvq_cache_append(kvq_cache *cache, size_t layer, const float *k,
                                     const float *v, const int32_t *positions, size_t n_tokens);
 
@@ -382,7 +395,11 @@ KVQ_API kvq_status kvq_cache_append(kvq_cache *cache, size_t layer, const float 
  * of kvq_cache_positions), the attention that token received summed over the
  * query heads of its group and over the queries: [n_kv_heads][n_tokens]
  * (token_attn_capacity floats). Under the utility policy, attention received
- * updates the scores whether or not token_attn is given. */
+ * updates the scores whether or not token_attn is given. On error no score,
+ * counter or page changed: with tiers, every cold record is read and every
+ * block allocated before a page moves, so no page came back from warm or
+ * cold; only cold pages found lost on the way stay dropped (or, with
+ * strict_tiers, counted; see "Lost cold pages"). */
 KVQ_API kvq_status kvq_cache_attend(kvq_cache *cache, size_t layer, const float *q,
                                     const int32_t *q_positions, size_t n_queries, float *out,
                                     size_t out_capacity, float *token_attn,
@@ -397,7 +414,9 @@ KVQ_API kvq_status kvq_cache_positions(const kvq_cache *cache, size_t layer, int
 /* Decodes the tokens of a layer with index first..first+count-1 in ascending
  * position order, for one KV head (kv_head >= 0) or all (kv_head = -1), to
  * float: k and v are [count][heads][head_dim] (either may be NULL). Keys come
- * back as stored (after RoPE unless k_prerope) with the centre added back. */
+ * back as stored (after RoPE unless k_prerope) with the centre added back.
+ * Cold pages are read from the store (and stay cold) before anything is
+ * written: on error k and v are untouched. */
 KVQ_API kvq_status kvq_cache_get_kv(const kvq_cache *cache, size_t layer, int kv_head,
                                     size_t first, size_t count, float *k, float *v,
                                     size_t capacity);
@@ -405,13 +424,18 @@ KVQ_API kvq_status kvq_cache_get_kv(const kvq_cache *cache, size_t layer, int kv
 /* Switches the K or V codec of a layer (and one KV head, or all with -1) at
  * run time: staged tokens are first encoded with the old codec (all of
  * them, the recent window included), then pages are decoded and re-encoded
- * with the new codec; new tokens use it. *added_nmse (optional) gets the error the re-encode added:
- * sum ||old decoded - new decoded||^2 / sum ||old decoded||^2. */
+ * with the new codec; new tokens use it. *added_nmse (optional) gets the
+ * error the re-encode added: sum ||old decoded - new decoded||^2 / sum ||old
+ * decoded||^2. All or nothing: the new blocks of every layer named (all
+ * with layer -1) are allocated before any staged token is encoded or any
+ * layer switched, so on error every layer keeps its codec and its staged
+ * tokens, and *added_nmse is not written. */
 KVQ_API kvq_status kvq_cache_set_precision(kvq_cache *cache, int layer, int kv_head,
                                            int is_value, const char *codec, double *added_nmse);
 
 /* Sets the budget (at most max_tokens) and evicts down to it now, new
- * tokens included. */
+ * tokens included. Eviction allocates nothing: this never fails for lack of
+ * memory. */
 KVQ_API kvq_status kvq_cache_set_budget(kvq_cache *cache, size_t budget_tokens);
 
 typedef struct kvq_stats {
@@ -460,7 +484,13 @@ typedef struct kvq_stats {
  * differ (layer 1, kv head 0, channel 3 ...)". Policy, budgets, windows,
  * sinks, threads and tier capacities may differ. A manifest of another
  * version gives KVQ_ERR_VERSION (version 1 recorded no configuration and is
- * not read). On any error the cache is left empty. */
+ * not read). Save leaves the cache unchanged. It deletes an earlier
+ * manifest of the name before it writes a page, so a save that fails leaves
+ * no snapshot of that name (or, failing before that, the earlier one
+ * whole), never an earlier manifest over a mix of pages; the page records
+ * it wrote stay in the store. A load that fails leaves the cache as it was
+ * (empty), except peak_stored_bytes, which may have grown by what the load
+ * held before it failed. */
 KVQ_API kvq_status kvq_cache_save(kvq_cache *cache, struct kvq_store *store, const char *name,
                                   int32_t prefix_end);
 KVQ_API kvq_status kvq_cache_load(kvq_cache *cache, struct kvq_store *store, const char *name);
@@ -478,7 +508,13 @@ KVQ_API kvq_status kvq_cache_load(kvq_cache *cache, struct kvq_store *store, con
  * so). Loading another prompt's K/V would thus need a SHA-256 collision
  * between the two prompts' prefixes. Needs the token layout, and either no key centring or given
  * centre values (an estimated centre depends on the prompt). Pages that are
- * not a clean run of positions 0.. (evictions, pending tokens) are skipped. */
+ * not a clean run of positions 0.. (evictions, pending tokens) are skipped.
+ * prefix_put first encodes the staged tokens that the next append would
+ * encode (see "Causality"), failing or not, so an attend after it sees them
+ * as stored; otherwise a failed put leaves the cache unchanged, and the
+ * entries it published before the failure stay in the store (each is whole
+ * and checked on a hit). A prefix_get that fails sets *n_loaded to 0 and
+ * leaves the cache as it was (empty), except peak_stored_bytes (as load). */
 KVQ_API kvq_status kvq_cache_prefix_put(kvq_cache *cache, struct kvq_store *store,
                                         const int32_t *ids, size_t n);
 KVQ_API kvq_status kvq_cache_prefix_get(kvq_cache *cache, struct kvq_store *store,
@@ -530,7 +566,13 @@ KVQ_API kvq_status kvq_model_cache_shape(const kvq_model *model, kvq_cache_confi
 /* Runs n tokens at positions pos0.. through the model, appending their K/V
  * to the cache (pre-RoPE keys when the cache has k_prerope) and writing the
  * logits of every token to logits ([n][vocab_size]; logits may be NULL when
- * only the cache is wanted, or hold only the last row when last_only). */
+ * only the cache is wanted, or hold only the last row when last_only).
+ * Layers run one after the other (append, then attend), so a forward that
+ * fails leaves the layers before the failing one as a forward that
+ * succeeded would, the failing one as it was or holding the tokens
+ * appended but not attended, and the later ones as they were; logits are
+ * not written. The cache then no longer holds one sequence: free it (or
+ * load a snapshot into a new one) rather than run the tokens again. */
 KVQ_API kvq_status kvq_model_forward(const kvq_model *model, kvq_cache *cache,
                                      const int32_t *tokens, size_t n, int32_t pos0, float *logits,
                                      size_t logits_capacity, int last_only);
