@@ -583,7 +583,9 @@ static int collect_key(void *ctx, const char *key, size_t size) {
     return 0;
 }
 
-static int cmp_key(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
+static int cmp_key(const void *a, const void *b) {
+    return strcmp((const char *)a, (const char *)b);
+}
 
 static void save_records(kvq_store *s, obs *o) {
     keyset *ks = (keyset *)calloc(1, sizeof *ks);
@@ -649,7 +651,8 @@ static void prep_load(env *dst) {
     build_long(e);
     kvq_tier_stats t;
     kvq_cache_tier_stats(e->c, &t);
-    TU_REPORT(t.pages[1] > 0 && t.pages[2] > 0, "the snapshot's source has %llu warm, %llu cold pages",
+    TU_REPORT(t.pages[1] > 0 && t.pages[2] > 0,
+              "the snapshot's source has %llu warm, %llu cold pages",
               (unsigned long long)t.pages[1], (unsigned long long)t.pages[2]);
     CHECK_OK(kvq_cache_save(e->c, e->s, "fa-snap", INT32_MAX));
     kvq_cache_free(e->c);
@@ -897,7 +900,8 @@ static void codec_create_sweep(const char *spec) {
     CHECK_EQ(leaks, 0);
     char nm[64];
     snprintf(nm, sizeof nm, "kvq_codec_create %s", spec);
-    printf("  %-34s %4ld injection points: %4ld failed clean, %3d absorbed, 0 changed, %ld leaked\n",
+    printf("  %-34s %4ld injection points: %4ld failed clean, %3d absorbed, 0 changed, %ld "
+           "leaked\n",
            nm, points, fails, 0, leaks);
     g_points += points;
     g_failures += fails;
@@ -908,7 +912,8 @@ static void codec_create_sweep(const char *spec) {
  * first (unless unfitted), then the call brings set B's tables. */
 static void codec_mut_sweep(const char *spec, int kind, int prefit) {
     const size_t NS = 300;
-    float *a = (float *)malloc(NS * HD * sizeof(float)), *b = (float *)malloc(NS * HD * sizeof(float));
+    float *a = (float *)malloc(NS * HD * sizeof(float));
+    float *b = (float *)malloc(NS * HD * sizeof(float));
     gen(a, NS * HD, 11, 1.0f);
     gen(b, NS * HD, 12, 3.0f);
     /* set B's state, as a blob and as a file */
@@ -1278,35 +1283,57 @@ int main(int argc, char **argv) {
         {"kvq_cache_create (utility)", cfg_util, build_none, op_create, NULL, NULL, 0, 0, 1, 0},
         {"kvq_cache_create (tiers)", cfg_tier, build_none, op_create, NULL, NULL, 0, 0, 1, 0},
         {"kvq_cache_create (channel)", cfg_chan, build_none, op_create, NULL, NULL, 0, 0, 1, 0},
-        {"kvq_cache_create (prerope, 2 thr)", cfg_prerope, build_none, op_create, NULL, NULL, 0, 0, 1, 0},
+        {"kvq_cache_create (prerope, 2 thr)", cfg_prerope,
+         build_none, op_create, NULL, NULL, 0, 0, 1, 0},
         {"kvq_cache_append (decode)", cfg_plain, build_std, op_append1, NULL, NULL, 0, 0, 0, 0},
-        {"kvq_cache_append (chunk)", cfg_plain, build_std, op_append_chunk, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_append (after staged)", cfg_plain, build_staged, op_append_chunk0, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_append (utility)", cfg_util, build_std, op_append_chunk, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_append (channel)", cfg_chan, build_std, op_append_chunk, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_append (tiers)", cfg_tier, build_long, op_append_chunk, NULL, NULL, 0, TIERMOVE, 0, 0},
+        {"kvq_cache_append (chunk)", cfg_plain, build_std,
+         op_append_chunk, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_append (after staged)", cfg_plain, build_staged,
+         op_append_chunk0, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_append (utility)", cfg_util, build_std,
+         op_append_chunk, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_append (channel)", cfg_chan, build_std,
+         op_append_chunk, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_append (tiers)", cfg_tier, build_long,
+         op_append_chunk, NULL, NULL, 0, TIERMOVE, 0, 0},
         {"kvq_cache_attend", cfg_plain, build_std, op_attend, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_attend (token_attn)", cfg_plain, build_std, op_attend_ta, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_attend (utility)", cfg_util, build_std, op_attend_ta, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_attend (channel)", cfg_chan, build_std, op_attend_ta, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_attend (prerope, 2 thr)", cfg_prerope, build_std, op_attend_ta, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_attend (tiers)", cfg_tier, build_long, op_attend_ta, NULL, NULL, 0, TIERMOVE, 0, 0},
-        {"kvq_cache_attend (tiers, promote)", cfg_tier_promote, build_long, op_attend, NULL, NULL, 0, TIERMOVE, 0, 0},
-        {"kvq_cache_set_precision (-1)", cfg_plain, build_std, op_prec_all, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_set_precision (-1, staged)", cfg_plain, build_staged, op_prec_all, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_set_precision (l1 h0 K)", cfg_util, build_std, op_prec_one, NULL, NULL, 0, ABSORB, 0, 0},
-        {"kvq_cache_set_precision (V f16)", cfg_chan, build_std, op_prec_f16, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_attend (token_attn)", cfg_plain, build_std,
+         op_attend_ta, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_attend (utility)", cfg_util, build_std,
+         op_attend_ta, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_attend (channel)", cfg_chan, build_std,
+         op_attend_ta, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_attend (prerope, 2 thr)", cfg_prerope,
+         build_std, op_attend_ta, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_attend (tiers)", cfg_tier, build_long,
+         op_attend_ta, NULL, NULL, 0, TIERMOVE, 0, 0},
+        {"kvq_cache_attend (tiers, promote)", cfg_tier_promote,
+         build_long, op_attend, NULL, NULL, 0, TIERMOVE, 0, 0},
+        {"kvq_cache_set_precision (-1)", cfg_plain, build_std,
+         op_prec_all, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_set_precision (-1, staged)", cfg_plain,
+         build_staged, op_prec_all, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_set_precision (l1 h0 K)", cfg_util, build_std,
+         op_prec_one, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_set_precision (V f16)", cfg_chan, build_std,
+         op_prec_f16, NULL, NULL, 0, ABSORB, 0, 0},
         {"kvq_cache_set_budget", cfg_util, build_std, op_budget, NULL, NULL, 0, 0, 0, 0},
         {"kvq_cache_get_kv (cold pages)", cfg_tier, build_long, op_get_kv, NULL, NULL, 0, 0, 0, 0},
-        {"kvq_cache_get_kv (one head)", cfg_tier, build_long, op_get_kv_head, NULL, NULL, 0, 0, 0, 0},
+        {"kvq_cache_get_kv (one head)", cfg_tier, build_long,
+         op_get_kv_head, NULL, NULL, 0, 0, 0, 0},
         {"kvq_cache_positions", cfg_tier, build_long, op_positions, NULL, NULL, 0, 0, 0, 0},
         {"kvq_cache_save (tiers)", cfg_tier, build_long, op_save, NULL, after_save, 0, 0, 0, 0},
-        {"kvq_cache_save (over a snapshot)", cfg_tier, build_long, op_save, prep_save_old, after_save, 0, 0, 0, 0},
-        {"kvq_cache_load (tiers)", cfg_tier, build_none, op_load, prep_load, NULL, OC_PEAK, 0, 0, 0},
+        {"kvq_cache_save (over a snapshot)", cfg_tier, build_long,
+         op_save, prep_save_old, after_save, 0, 0, 0, 0},
+        {"kvq_cache_load (tiers)", cfg_tier, build_none,
+         op_load, prep_load, NULL, OC_PEAK, 0, 0, 0},
         {"kvq_cache_prefix_put", cfg_prefix, build_std, op_prefix_put, NULL, NULL, 0, 0, 0, 0},
-        {"kvq_cache_prefix_put (staged)", cfg_plain, build_staged, op_prefix_put, NULL, NULL, 0, 0, 0, 1},
-        {"kvq_cache_prefix_get", cfg_prefix, build_none, op_prefix_get, prep_prefix, NULL, OC_PEAK, 0, 0, 0},
-        {"kvq_cache_stats_json (tiers)", cfg_tier, build_long, op_stats_json, NULL, NULL, 0, 0, 0, 0},
+        {"kvq_cache_prefix_put (staged)", cfg_plain, build_staged,
+         op_prefix_put, NULL, NULL, 0, 0, 0, 1},
+        {"kvq_cache_prefix_get", cfg_prefix, build_none,
+         op_prefix_get, prep_prefix, NULL, OC_PEAK, 0, 0, 0},
+        {"kvq_cache_stats_json (tiers)", cfg_tier, build_long,
+         op_stats_json, NULL, NULL, 0, 0, 0, 0},
     };
     printf("cache calls (allocation k fails, then k and every later one):\n");
     for (size_t i = 0; i < sizeof scens / sizeof scens[0]; i++) {

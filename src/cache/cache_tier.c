@@ -125,7 +125,8 @@ static void kvq__reencode_block(kvq_cache *c, kvq__layer *ly, size_t p, const kv
 /* Moves page p between the hot and warm arenas; pre (may be NULL) is its
  * new block, allocated ahead from the target arena and not counted yet:
  * the move then cannot fail. */
-static kvq_status kvq__move_hw(kvq_cache *c, kvq__layer *ly, size_t p, int to_warm, uint8_t *pre) {
+static kvq_status kvq__move_hw(kvq_cache *c, kvq__layer *ly, size_t p, int to_warm,
+                               uint8_t *pre) {
     kvq__page *pg = &ly->pages[p];
     double t0 = kvq__now_ms();
     size_t nb = to_warm ? ly->wblock_bytes : ly->block_bytes;
@@ -419,7 +420,8 @@ static kvq_status kvq__cold_fetch(kvq_cache *c, kvq__layer *ly, size_t p, kvq__f
     kvq__record r;
     int vfail = 0;
     char why[200];
-    kvq_status st = kvq__cold_read(c, ly, p, &data, &x->size, &r, &x->epoch, &vfail, why, sizeof why);
+    kvq_status st =
+        kvq__cold_read(c, ly, p, &data, &x->size, &r, &x->epoch, &vfail, why, sizeof why);
     if (vfail)
         c->ts.verify_mismatches++;
     if (st != KVQ_OK)

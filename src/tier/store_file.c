@@ -1013,7 +1013,8 @@ static int scan_visit(void *ctx, const kvq__seg_entry *e) {
         return 0;
     }
     if (e->op == KVQ__SEG_PUT)
-        return tab_set(v->s, v->f, e->key, e->klen, NULL, v->seg, e->off, e->len, e->vlen) != KVQ_OK;
+        return tab_set(v->s, v->f, e->key, e->klen, NULL, v->seg, e->off, e->len, e->vlen) !=
+               KVQ_OK;
     fs_slot *t = v->f->tab_cap ? tab_find(v->f, e->key, e->klen, key_hash(e->key, e->klen)) : NULL;
     if (t)
         tab_remove(v->s, v->f, t);
