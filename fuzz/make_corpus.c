@@ -437,19 +437,18 @@ static void corpus_alloc_json(void) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         put_file("alloc_json", bad[i].name, bad[i].text, strlen(bad[i].text));
-    /* numbers the loader must not cast blindly: kept without a valid-/bad-
-     * prefix (the JSON reader's owner decides whether they are refused) */
+    /* numbers the loader must not cast blindly (out of range, not RFC 8259) */
     static const struct {
         const char *name, *text;
-    } edge[] = {
-        {"edge-page-huge", "{\"kvq_alloc\": 1, \"page\": 1e300, \"recent\": 1e20}"},
-        {"edge-layer-huge", "{\"kvq_alloc\": 1, \"overrides\": [{\"layer\": 1e30, \"head\": -1e30, "
-                            "\"kind\": \"k\", \"codec\": \"int8\"}]}"},
-        {"edge-nan", "{\"kvq_alloc\": nan, \"page\": inf}"},
-        {"edge-hex-number", "{\"kvq_alloc\": 0x1, \"page\": 0x10}"},
+    } num[] = {
+        {"bad-page-huge", "{\"kvq_alloc\": 1, \"page\": 1e300, \"recent\": 1e20}"},
+        {"bad-layer-huge", "{\"kvq_alloc\": 1, \"overrides\": [{\"layer\": 1e30, \"head\": -1e30, "
+                           "\"kind\": \"k\", \"codec\": \"int8\"}]}"},
+        {"bad-nan", "{\"kvq_alloc\": nan, \"page\": inf}"},
+        {"bad-hex-number", "{\"kvq_alloc\": 0x1, \"page\": 0x10}"},
     };
-    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
-        put_file("alloc_json", edge[i].name, edge[i].text, strlen(edge[i].text));
+    for (size_t i = 0; i < sizeof num / sizeof num[0]; i++)
+        put_file("alloc_json", num[i].name, num[i].text, strlen(num[i].text));
 }
 
 /* ---- snapshot manifests: the first byte picks the target's configuration ---- */
@@ -503,7 +502,8 @@ int main(int argc, char **argv) {
     if (argc > 1)
         out_dir = argv[1];
     mkdir(out_dir, 0755);
-    (void)kvq_fuzz_snapshot; /* the target's entry, unused here */
+    (void)kvq_fuzz_snapshot; /* the target's entries, unused here */
+    (void)kvq_fuzz_snapshot_accepts;
     corpus_model();
     corpus_tokenizer();
     corpus_codec_state();
