@@ -290,8 +290,10 @@ static void test_tokenizer(const kvq_tokenizer *t) {
     CHECK_EQ(n, 2);
 }
 
-/* Writes the legacy model as ak42 v1 (fp32) or v2 (Q8_0, group 32). */
-static int write_ak42(const char *src, const char *dst, int version) {
+/* Writes the legacy model as ak42 v1 (fp32) or v2 (Q8_0, group 32); with
+ * dequant, v1 holds the v2 file's weights as fp32 (q * s, one correctly
+ * rounded float product: what a Q8_0 value means). */
+static int write_ak42(const char *src, const char *dst, int version, int dequant) {
     FILE *f = fopen(src, "rb");
     if (!f)
         return -1;
@@ -344,7 +346,7 @@ static int write_ak42(const char *src, const char *dst, int version) {
         for (size_t k = 0; k < mats[i].cnt; k++) {
             float *x = mats[i].p + k * mats[i].per;
             size_t n = mats[i].per;
-            if (version == 1) {
+            if (version == 1 && !dequant) {
                 fwrite(x, 4, n, o);
                 continue;
             }
@@ -358,8 +360,15 @@ static int write_ak42(const char *src, const char *dst, int version) {
                 for (size_t j = 0; j < 32; j++)
                     q[g * 32 + j] = (int8_t)lrintf(s[g] > 0 ? x[g * 32 + j] / s[g] : 0);
             }
-            fwrite(q, 1, n, o);
-            fwrite(s, 4, n / 32, o);
+            if (version == 1) {
+                for (size_t j = 0; j < n; j++) {
+                    float v = (float)q[j] * s[j / 32];
+                    fwrite(&v, 4, 1, o);
+                }
+            } else {
+                fwrite(q, 1, n, o);
+                fwrite(s, 4, n / 32, o);
+            }
             free(q);
             free(s);
         }
@@ -379,17 +388,21 @@ static void logits_first(const kvq_model *m, float *lg) {
 
 static void test_ak42(const kvq_model *m) {
     char p1[] = "/tmp/kvq_ak42_v1_XXXXXX", p2[] = "/tmp/kvq_ak42_v2_XXXXXX";
-    int f1 = mkstemp(p1), f2 = mkstemp(p2);
+    char p3[] = "/tmp/kvq_ak42_dq_XXXXXX";
+    int f1 = mkstemp(p1), f2 = mkstemp(p2), f3 = mkstemp(p3);
     close(f1);
     close(f2);
-    CHECK(write_ak42(model_path, p1, 1) == 0);
-    CHECK(write_ak42(model_path, p2, 2) == 0);
-    float ref[512], a[512], b[512];
+    close(f3);
+    CHECK(write_ak42(model_path, p1, 1, 0) == 0);
+    CHECK(write_ak42(model_path, p2, 2, 0) == 0);
+    CHECK(write_ak42(model_path, p3, 1, 1) == 0);
+    float ref[512], a[512], b[512], c[512];
     logits_first(m, ref);
-    kvq_model *m1 = NULL, *m2 = NULL;
+    kvq_model *m1 = NULL, *m2 = NULL, *m3 = NULL;
     CHECK_OK(kvq_model_load(&m1, p1, NULL));
     CHECK_OK(kvq_model_load(&m2, p2, NULL));
-    if (m1 && m2) {
+    CHECK_OK(kvq_model_load(&m3, p3, NULL));
+    if (m1 && m2 && m3) {
         kvq_model_info i1, i2;
         kvq_model_get_info(m1, &i1);
         kvq_model_get_info(m2, &i2);
@@ -397,12 +410,23 @@ static void test_ak42(const kvq_model *m) {
         CHECK_EQ(i2.version, 2);
         logits_first(m1, a);
         logits_first(m2, b);
+        logits_first(m3, c);
         CHECK(memcmp(a, ref, sizeof a) == 0);
+        /* v2 is dequantized at load: the same model as the fp32 file of
+         * its dequantized weights, bit for bit */
+        int differ = 0;
         double e = 0;
-        for (int i = 0; i < 512; i++)
-            e = fmax(e, fabs(b[i] - ref[i]));
-        TU_REPORT(e < 0.5, "ak42 v2 logits differ by %.3g", e);
+        for (int i = 0; i < 512; i++) {
+            differ += memcmp(&b[i], &c[i], sizeof b[i]) != 0;
+            e = fmax(e, fabs(b[i] - c[i]));
+        }
+        TU_REPORT(differ == 0, "ak42 v2 logits differ from its dequantized weights' in %d of 512 (by %.3g)",
+                  differ, e);
+        /* and not the fp32 model's: the Q8_0 rounding is there */
+        CHECK(memcmp(b, ref, sizeof b) != 0);
     }
+    kvq_model_free(m3);
+    unlink(p3);
     kvq_model_free(m1);
     kvq_model_free(m2);
     /* truncated file */
