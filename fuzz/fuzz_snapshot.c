@@ -170,7 +170,7 @@ static int kvq_fuzz_snap_setup(void) {
             for (size_t l = 0; l < KVQ_FUZZ_SNAP_L && st == KVQ_OK; l++)
                 st = kvq_cache_append(c, l, k, v, NULL, 1);
         }
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "c%d", i);
         if (st == KVQ_OK)
             st = kvq_cache_save(c, kvq_fuzz_snap_store, name, INT32_MAX);
