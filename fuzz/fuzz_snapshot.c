@@ -244,6 +244,9 @@ static int kvq_fuzz_snap_use(kvq_cache *c) {
         if (kvq_cache_tokens(c, l, &n) != KVQ_OK || n > 257 ||
             kvq_cache_positions(c, l, pos, 257) != KVQ_OK)
             return 1;
+        for (size_t i = 1; i < n; i++) /* still strictly ascending: no position twice */
+            if (pos[i] <= pos[i - 1])
+                return 1;
         if (!n)
             continue;
         st = kvq_cache_attend(c, l, q, &pos[n - 1], 1, out, QD, NULL, 0);
