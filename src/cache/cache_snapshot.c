@@ -704,6 +704,23 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
             st = KVQ_ERR_FULL;
         }
         if (st == KVQ_OK) {
+            /* the counters must agree with the pages: positions continue
+             * after last_pos (a smaller one would repeat a position; INT32_MAX
+             * leaves none), every stored token was appended */
+            int32_t maxpos = -1;
+            for (size_t sl = 0; sl < ly->n_pages * c->P; sl++)
+                maxpos = ly->pos[sl] > maxpos ? ly->pos[sl] : maxpos;
+            if (last < maxpos || last == INT32_MAX || appended < ly->n_tokens ||
+                (appended == 0) != (last < 0) || sinks_seen > appended ||
+                sinks_seen > c->cfg.sinks || sink_until > last) {
+                kvq__snap_err(c, "snapshot '%.60s': layer %zu's counters (appended %llu, last "
+                                 "position %d) contradict its pages (%zu tokens up to position %d)",
+                              name, l, (unsigned long long)appended, (int)last, ly->n_tokens,
+                              (int)maxpos);
+                st = KVQ_ERR_CORRUPT;
+            }
+        }
+        if (st == KVQ_OK) {
             ly->appended = appended;
             ly->last_pos = last;
             ly->sink_until = sink_until;
