@@ -242,13 +242,14 @@ kvq_status kvq_cache_stats_json(const kvq_cache *c, char *dst, size_t cap, size_
             "\"demotions\": %llu, \"promotions\": %llu, \"demotion_failures\": %llu, "
             "\"dropped_pages\": %llu, \"bytes_moved\": {\"hot_to_warm\": %llu, \"warm_to_hot\": "
             "%llu, \"to_cold\": %llu, \"from_cold\": %llu}, \"modeled_transfer_ms\": %.6g, "
-            "\"measured_transfer_ms\": %.6g, \"lost_pages\": %llu, \"verify_mismatches\": %llu}",
+            "\"measured_transfer_ms\": %.6g, \"lost_pages\": %llu, \"lost_tokens\": %llu, "
+            "\"verify_mismatches\": %llu}",
             (unsigned long long)t.demotions, (unsigned long long)t.promotions,
             (unsigned long long)t.demotion_failures, (unsigned long long)t.dropped_pages,
             (unsigned long long)t.bytes_hot_to_warm, (unsigned long long)t.bytes_warm_to_hot,
             (unsigned long long)t.bytes_to_cold, (unsigned long long)t.bytes_from_cold,
             t.modeled_transfer_ms, t.measured_transfer_ms, (unsigned long long)t.lost_pages,
-            (unsigned long long)t.verify_mismatches);
+            (unsigned long long)t.lost_tokens, (unsigned long long)t.verify_mismatches);
     }
     n += (size_t)snprintf(buf + n, need - n, "}");
     kvq_status st = KVQ_OK;
