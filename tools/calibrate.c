@@ -522,8 +522,8 @@ static void cal_estimate(cal_unit *u) {
 void kvqt_calib_opts_init(kvqt_calib_opts *o) {
     memset(o, 0, sizeof *o);
     o->page = 32;
-    o->sens_tokens = 768;
-    o->stride = 2;
+    o->sens_tokens = 640;
+    o->stride = 3;
     o->jobs = 1;
 }
 
@@ -921,8 +921,8 @@ int kvq_tool_calibrate(int argc, char **argv) {
         fprintf(stderr,
                 "usage: kvq calibrate --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
                 "                     --target-bits B -o alloc.json [--json] [--verbose]\n"
-                "  [--max-tokens N (768: predicted tokens of the sensitivity runs)]\n"
-                "  [--stride N (2: score every N-th of them)] [--jobs N (1: threads)]\n"
+                "  [--max-tokens N (640: predicted tokens of the sensitivity runs)]\n"
+                "  [--stride N (3: score every N-th of them)] [--jobs N (1: threads)]\n"
                 "  [--page N (32)] [--recent N (0: f16 recent window of the allocation)]\n"
                 "  [--codecs LIST (restrict the candidates, e.g. nuq4 or chan:int3,tq3:norm=8)]\n"
                 "  B bounds the asymptotic bits per value (a long sequence's bytes per token);\n"

@@ -16,8 +16,8 @@ typedef struct kvqt_calib kvqt_calib;
 typedef struct kvqt_calib_opts {
     size_t page;        /* cache page of the allocation (32) */
     size_t recent;      /* f16 recent window of the allocation (0) */
-    size_t sens_tokens; /* predicted tokens of the sensitivity runs (768) */
-    size_t stride;      /* score every stride-th of them (2) */
+    size_t sens_tokens; /* predicted tokens of the sensitivity runs (640) */
+    size_t stride;      /* score every stride-th of them (3) */
     size_t jobs;        /* measuring threads (1) */
     const char *only;   /* comma-separated candidate list, or NULL for all */
     int measure_all;    /* measure every candidate of 4 bits and below, not one per family */

@@ -51,8 +51,10 @@ typedef struct {
     int ok;
 } sw_row;
 
-static const char *sw_default = "f16,int8,int4,tq4,tq3,tq2,nuq4,int8/tq3,chan:int4/tq4:norm=8+prerope,"
-                                "chan:int3/tq3:norm=8+prerope,calib:6,calib:4.5,calib:3.5";
+/* The default list; with --calib-lines, sw_default_calib follows it. */
+static const char *sw_default = "f16,int8,int4,tq4,tq3,tq2,int8/tq3,chan:int4/tq4:norm=8+prerope,"
+                                "chan:int3/tq3:norm=8+prerope";
+static const char *sw_default_calib = "calib:6,calib:4.5,calib:3.5";
 
 static void sw_xml(FILE *f, const char *s) {
     for (; *s; s++) {
@@ -118,6 +120,13 @@ static void sw_svg(const char *path, const char *title, const sw_row *rows, size
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", ml, y,
                 ml + pw, y);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">1e%.0f</text>\n", ml - 6, y + 4, e);
+        for (int m = 2; m <= 5 && e < ly1; m += 3) { /* 2 and 5 times the decade */
+            double ym = SY(m * pow(10, e));
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#f2f2f2\"/>\n",
+                    ml, ym, ml + pw, ym);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#888\">%d</text>\n",
+                    ml - 6, ym + 4, m);
+        }
     }
     for (double x = ceil(xmin); x <= xmax; x += (xmax - xmin) > 20 ? 4 : 1) {
         double px = SX(x);
@@ -128,7 +137,8 @@ static void sw_svg(const char *path, const char *title, const sw_row *rows, size
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
                "stroke=\"black\"/>\n", ml, mt, pw, ph);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">asymptotic bits per value (a "
-               "long sequence's stored bytes of K and V per value)</text>\n", ml + pw / 2, Hh - 18);
+               "long sequence's stored bytes of K and V per value); grey: fixed bytes per "
+               "sequence</text>\n", ml + pw / 2, Hh - 18);
     fprintf(f, "<text transform=\"translate(20,%.1f) rotate(-90)\" text-anchor=\"middle\">KL(f32 "
                "|| compressed) per predicted token, decoding (log scale)</text>\n", mt + ph / 2);
     for (size_t i = 0; i < n; i++) {
@@ -138,7 +148,8 @@ static void sw_svg(const char *path, const char *title, const sw_row *rows, size
         sw_marker(f, rows[i].kind, x, y);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", x + 8, y - 6 - (double)(i % 2) * 10);
         sw_xml(f, rows[i].label);
-        fprintf(f, "</text>\n");
+        fprintf(f, "<tspan fill=\"#888\"> %.0f kB</tspan></text>\n",
+                rows[i].r.fixed_bytes_per_sequence / 1000.0);
     }
     /* legend, top right */
     double lx = ml + pw - 300, ly = mt + 10;
@@ -239,7 +250,7 @@ static kvqt_calib *sw_calib_get(sw_calib *cbs, size_t *n, const kvqt_model_sessi
 }
 
 int kvq_tool_sweep(int argc, char **argv) {
-    const char *dir = NULL, *configs = sw_default;
+    const char *dir = NULL, *configs = NULL;
     kvqt_calib_opts co;
     kvqt_calib_opts_init(&co);
     size_t calib_lines = 0;
@@ -257,14 +268,20 @@ int kvq_tool_sweep(int argc, char **argv) {
         co.sens_tokens < 1) {
         fprintf(stderr,
                 "usage: kvq sweep --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
-                "                 [--configs LIST] [--calib-lines N] [--calib-tokens N (768)]\n"
+                "                 [--configs LIST] [--calib-lines N] [--calib-tokens N (640)]\n"
                 "                 [--jobs N (1)] -o DIR          # DIR/sweep.csv, DIR/sweep.svg\n"
                 "  LIST entries: CODEC | KCODEC/VCODEC | calib:BITS | alloc:FILE, with\n"
                 "  +prerope +center +page=N +recent=N; calib: and +center calibrate on the first\n"
                 "  --calib-lines lines, and every entry is evaluated on the lines after them\n"
-                "  default: %s\n",
-                sw_default);
+                "  default: %s, and with --calib-lines %s\n",
+                sw_default, sw_default_calib);
         return 2;
+    }
+    char deflist[512];
+    if (!configs) {
+        snprintf(deflist, sizeof deflist, "%s%s%s", sw_default, calib_lines ? "," : "",
+                 calib_lines ? sw_default_calib : "");
+        configs = deflist;
     }
     if (!calib_lines && (strstr(configs, "calib:") || strstr(configs, "+center"))) {
         fprintf(stderr, "kvq sweep: calib: and +center entries need calibration lines "
@@ -335,6 +352,8 @@ int kvq_tool_sweep(int argc, char **argv) {
                 rc = 1;
                 continue;
             }
+            fprintf(stderr, "%-42s calibration text: KL %.5f (units alone %.5f), %.0f s measuring\n",
+                    tok, cr.kl, cr.kl_estimate, cr.seconds_measure);
         } else if (!strncmp(spec, "alloc:", 6)) {
             r->kind = SW_ALLOC;
             if (kvqt_alloc_load_into(spec + 6, &o, err, sizeof err) != 0) {
