@@ -5,7 +5,9 @@
  *    "overrides": [{"layer": 0, "head": 1, "kind": "k", "codec": "chan:int3",
  *                   "state": "<hex of kvq_codec_save_state>"}, ...],
  *    "center": [n_layers * n_kv_heads * head_dim numbers], ...}
- * Keys not listed here (figures the calibration measured) are ignored.
+ * Keys not listed here are ignored: the figures kvq calibrate measured
+ * (target_bits, asymptotic_bits_per_value, fixed_bytes_per_sequence,
+ * bits_per_value, kl, nll, ... and per override bits, kl_alone, measured).
  */
 #include "alloc_json.h"
 #include "json.h"
