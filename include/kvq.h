@@ -287,7 +287,8 @@ typedef struct kvq_cache_config {
     const kvq_codec_override *overrides;
     size_t n_overrides;
     size_t page_tokens;         /* default 16 */
-    size_t recent_window;       /* newest R tokens kept in f16, encoded when they leave (0) */
+    size_t recent_window;       /* newest R tokens kept in f16, encoded when they leave (0;
+                                   at most max_tokens) */
     size_t sinks;               /* first tokens never evicted (4) */
     kvq_policy policy;          /* default KVQ_POLICY_NONE */
     size_t budget_tokens;       /* per layer, 0 = none (max_tokens bounds it) */

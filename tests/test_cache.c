@@ -572,6 +572,14 @@ static void test_window_prerope_center_chan(tu_rng *r) {
     cfg.k_center_values = cen;
     cfg.k_prerope = 1;
     check_filled(&cfg, &s, 1, 30, 1, "tq4 centred pre-RoPE", r);
+    /* a recent window above max_tokens is refused (its ring would be sized
+     * for it: a fuzzed 6.7e10 asked for ~530 GB) */
+    base_cfg(&cfg, &s, "int8", "int8");
+    cfg.recent_window = cfg.max_tokens + 1;
+    {
+        kvq_cache *bad = NULL;
+        CHECK_STATUS(kvq_cache_create(&bad, &cfg), KVQ_ERR_INVALID_ARG);
+    }
     /* a centre without values is refused (it would come from the sequence) */
     base_cfg(&cfg, &s, "f32", "f32");
     cfg.k_center = 1;

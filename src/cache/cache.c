@@ -344,6 +344,11 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
                        "layout, budget_ratio >= 0, rope_theta > 0, even rope_dims <= head_dim");
         return KVQ_ERR_INVALID_ARG;
     }
+    if (cfg->recent_window > cfg->max_tokens) {
+        kvq__cerr(cfg, "recent_window %zu is above max_tokens %zu", cfg->recent_window,
+                  cfg->max_tokens);
+        return KVQ_ERR_INVALID_ARG;
+    }
     if (cfg->k_center && !cfg->k_center_values) {
         /* a centre estimated from the sequence itself would depend on how it
          * is chunked and on the text under evaluation */
