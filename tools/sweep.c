@@ -83,6 +83,15 @@ static void sw_marker(FILE *f, int kind, double x, double y) {
         fprintf(f, "<path class=\"point\" d=\"M%.1f %.1fl6.5 11h-13z\" fill=\"%s\"/>\n", x, y - 7, c);
 }
 
+typedef struct sw_box {
+    double x0, y0, x1, y1;
+} sw_box;
+
+static double sw_overlap(const sw_box *a, const sw_box *b) {
+    double w = fmin(a->x1, b->x1) - fmax(a->x0, b->x0), h = fmin(a->y1, b->y1) - fmax(a->y0, b->y0);
+    return w > 0 && h > 0 ? w * h : 0;
+}
+
 static void sw_svg(const char *path, const char *title, const sw_row *rows, size_t n) {
     FILE *f = fopen(path, "w");
     if (!f)
@@ -141,19 +150,60 @@ static void sw_svg(const char *path, const char *title, const sw_row *rows, size
                "sequence</text>\n", ml + pw / 2, Hh - 18);
     fprintf(f, "<text transform=\"translate(20,%.1f) rotate(-90)\" text-anchor=\"middle\">KL(f32 "
                "|| compressed) per predicted token, decoding (log scale)</text>\n", mt + ph / 2);
+    /* markers first, then each label at the first of a few places around
+     * its marker that overlaps no marker, no label placed before and the
+     * legend (or, failing that, where it overlaps least) */
+    sw_box *boxes = malloc((2 * n + 1) * sizeof *boxes);
+    size_t nb = 0;
+    double lgx = ml + pw - 300, lgy = mt + 10;
+    int nk = used[0] + used[1] + used[2];
+    if (boxes)
+        boxes[nb++] = (sw_box){lgx, lgy, lgx + 290, lgy + 8 + 20 * nk};
     for (size_t i = 0; i < n; i++) {
         if (!rows[i].ok)
             continue;
         double x = SX(rows[i].r.asymptotic_bits_per_value), y = SY(fmax(rows[i].r.kl, 1e-6));
         sw_marker(f, rows[i].kind, x, y);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", x + 8, y - 6 - (double)(i % 2) * 10);
-        sw_xml(f, rows[i].label);
-        fprintf(f, "<tspan fill=\"#888\"> %.0f kB</tspan></text>\n",
-                rows[i].r.fixed_bytes_per_sequence / 1000.0);
+        if (boxes)
+            boxes[nb++] = (sw_box){x - 7, y - 7, x + 7, y + 7};
     }
+    static const double off[][2] = {{9, -5},  {9, 13},   {-9, -5},  {-9, 13},  {9, -19},
+                                    {9, 27},  {-9, -19}, {-9, 27},  {9, -33},  {9, 41},
+                                    {-9, -33}, {-9, 41}, {20, -47}, {20, 55}, {-20, -47}};
+    for (size_t i = 0; i < n; i++) {
+        if (!rows[i].ok)
+            continue;
+        double x = SX(rows[i].r.asymptotic_bits_per_value), y = SY(fmax(rows[i].r.kl, 1e-6));
+        char kb[32];
+        snprintf(kb, sizeof kb, "%.1f kB", rows[i].r.fixed_bytes_per_sequence / 1000.0);
+        double w = 6.4 * (double)(strlen(rows[i].label) + strlen(kb)) + 5; /* 12 px sans, about */
+        double best = INFINITY;
+        sw_box at = {0, 0, 0, 0};
+        for (size_t k = 0; k < sizeof off / sizeof *off && best > 0; k++) {
+            double bx = off[k][0] > 0 ? x + off[k][0] : x + off[k][0] - w, by = y + off[k][1];
+            sw_box b = {bx, by - 11, bx + w, by + 3};
+            double o = 0;
+            if (b.x0 < ml || b.x1 > ml + pw || b.y0 < mt || b.y1 > mt + ph)
+                o += 1e6; /* outside the plot */
+            for (size_t j = 0; boxes && j < nb; j++)
+                o += sw_overlap(&b, &boxes[j]);
+            if (o < best)
+                best = o, at = b;
+        }
+        /* a leader line to a label that is not beside its marker */
+        double nx = fmin(fmax(x, at.x0), at.x1), ny = fmin(fmax(y, at.y0), at.y1);
+        if (hypot(nx - x, ny - y) > 16)
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#aaa\"/>\n", x,
+                    y, nx, ny);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", at.x0, at.y1 - 3);
+        sw_xml(f, rows[i].label);
+        fprintf(f, "<tspan dx=\"5\" fill=\"#888\">%s</tspan></text>\n", kb);
+        if (boxes)
+            boxes[nb++] = at;
+    }
+    free(boxes);
     /* legend, top right */
-    double lx = ml + pw - 300, ly = mt + 10;
-    int nk = used[0] + used[1] + used[2];
+    double lx = lgx, ly = lgy;
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"290\" height=\"%d\" fill=\"white\" "
                "stroke=\"#999\"/>\n", lx, ly, 8 + 20 * nk);
     for (int k = 0, row = 0; k < SW_KINDS; k++) {
