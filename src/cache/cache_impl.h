@@ -185,6 +185,8 @@ void kvq__track_total_peak(kvq_cache *c);
 /* cache_page.c: pages, slots and staging */
 void kvq__layer_release(kvq_cache *c, kvq__layer *ly);
 kvq_status kvq__grow_pages(kvq_cache *c, kvq__layer *ly, size_t n_pages);
+/* Frees the page table and the per-slot arrays (pages_cap = slots_cap = 0). */
+void kvq__free_tables(kvq_cache *c, kvq__layer *ly);
 kvq_status kvq__page_alloc(kvq_cache *c, kvq__layer *ly, size_t p, int stage);
 void kvq__page_install(kvq_cache *c, kvq__layer *ly, size_t p, uint8_t *block, uint16_t *stage);
 void kvq__page_unalloc(kvq_cache *c, kvq__layer *ly, size_t p);

@@ -22,16 +22,28 @@ void kvq__layer_release(kvq_cache *c, kvq__layer *ly) {
             kvq__lfree(c, ly, ly->pages[p].block, ly->block_bytes, 0);
         kvq__lfree(c, ly, ly->pages[p].stage, ly->stage_bytes, 0);
     }
-    kvq__lfree(c, ly, ly->pages, ly->pages_cap * sizeof *ly->pages, 1);
-    kvq__lfree(c, ly, ly->pos, ly->slots_cap * sizeof(int32_t), 1);
-    kvq__lfree(c, ly, ly->state, ly->slots_cap, 1);
-    kvq__lfree(c, ly, ly->score, ly->slots_cap * sizeof(float), 1);
-    kvq__lfree(c, ly, ly->free_stack, ly->slots_cap * sizeof(uint32_t), 1);
-    kvq__lfree(c, ly, ly->evs, ly->slots_cap * sizeof(kvq__cand), 1);
+    kvq__free_tables(c, ly);
     kvq__lfree(c, ly, ly->pend_slot, ly->pend_cap * sizeof(uint32_t), 1);
     kvq__lfree(c, ly, ly->pend_pos, ly->pend_cap * sizeof(int32_t), 1);
     kvq__free(&c->alloc, ly->center);
     ly->center = NULL;
+}
+
+void kvq__free_tables(kvq_cache *c, kvq__layer *ly) {
+    size_t sc = ly->slots_cap;
+    kvq__lfree(c, ly, ly->pages, ly->pages_cap * sizeof *ly->pages, 1);
+    kvq__lfree(c, ly, ly->pos, sc * sizeof(int32_t), 1);
+    kvq__lfree(c, ly, ly->state, sc, 1);
+    kvq__lfree(c, ly, ly->score, sc * sizeof(float), 1);
+    kvq__lfree(c, ly, ly->free_stack, sc * sizeof(uint32_t), 1);
+    kvq__lfree(c, ly, ly->evs, sc * sizeof(kvq__cand), 1);
+    ly->pages = NULL;
+    ly->pos = NULL;
+    ly->state = NULL;
+    ly->score = NULL;
+    ly->free_stack = NULL;
+    ly->evs = NULL;
+    ly->pages_cap = ly->slots_cap = 0;
 }
 
 /* Grows the page table and per-slot arrays to hold at least n_pages pages.
@@ -73,12 +85,7 @@ kvq_status kvq__grow_pages(kvq_cache *c, kvq__layer *ly, size_t n_pages) {
     }
     for (size_t i = old; i < slots; i++)
         pos[i] = -1;
-    kvq__lfree(c, ly, ly->pages, ly->pages_cap * sizeof *ly->pages, 1);
-    kvq__lfree(c, ly, ly->pos, old * sizeof(int32_t), 1);
-    kvq__lfree(c, ly, ly->state, old, 1);
-    kvq__lfree(c, ly, ly->score, old * sizeof(float), 1);
-    kvq__lfree(c, ly, ly->free_stack, old * sizeof(uint32_t), 1);
-    kvq__lfree(c, ly, ly->evs, old * sizeof(kvq__cand), 1);
+    kvq__free_tables(c, ly);
     ly->pages = pages;
     ly->pos = pos;
     ly->state = state;

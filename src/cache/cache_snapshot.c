@@ -556,22 +556,8 @@ static void kvq__undo_layers(kvq_cache *c, const kvq__layer_mark *m) {
     for (size_t l = 0; l < c->L; l++) {
         kvq__layer *ly = &c->layers[l];
         kvq__reset_layer(c, ly);
-        if (m[l].pages_cap == 0 && ly->pages_cap) {
-            size_t sc = ly->slots_cap;
-            kvq__lfree(c, ly, ly->pages, ly->pages_cap * sizeof *ly->pages, 1);
-            kvq__lfree(c, ly, ly->pos, sc * sizeof(int32_t), 1);
-            kvq__lfree(c, ly, ly->state, sc, 1);
-            kvq__lfree(c, ly, ly->score, sc * sizeof(float), 1);
-            kvq__lfree(c, ly, ly->free_stack, sc * sizeof(uint32_t), 1);
-            kvq__lfree(c, ly, ly->evs, sc * sizeof(kvq__cand), 1);
-            ly->pages = NULL;
-            ly->pos = NULL;
-            ly->state = NULL;
-            ly->score = NULL;
-            ly->free_stack = NULL;
-            ly->evs = NULL;
-            ly->pages_cap = ly->slots_cap = 0;
-        }
+        if (m[l].pages_cap == 0 && ly->pages_cap)
+            kvq__free_tables(c, ly);
         if (m[l].pend_cap == 0 && ly->pend_cap) {
             kvq__lfree(c, ly, ly->pend_slot, ly->pend_cap * sizeof(uint32_t), 1);
             kvq__lfree(c, ly, ly->pend_pos, ly->pend_cap * sizeof(int32_t), 1);
