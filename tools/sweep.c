@@ -92,13 +92,14 @@ static double sw_overlap(const sw_box *a, const sw_box *b) {
     return w > 0 && h > 0 ? w * h : 0;
 }
 
+/* The plot: markers numbered in the plot, and beside it the list of the
+ * numbered configurations by kind (the legend), each with its fixed bytes
+ * per sequence; numbers stay legible where twenty long labels would not. */
 static void sw_svg(const char *path, const char *title, const sw_row *rows, size_t n) {
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return;
-    const double W = 960, Hh = 600, ml = 80, mr = 30, mt = 50, mb = 60;
+    const double ml = 80, pw = 760, mt = 50, mb = 60, panel = 360, W = ml + pw + panel;
     double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
     int used[SW_KINDS] = {0};
+    size_t nok = 0;
     for (size_t i = 0; i < n; i++) {
         if (!rows[i].ok)
             continue;
@@ -106,11 +107,19 @@ static void sw_svg(const char *path, const char *title, const sw_row *rows, size
         xmin = fmin(xmin, x), xmax = fmax(xmax, x);
         ymin = fmin(ymin, y), ymax = fmax(ymax, y);
         used[rows[i].kind] = 1;
+        nok++;
     }
-    if (xmin > xmax) {
-        fclose(f);
+    FILE *f = nok ? fopen(path, "w") : NULL;
+    sw_box *boxes = malloc((2 * n + 1) * sizeof *boxes);
+    if (!f || !boxes) {
+        if (f)
+            fclose(f);
+        free(boxes);
         return;
     }
+    /* the list: one row per configuration and per kind heading */
+    double rh = 17, lh = (double)(nok + 3 * SW_KINDS) * rh, Hh = fmax(620, mt + lh + 20);
+    double ph = Hh - mt - mb;
     xmin = floor(xmin) - 0.5, xmax = ceil(xmax) + 0.5;
     double ly0 = floor(log10(ymin)), ly1 = ceil(log10(ymax));
     if (ly1 <= ly0)
@@ -118,10 +127,9 @@ static void sw_svg(const char *path, const char *title, const sw_row *rows, size
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                "font-family=\"sans-serif\" font-size=\"12\">\n", W, Hh);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">", W / 2);
+    fprintf(f, "<text x=\"%.0f\" y=\"24\" font-size=\"15\" text-anchor=\"middle\">", W / 2);
     sw_xml(f, title);
     fprintf(f, "</text>\n");
-    double pw = W - ml - mr, ph = Hh - mt - mb;
 #define SX(x) (ml + ((x) - xmin) / (xmax - xmin) * pw)
 #define SY(y) (mt + (ly1 - log10(y)) / (ly1 - ly0) * ph)
     for (double e = ly0; e <= ly1 + 1e-9; e += 1) {
@@ -146,84 +154,80 @@ static void sw_svg(const char *path, const char *title, const sw_row *rows, size
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
                "stroke=\"black\"/>\n", ml, mt, pw, ph);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">asymptotic bits per value (a "
-               "long sequence's stored bytes of K and V per value); grey: fixed bytes per "
-               "sequence</text>\n", ml + pw / 2, Hh - 18);
+               "long sequence's stored bytes of K and V per value)</text>\n", ml + pw / 2, Hh - 18);
     fprintf(f, "<text transform=\"translate(20,%.1f) rotate(-90)\" text-anchor=\"middle\">KL(f32 "
                "|| compressed) per predicted token, decoding (log scale)</text>\n", mt + ph / 2);
-    /* markers first, then each label at the first of a few places around
-     * its marker that overlaps no marker, no label placed before and the
-     * legend (or, failing that, where it overlaps least) */
-    sw_box *boxes = malloc((2 * n + 1) * sizeof *boxes);
+    /* markers, then each number where it overlaps least (markers and the
+     * numbers placed before it) */
     size_t nb = 0;
-    double lgx = ml + pw - 300, lgy = mt + 10;
-    int nk = used[0] + used[1] + used[2];
-    if (boxes)
-        boxes[nb++] = (sw_box){lgx, lgy, lgx + 290, lgy + 8 + 20 * nk};
-    for (size_t i = 0; i < n; i++) {
-        if (!rows[i].ok)
-            continue;
-        double x = SX(rows[i].r.asymptotic_bits_per_value), y = SY(fmax(rows[i].r.kl, 1e-6));
-        sw_marker(f, rows[i].kind, x, y);
-        if (boxes)
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].ok) {
+            double x = SX(rows[i].r.asymptotic_bits_per_value), y = SY(fmax(rows[i].r.kl, 1e-6));
+            sw_marker(f, rows[i].kind, x, y);
             boxes[nb++] = (sw_box){x - 7, y - 7, x + 7, y + 7};
-    }
-    static const double off[][2] = {{9, -5},  {9, 13},   {-9, -5},  {-9, 13},  {9, -19},
-                                    {9, 27},  {-9, -19}, {-9, 27},  {9, -33},  {9, 41},
-                                    {-9, -33}, {-9, 41}, {20, -47}, {20, 55}, {-20, -47}};
+        }
+    static const double off[][2] = {{8, -6}, {8, 14}, {-8, -6}, {-8, 14}, {0, -10}, {0, 20},
+                                    {12, 4}, {-12, 4}, {14, -16}, {-14, -16}, {14, 24}, {-14, 24}};
+    size_t num = 0;
     for (size_t i = 0; i < n; i++) {
         if (!rows[i].ok)
             continue;
+        num++;
         double x = SX(rows[i].r.asymptotic_bits_per_value), y = SY(fmax(rows[i].r.kl, 1e-6));
-        char kb[32];
-        snprintf(kb, sizeof kb, "%.1f kB", rows[i].r.fixed_bytes_per_sequence / 1000.0);
-        double w = 6.4 * (double)(strlen(rows[i].label) + strlen(kb)) + 5; /* 12 px sans, about */
-        double best = INFINITY;
+        double w = num >= 10 ? 14 : 7, best = INFINITY;
         sw_box at = {0, 0, 0, 0};
         for (size_t k = 0; k < sizeof off / sizeof *off && best > 0; k++) {
-            double bx = off[k][0] > 0 ? x + off[k][0] : x + off[k][0] - w, by = y + off[k][1];
-            sw_box b = {bx, by - 11, bx + w, by + 3};
-            double o = 0;
-            if (b.x0 < ml || b.x1 > ml + pw || b.y0 < mt || b.y1 > mt + ph)
-                o += 1e6; /* outside the plot */
-            for (size_t j = 0; boxes && j < nb; j++)
+            double bx = off[k][0] > 0 ? x + off[k][0] : off[k][0] < 0 ? x + off[k][0] - w : x - w / 2;
+            sw_box b = {bx, y + off[k][1] - 10, bx + w, y + off[k][1] + 1};
+            double o = b.x0 < ml || b.x1 > ml + pw || b.y0 < mt || b.y1 > mt + ph ? 1e6 : 0;
+            for (size_t j = 0; j < nb; j++)
                 o += sw_overlap(&b, &boxes[j]);
             if (o < best)
                 best = o, at = b;
         }
-        /* a leader line to a label that is not beside its marker */
-        double nx = fmin(fmax(x, at.x0), at.x1), ny = fmin(fmax(y, at.y0), at.y1);
-        if (hypot(nx - x, ny - y) > 16)
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#aaa\"/>\n", x,
-                    y, nx, ny);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", at.x0, at.y1 - 3);
-        sw_xml(f, rows[i].label);
-        fprintf(f, "<tspan dx=\"5\" fill=\"#888\">%s</tspan></text>\n", kb);
-        if (boxes)
-            boxes[nb++] = at;
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">%zu</text>\n", at.x0, at.y1 - 1, num);
+        boxes[nb++] = at;
     }
-    free(boxes);
-    /* legend, top right */
-    double lx = lgx, ly = lgy;
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"290\" height=\"%d\" fill=\"white\" "
-               "stroke=\"#999\"/>\n", lx, ly, 8 + 20 * nk);
-    for (int k = 0, row = 0; k < SW_KINDS; k++) {
+    /* the list beside the plot, by kind (the legend) */
+    double lx = ml + pw + 24, ly = mt + 4;
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#555\">fixed bytes per sequence in grey</text>\n",
+            lx, ly + 8);
+    ly += 2 * rh;
+    for (int k = 0; k < SW_KINDS; k++) {
         if (!used[k])
             continue;
-        double cy = ly + 14 + 20 * row++;
         if (k == SW_FIXED)
-            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\"/>\n", lx + 14, cy,
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\"/>\n", lx + 6, ly - 4,
                     sw_kind_color[k]);
         else if (k == SW_CALIB)
-            fprintf(f, "<path d=\"M%.1f %.1fl7 7l-7 7l-7 -7z\" fill=\"%s\"/>\n", lx + 14, cy - 7,
+            fprintf(f, "<path d=\"M%.1f %.1fl7 7l-7 7l-7 -7z\" fill=\"%s\"/>\n", lx + 6, ly - 11,
                     sw_kind_color[k]);
         else
-            fprintf(f, "<path d=\"M%.1f %.1fl6.5 11h-13z\" fill=\"%s\"/>\n", lx + 14, cy - 7,
+            fprintf(f, "<path d=\"M%.1f %.1fl6.5 11h-13z\" fill=\"%s\"/>\n", lx + 6, ly - 11,
                     sw_kind_color[k]);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", lx + 28, cy + 4, sw_kind_legend[k]);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">%s</text>\n", lx + 18, ly,
+                sw_kind_legend[k]);
+        ly += rh;
+        num = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!rows[i].ok)
+                continue;
+            num++;
+            if (rows[i].kind != k)
+                continue;
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%zu</text>", lx + 22, ly, num);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", lx + 30, ly);
+            sw_xml(f, rows[i].label);
+            fprintf(f, "<tspan dx=\"6\" fill=\"#888\">%.1f kB</tspan></text>\n",
+                    rows[i].r.fixed_bytes_per_sequence / 1000.0);
+            ly += rh;
+        }
+        ly += rh / 2;
     }
 #undef SX
 #undef SY
     fprintf(f, "</svg>\n");
+    free(boxes);
     fclose(f);
 }
 
