@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -345,3 +346,13 @@ uint16_t kvq_f32_to_f16(float x) { return kvq__f16_from_f32(x); }
 float kvq_f16_to_f32(uint16_t h) { return kvq__f16_to_f32(h); }
 uint16_t kvq_f32_to_bf16(float x) { return kvq__bf16_from_f32(x); }
 float kvq_bf16_to_f32(uint16_t h) { return kvq__bf16_to_f32(h); }
+
+kvq_status kvq__why_corrupt(char *why, size_t why_size, const char *fmt, ...) {
+    if (why && why_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, why_size, fmt, ap);
+        va_end(ap);
+    }
+    return KVQ_ERR_CORRUPT;
+}

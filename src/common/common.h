@@ -167,4 +167,9 @@ void kvq__sha256(const void *data, size_t n, uint8_t out[KVQ__SHA256_BYTES]);
  * KVQ_ERR_IO when neither is available. */
 kvq_status kvq__os_random(void *buf, size_t n);
 
+/* Writes the reason for refusing a file to why (when why_size > 0) and
+ * returns KVQ_ERR_CORRUPT: the loaders' one way to say what is wrong. */
+kvq_status kvq__why_corrupt(char *why, size_t why_size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif

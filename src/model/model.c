@@ -17,7 +17,6 @@
 
 #include "../kernels/kernels.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -46,18 +45,6 @@ static void kvq__q80_dequant(const uint8_t *src, size_t n, size_t gs, float *dst
 /* *r = a * b or a + b; 0 when the result does not fit in size_t. */
 static int kvq__mul(size_t *r, size_t a, size_t b) { return !__builtin_mul_overflow(a, b, r); }
 static int kvq__add(size_t *r, size_t a, size_t b) { return !__builtin_add_overflow(a, b, r); }
-
-static kvq_status kvq__model_bad(char *why, size_t why_size, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static kvq_status kvq__model_bad(char *why, size_t why_size, const char *fmt, ...) {
-    if (why && why_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_size, fmt, ap);
-        va_end(ap);
-    }
-    return KVQ_ERR_CORRUPT;
-}
 
 /* Element counts of every tensor, in our order (see kvq_model). */
 typedef struct {
@@ -132,7 +119,7 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
         }
         in.version = (int)ver;
         if (size < 256)
-            return kvq__model_bad(why, why_size, "ak42 header truncated (%zu of 256 bytes)", size);
+            return kvq__why_corrupt(why, why_size, "ak42 header truncated (%zu of 256 bytes)", size);
         for (int i = 0; i < 7; i++)
             h[i] = (int32_t)kvq__ld32(buf + 8 + 4 * i);
         in.shared_classifier = buf[36] != 0;
@@ -141,7 +128,7 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
         off = 256;
     } else {
         if (size < 28)
-            return kvq__model_bad(why, why_size, "header truncated (%zu of 28 bytes)", size);
+            return kvq__why_corrupt(why, why_size, "header truncated (%zu of 28 bytes)", size);
         for (int i = 0; i < 7; i++)
             h[i] = (int32_t)kvq__ld32(buf + 4 * i);
         /* a negative vocab_size means a separate classifier */
@@ -154,28 +141,28 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
                                           "n_kv_heads", "vocab_size", "seq_len"};
     for (int i = 0; i < 7; i++)
         if (h[i] <= 0 || h[i] > (1 << 24))
-            return kvq__model_bad(why, why_size, "%s %d outside 1..2^24", names[i], (int)h[i]);
+            return kvq__why_corrupt(why, why_size, "%s %d outside 1..2^24", names[i], (int)h[i]);
     in.dim = (size_t)h[0], in.hidden_dim = (size_t)h[1], in.n_layers = (size_t)h[2];
     in.n_heads = (size_t)h[3], in.n_kv_heads = (size_t)h[4], in.vocab_size = (size_t)h[5];
     in.seq_len = (size_t)h[6];
     if (in.dim % in.n_heads || in.n_heads % in.n_kv_heads || (in.dim / in.n_heads) % 2 ||
         in.dim / in.n_heads > KVQ__MAX_HEAD_DIM)
-        return kvq__model_bad(why, why_size,
+        return kvq__why_corrupt(why, why_size,
                               "shape dim %zu, n_heads %zu, n_kv_heads %zu: need n_heads | dim, "
                               "n_kv_heads | n_heads and an even head_dim <= %d",
                               in.dim, in.n_heads, in.n_kv_heads, KVQ__MAX_HEAD_DIM);
     if (in.version == 2 && (gs == 0 || in.dim % gs))
-        return kvq__model_bad(why, why_size, "Q8_0 group size %zu does not divide dim %zu", gs,
+        return kvq__why_corrupt(why, why_size, "Q8_0 group size %zu does not divide dim %zu", gs,
                               in.dim);
     in.head_dim = in.dim / in.n_heads;
     kvq__model_sizes z;
     size_t need = 0;
     if (!kvq__model_sizes_of(&in, gs, &z, &need))
-        return kvq__model_bad(why, why_size, "the weight sizes of the header overflow");
+        return kvq__why_corrupt(why, why_size, "the weight sizes of the header overflow");
     /* checked against the real length before anything is allocated: the
      * f32 weights are then at most 4x the file (Q8_0), 1x otherwise */
     if (size - off != need)
-        return kvq__model_bad(why, why_size,
+        return kvq__why_corrupt(why, why_size,
                               "the header's shape needs %zu bytes of weights, the file has %zu",
                               need, size - off);
     size_t D = in.dim, L = in.n_layers;
@@ -245,7 +232,7 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
     }
     if (!kvq__all_finite(w, z.total)) {
         kvq_model_free(m);
-        return kvq__model_bad(why, why_size, "a weight is NaN or infinite");
+        return kvq__why_corrupt(why, why_size, "a weight is NaN or infinite");
     }
     *out = m;
     return KVQ_OK;

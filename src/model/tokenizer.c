@@ -7,7 +7,6 @@
  */
 #include "model_impl.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -46,18 +45,6 @@ void kvq_tokenizer_free(kvq_tokenizer *t) {
     kvq__free(&a, t);
 }
 
-static kvq_status kvq__tok_bad(char *why, size_t why_size, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static kvq_status kvq__tok_bad(char *why, size_t why_size, const char *fmt, ...) {
-    if (why && why_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_size, fmt, ap);
-        va_end(ap);
-    }
-    return KVQ_ERR_CORRUPT;
-}
-
 /* Format: u32 max_token_length, then per id: f32 score, u32 length, the
  * piece's bytes. Every length is held against what is left of the file
  * before it is used; the header's max_token_length only has to fit in the
@@ -72,10 +59,10 @@ kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
     if (len < 4)
-        return kvq__tok_bad(why, why_size, "header truncated (%zu of 4 bytes)", len);
+        return kvq__why_corrupt(why, why_size, "header truncated (%zu of 4 bytes)", len);
     uint32_t hdr_max = kvq__ld32(buf);
     if (hdr_max > len - 4)
-        return kvq__tok_bad(why, why_size, "max_token_length %u exceeds the file (%zu bytes)",
+        return kvq__why_corrupt(why, why_size, "max_token_length %u exceeds the file (%zu bytes)",
                             hdr_max, len);
     kvq_allocator al;
     kvq__allocator_init(&al, alloc);
@@ -96,7 +83,7 @@ kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size
     size_t off = 4, soff = 0;
     for (size_t i = 0; i < vocab && st == KVQ_OK; i++) {
         if (len - off < 8) {
-            st = kvq__tok_bad(why, why_size, "truncated at id %zu of %zu (byte %zu)", i, vocab,
+            st = kvq__why_corrupt(why, why_size, "truncated at id %zu of %zu (byte %zu)", i, vocab,
                               off);
             break;
         }
@@ -104,12 +91,12 @@ kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size
         uint32_t n = kvq__ld32(buf + off + 4);
         off += 8;
         if (n > len - off) {
-            st = kvq__tok_bad(why, why_size, "piece %zu: length %u exceeds the %zu bytes left", i,
+            st = kvq__why_corrupt(why, why_size, "piece %zu: length %u exceeds the %zu bytes left", i,
                               n, len - off);
             break;
         }
         if (!isfinite(t->score[i])) {
-            st = kvq__tok_bad(why, why_size, "piece %zu: score is not finite", i);
+            st = kvq__why_corrupt(why, why_size, "piece %zu: score is not finite", i);
             break;
         }
         t->piece[i] = t->strings + soff;
