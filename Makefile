@@ -184,6 +184,21 @@ $(BUILD)/tests/test_fuzz_replay: tests/test_fuzz_replay.c $(wildcard fuzz/*.c fu
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Isrc -Itools -o $@ $< $(TEST_HELP) $(FUZZ_REPLAY_TOOL_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
 
+# The AVX-512 kernel files built through SIMDe (simd_avx512.h): their
+# selectors get a _simde suffix and are linked into the tiled-kernel tests,
+# so that every machine compiles and checks the AVX-512 sources against the
+# scalar reference (natively too where the CPU has AVX-512).
+SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,src/kernels/x86/%_avx512.c,float int tq))
+SIMDE_OBJ     := $(SIMDE_KERNELS:src/kernels/x86/%.c=$(BUILD)/simde/%.o)
+$(BUILD)/simde/%.o: src/kernels/x86/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -DKVQ_SIMDE -Wno-unused-function -MMD -MP -c $< -o $@
+-include $(SIMDE_OBJ:.o=.d)
+
+$(BUILD)/tests/test_tile%: tests/test_tile%.c $(TEST_HELP) tests/testutil.h $(SIMDE_OBJ) $(BUILD)/libkvq.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Isrc -o $@ $< $(TEST_HELP) $(SIMDE_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
+
 # The JSON reader and allocation-file test links the tool sources it tests.
 $(BUILD)/tests/test_json: tests/test_json.c $(TEST_HELP) tests/testutil.h $(FUZZ_REPLAY_TOOL_OBJ) \
                           $(BUILD)/libkvq.a
