@@ -192,6 +192,74 @@ static void kvq__int_accum(const kvq_codec *c, float *acc, size_t astride, const
     }
 }
 
+/* ---- tiled pages (layouts in the header comment) ---- */
+
+static int kvq__int_tiled(const kvq_codec *c, int role, size_t P) {
+    (void)role;
+    return c->bits != 2 && c->group % 8 == 0 && P % 16 == 0;
+}
+
+/* Where the codes end and the [ng][P] scale (then minimum) planes begin. */
+static size_t kvq__int_tile_codes(const kvq_codec *c, size_t P) {
+    return c->bits == 8 ? c->d * P : c->d / 2 * P;
+}
+
+/* Slot i's code for value t in a tiled page (int8 keys: biased byte). */
+static inline size_t kvq__int_tile_pos(const kvq_codec *c, int role, size_t P, size_t i, size_t t,
+                                       int *hi) {
+    if (c->bits == 8) {
+        *hi = 0;
+        return role == KVQ__ROLE_K ? ((t / 4) * P + i) * 4 + t % 4
+                                   : ((i / 4) * c->d + t) * 4 + i % 4;
+    }
+    if (role == KVQ__ROLE_K) {
+        *hi = (t % 8) >= 4;
+        return ((t / 8) * P + i) * 4 + t % 4;
+    }
+    *hi = (i % 8) >= 4;
+    return ((i / 8) * c->d + t) * 4 + i % 4;
+}
+
+static void kvq__int_tput(const kvq_codec *c, int role, size_t P, uint8_t *page, size_t i,
+                          const uint8_t *row) {
+    const size_t d = c->d, ng = c->ngroups;
+    const int bits = c->bits;
+    const size_t pb = kvq__int_param_bytes(bits, ng), cb = kvq__int_tile_codes(c, P);
+    const uint8_t *codes = row + pb;
+    for (size_t t = 0; t < d; t++) {
+        int hi;
+        size_t at = kvq__int_tile_pos(c, role, P, i, t, &hi);
+        if (bits == 8) {
+            page[at] = role == KVQ__ROLE_K ? (uint8_t)(codes[t] ^ 0x80u) : codes[t];
+        } else {
+            unsigned q = kvq__int_code(codes, 4, t);
+            page[at] = (uint8_t)(hi ? (page[at] & 0x0fu) | (q << 4) : (page[at] & 0xf0u) | q);
+        }
+    }
+    for (size_t k = 0; k < pb / 2; k++) /* scale planes, then minimum planes */
+        kvq__st16(page + cb + 2 * (k * P + i), kvq__ld16(row + 2 * k));
+}
+
+static void kvq__int_tget(const kvq_codec *c, int role, size_t P, const uint8_t *page, size_t i,
+                          uint8_t *row) {
+    const size_t d = c->d, ng = c->ngroups;
+    const int bits = c->bits;
+    const size_t pb = kvq__int_param_bytes(bits, ng), cb = kvq__int_tile_codes(c, P);
+    uint8_t *codes = row + pb;
+    if (bits != 8)
+        memset(codes, 0, kvq__int_code_bytes(bits, d));
+    for (size_t t = 0; t < d; t++) {
+        int hi;
+        size_t at = kvq__int_tile_pos(c, role, P, i, t, &hi);
+        if (bits == 8)
+            codes[t] = role == KVQ__ROLE_K ? (uint8_t)(page[at] ^ 0x80u) : page[at];
+        else
+            codes[t >> 1] |= (uint8_t)(((page[at] >> (hi ? 4 : 0)) & 15u) << ((t & 1) * 4));
+    }
+    for (size_t k = 0; k < pb / 2; k++)
+        kvq__st16(row + 2 * k, kvq__ld16(page + cb + 2 * (k * P + i)));
+}
+
 static kvq_status kvq__int_init(kvq_codec *c, char *err, size_t err_size) {
     (void)err;
     (void)err_size;
@@ -207,6 +275,9 @@ static kvq_status kvq__int_init(kvq_codec *c, char *err, size_t err_size) {
     c->ref.score = kvq__int_score;
     c->ref.accum = kvq__int_accum;
     c->ref.finish = NULL;
+    c->tiled = kvq__int_tiled;
+    c->tput = kvq__int_tput;
+    c->tget = kvq__int_tget;
     c->state = NULL;
     return KVQ_OK;
 }

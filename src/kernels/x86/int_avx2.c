@@ -33,6 +33,7 @@
  */
 #include "../kernels.h"
 #include "simd_avx2.h"
+#include "int_tile.h"
 
 #define KVQ__F16_MAXF 65504.0f
 #define KVQ__MAX_NG8 (KVQ__MAX_HEAD_DIM / 8 + 8) /* groups of >= 8 values, padded */
@@ -1141,7 +1142,261 @@ static void kvq__int_score_avx2(const kvq_codec *c, float *out, size_t ostride, 
         e->one(c, &p, out + i * ostride, ostride, (const uint8_t *)qp + i * c->qp_bytes, keys, n);
 }
 
+/* ---- tiled pages (layouts: src/codec/int.c; shared parts: int_tile.h) ---- */
+
+/* The prepared query of tscore: int8 codes with one scale per block of qb
+ * values (round to nearest even, like the reference's nearbyintf). */
+static void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
+    kvq__tile_plan p;
+    kvq__tile_plan_make(c, &p);
+    uint8_t *base = (uint8_t *)qp;
+    float *beta = (float *)(void *)(base + p.off_beta);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    memset(base, 0, p.bytes);
+    for (size_t b = 0; b < p.nqb; b++) {
+        const float *x = q + b * p.qb;
+        __m256 a = _mm256_setzero_ps();
+        for (size_t t = 0; t < p.qb; t += 8)
+            a = _mm256_max_ps(a, _mm256_and_ps(_mm256_loadu_ps(x + t), absmask));
+        float mx = kvq__hmax256(a);
+        const __m256 iv = _mm256_set1_ps(mx >= KVQ__TILE_TINY ? 127.0f / mx : 0.0f);
+        beta[b] = mx >= KVQ__TILE_TINY ? mx / 127.0f : 0.0f;
+        for (size_t t = 0; t < p.qb; t += 8) {
+            __m256i i = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + t), iv));
+            __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+            _mm_storel_epi64((__m128i *)(void *)(base + b * p.qb + t), _mm_packs_epi16(w, w));
+        }
+    }
+    kvq__tile_prep_tail(c, &p, base, q);
+}
+
+/* Scores of 8 tokens [tb, tb + 8) of a tiled K page for 4 query rows q[r]
+ * (rows past nr repeat the last one and are not stored). Integer dots per
+ * query block: int8 by |c| * sign(q, c) (the stored byte is c + 128), int4
+ * by the two nibble planes, int16 sums of up to 4 lane steps (below
+ * 4 * 2 * 2 * 15 * 127 = 30480) before madd. */
+static inline __attribute__((always_inline)) void
+kvq__int_tscore8(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_t ostride,
+                 const uint8_t *const *q, size_t nr, const uint8_t *page, size_t P, size_t tb,
+                 const int BITS) {
+    const size_t ng = c->ngroups, qb = tp->qb, bpg = c->group / qb;
+    const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    __m256 F[4];
+    KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_setzero_ps();
+    for (size_t gi = 0; gi < ng; gi++) {
+        __m256 G[4];
+        KVQ__UNROLL4 for (int r = 0; r < 4; r++) G[r] = _mm256_setzero_ps();
+        for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
+            __m256i I[4];
+            if (BITS == 8) {
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
+                for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
+                    __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
+                    __m256i cs = _mm256_xor_si256(u, x80), ab = _mm256_abs_epi8(cs);
+                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                        __m256i qv = _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k));
+                        I[r] = _mm256_add_epi32(
+                            I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ab, _mm256_sign_epi8(qv, cs)), ones));
+                    }
+                }
+            } else {
+                __m256i S[4];
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
+                for (size_t k = b * qb / 8; k < (b + 1) * qb / 8; k++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
+                    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                        __m256i ql = _mm256_set1_epi32((int)kvq__ldu32(q[r] + 8 * k));
+                        __m256i qh = _mm256_set1_epi32((int)kvq__ldu32(q[r] + 8 * k + 4));
+                        S[r] = _mm256_add_epi16(S[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, ql),
+                                                                       _mm256_maddubs_epi16(hi, qh)));
+                    }
+                }
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_madd_epi16(S[r], ones);
+            }
+            KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                const float *beta = (const float *)(const void *)(q[r] + tp->off_beta);
+                G[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b), G[r]);
+            }
+        }
+        const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * (gi * P + tb))));
+        KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_fmadd_ps(G[r], s, F[r]);
+        if (BITS != 8) {
+            const __m256 m = _mm256_cvtph_ps(
+                _mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * ((ng + gi) * P + tb))));
+            KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                const float *qs = (const float *)(const void *)(q[r] + tp->off_qsum);
+                F[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(qs + gi), F[r]);
+            }
+        }
+    }
+    for (size_t r = 0; r < nr; r++)
+        _mm256_storeu_ps(out + r * ostride + tb, F[r]);
+}
+
+static inline __attribute__((always_inline)) void
+kvq__int_tscore_body(const kvq_codec *c, float *out, size_t ostride, const void *qp, size_t nq,
+                     const uint8_t *page, size_t P, const int BITS) {
+    kvq__tile_plan tp;
+    kvq__tile_plan_make(c, &tp);
+    const size_t qs = c->tqp_bytes;
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        const size_t nr = KVQ__MIN(4, nq - i0);
+        const uint8_t *q[4];
+        for (size_t r = 0; r < 4; r++)
+            q[r] = (const uint8_t *)qp + (i0 + KVQ__MIN(r, nr - 1)) * qs;
+        for (size_t tb = 0; tb < P; tb += 8)
+            kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS);
+    }
+}
+
+static void kvq__int_tscore8_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                                  size_t nq, const uint8_t *page, size_t P) {
+    kvq__int_tscore_body(c, out, ostride, qp, nq, page, P, 8);
+}
+static void kvq__int_tscore4_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                                  size_t nq, const uint8_t *page, size_t P) {
+    kvq__int_tscore_body(c, out, ostride, qp, nq, page, P, 4);
+}
+
+/* kvq__tile_wquant_ref with 8 lanes (the same operations, so the same bytes). */
+static int kvq__int_wquant_avx2(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
+                                size_t n, const float *w, uint8_t *wq, float *alpha, float *msum) {
+    const size_t ng = c->ngroups;
+    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P;
+    const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(FLT_MAX);
+    for (size_t gi = 0; gi < ng; gi++) {
+        __m256 pv[KVQ__TILE_RUN / 8], mx = zero, ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+        for (size_t t = 0; t < n; t += 8) {
+            __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * (gi * P + t0 + t))));
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(w + t), s);
+            ok = _mm256_and_ps(ok, _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ),
+                                                 _mm256_cmp_ps(v, big, _CMP_LE_OQ)));
+            mx = _mm256_max_ps(mx, v);
+            pv[t / 8] = v;
+        }
+        if (_mm256_movemask_ps(ok) != 0xff)
+            return 0;
+        float m = kvq__hmax256(mx);
+        const __m256 iv = _mm256_set1_ps(m >= KVQ__TILE_TINY ? 127.0f / m : 0.0f);
+        alpha[gi] = m >= KVQ__TILE_TINY ? m / 127.0f : 0.0f;
+        for (size_t t = 0; t < n; t += 8) {
+            __m256i i = _mm256_cvtps_epi32(_mm256_mul_ps(pv[t / 8], iv));
+            __m128i x = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+            _mm_storel_epi64((__m128i *)(void *)(wq + gi * n + t), _mm_packus_epi16(x, x));
+        }
+        if (c->bits != 8) {
+            float s = 0.0f;
+            for (size_t t = 0; t < n; t++)
+                s += w[t] * kvq__f16_to_f32(kvq__ld16(sp + 2 * ((ng + gi) * P + t0 + t)));
+            msum[gi] = s;
+        }
+    }
+    return 1;
+}
+
+/* One run of n tokens from t0 (n % 16 == 0) for up to 4 weight rows, 8
+ * dimensions at a time: int32 sums of maddubs(wq, code) (pairs below
+ * 2 * 127 * 127; int4: int16 sums of up to 4 token octets, below 30480),
+ * then acc += alpha_g * sum (+ msum_g for int4). */
+static inline __attribute__((always_inline)) void
+kvq__int_taccum_run(const kvq_codec *c, float *const *a, size_t nr, const uint8_t *page, size_t t0, size_t n, const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                    const float (*alpha)[KVQ__MAX_HEAD_DIM / 8],
+                    const float (*msum)[KVQ__MAX_HEAD_DIM / 8], const int BITS) {
+    const size_t d = c->d, g = c->group;
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    for (size_t dc = 0; dc < d; dc += 8) {
+        const size_t gi = dc / g;
+        __m256i I[4];
+        KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
+        if (BITS == 8) {
+            for (size_t b = 0; b < n / 4; b++) {
+                __m256i v = _mm256_loadu_si256(
+                    (const __m256i *)(const void *)(page + ((t0 / 4 + b) * d + dc) * 4));
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                    __m256i wv = _mm256_set1_epi32((int)kvq__ldu32(wq[r] + gi * n + 4 * b));
+                    I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, v), ones));
+                }
+            }
+        } else {
+            for (size_t b0 = 0; b0 < n / 8; b0 += 4) {
+                __m256i S[4];
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
+                for (size_t b = b0; b < b0 + 4 && b < n / 8; b++) {
+                    __m256i v = _mm256_loadu_si256(
+                        (const __m256i *)(const void *)(page + ((t0 / 8 + b) * d + dc) * 4));
+                    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                        __m256i wl = _mm256_set1_epi32((int)kvq__ldu32(wq[r] + gi * n + 8 * b));
+                        __m256i wh = _mm256_set1_epi32((int)kvq__ldu32(wq[r] + gi * n + 8 * b + 4));
+                        S[r] = _mm256_add_epi16(S[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, lo),
+                                                                       _mm256_maddubs_epi16(wh, hi)));
+                    }
+                }
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] =
+                    _mm256_add_epi32(I[r], _mm256_madd_epi16(S[r], ones));
+            }
+        }
+        for (size_t r = 0; r < nr; r++) {
+            if (!a[r])
+                continue;
+            __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_set1_ps(alpha[r][gi]),
+                                       _mm256_loadu_ps(a[r] + dc));
+            if (BITS != 8)
+                x = _mm256_add_ps(x, _mm256_set1_ps(msum[r][gi]));
+            _mm256_storeu_ps(a[r] + dc, x);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+kvq__int_taccum_body(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                     size_t wstride, size_t nq, const uint8_t *page, size_t P, const int BITS) {
+    _Alignas(32) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
+    float alpha[4][KVQ__MAX_HEAD_DIM / 8], msum[4][KVQ__MAX_HEAD_DIM / 8];
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        const size_t nr = KVQ__MIN(4, nq - i0);
+        for (size_t t0 = 0; t0 < P; t0 += KVQ__TILE_RUN) {
+            const size_t n = KVQ__MIN(KVQ__TILE_RUN, P - t0);
+            float *a[4] = {NULL, NULL, NULL, NULL};
+            for (size_t r = 0; r < 4; r++) {
+                const float *wr = w + (i0 + r) * wstride + t0;
+                float *ar = acc + (i0 + r) * astride;
+                if (r < nr && kvq__int_wquant_avx2(c, page, P, t0, n, wr, wq[r], alpha[r], msum[r])) {
+                    a[r] = ar;
+                    continue;
+                }
+                memset(wq[r], 0, c->ngroups * n);
+                if (r < nr)
+                    kvq__tile_accum_exact(c, ar, wr, page, P, t0, n);
+            }
+            kvq__int_taccum_run(c, a, nr, page, t0, n, (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq,
+                                (const float(*)[KVQ__MAX_HEAD_DIM / 8])alpha,
+                                (const float(*)[KVQ__MAX_HEAD_DIM / 8])msum, BITS);
+        }
+    }
+}
+
+static void kvq__int_taccum8_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                                  size_t wstride, size_t nq, const uint8_t *page, size_t P) {
+    kvq__int_taccum_body(c, acc, astride, w, wstride, nq, page, P, 8);
+}
+static void kvq__int_taccum4_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                                  size_t wstride, size_t nq, const uint8_t *page, size_t P) {
+    kvq__int_taccum_body(c, acc, astride, w, wstride, nq, page, P, 4);
+}
+
 void kvq__int_avx2_select(kvq_codec *c) {
+    if (kvq__tile_ok(c)) {
+        kvq__tile_plan tp;
+        kvq__tile_plan_make(c, &tp);
+        c->tqp_bytes = tp.bytes;
+        c->k.tprep = kvq__int_tprep_avx2;
+        c->k.tscore = c->bits == 8 ? kvq__int_tscore8_avx2 : kvq__int_tscore4_avx2;
+        c->k.taccum = c->bits == 8 ? kvq__int_taccum8_avx2 : kvq__int_taccum4_avx2;
+    }
     if (c->group % 8 == 0) {
         c->k.encode = kvq__int_encode_avx2;
         c->k.decode = kvq__int_decode_avx2;

@@ -1,0 +1,115 @@
+/*
+ * int_tile.h - what the tiled int8/int4 kernels of int_avx2.c and
+ * int_avx512.c share (layouts and error bounds: src/codec/int.c): the
+ * prepared query of tscore, the rounding of a page's weights for taccum,
+ * and the fallback for weights that rounding does not cover. Plain C: both
+ * files (and the SIMDe build of the AVX-512 one) include it.
+ *
+ * Prepared query (tprep, one row, 64-byte aligned, c->tqp_bytes apart):
+ *   [d x int8 query codes in value order, zero padded to a multiple of 64]
+ *   [nqb x f32 beta_b]            query block scales (blocks of qb values)
+ *   [nqb x int32 -128 * sum_b qq] int8 keys: the bias of the stored codes
+ *   [ng x f32 sum of q over g]    int4: the float query sums of the groups
+ * qb = 32, 16 or 8, the largest of them that divides g.
+ */
+#ifndef KVQ_INT_TILE_H
+#define KVQ_INT_TILE_H
+
+#include "../kernels.h"
+
+#include <float.h>
+
+/* Blocks or groups whose largest |value| is below this quantize to zero
+ * (their 127/max could overflow); int.c counts them in the bound. */
+#define KVQ__TILE_TINY 0x1p-100f
+/* Weights of a page are rounded in runs of at most this many tokens. */
+#define KVQ__TILE_RUN 64
+
+typedef struct {
+    size_t qb, nqb;              /* query block, blocks per vector */
+    size_t off_beta, off_bias, off_qsum, bytes;
+} kvq__tile_plan;
+
+static inline void kvq__tile_plan_make(const kvq_codec *c, kvq__tile_plan *p) {
+    const size_t d = c->d, g = c->group;
+    p->qb = g % 32 == 0 ? 32 : g % 16 == 0 ? 16 : 8;
+    p->nqb = d / p->qb;
+    p->off_beta = kvq__round64(d);
+    p->off_bias = p->off_beta + 4 * p->nqb;
+    p->off_qsum = p->off_bias + 4 * p->nqb;
+    p->bytes = kvq__round64(p->off_qsum + 4 * c->ngroups);
+}
+
+/* Whether the tiled kernels handle codec c: int8/int4 with g % 8 == 0 (the
+ * codecs int.c tiles). */
+static inline int kvq__tile_ok(const kvq_codec *c) {
+    return (c->bits == 8 || c->bits == 4) && c->group % 8 == 0 && c->d % 8 == 0;
+}
+
+/* The scalar tail of tprep: block scales from the block maxima, the int8
+ * bias and the float group sums (qq already written). */
+static inline void kvq__tile_prep_tail(const kvq_codec *c, const kvq__tile_plan *p, uint8_t *qp,
+                                       const float *q) {
+    const int8_t *qq = (const int8_t *)qp;
+    int32_t *bias = (int32_t *)(void *)(qp + p->off_bias);
+    float *qs = (float *)(void *)(qp + p->off_qsum);
+    for (size_t b = 0; b < p->nqb; b++) {
+        int32_t s = 0;
+        for (size_t t = b * p->qb; t < (b + 1) * p->qb; t++)
+            s += qq[t];
+        bias[b] = -128 * s;
+    }
+    for (size_t gi = 0; gi < c->ngroups; gi++) {
+        float s = 0.0f;
+        for (size_t t = gi * c->group; t < (gi + 1) * c->group; t++)
+            s += q[t];
+        qs[gi] = s;
+    }
+}
+
+/* Quantized weights of one row for a run of n tokens (n % 16 == 0) from
+ * token t0 of a page: for each group g, p_t = w_t * s_{t,g} rounded to
+ * wq[g * n + t] in 0..127 with alpha[g] = max_t p_t / 127, and for int4
+ * msum[g] = sum_t w_t m_{t,g}. Returns 0 when some p_t is negative or not
+ * finite (the caller then takes kvq__tile_accum_exact for the row). */
+static inline int kvq__tile_wquant_ref(const kvq_codec *c, const uint8_t *page, size_t P,
+                                       size_t t0, size_t n, const float *w, uint8_t *wq,
+                                       float *alpha, float *msum) {
+    const size_t ng = c->ngroups;
+    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P;
+    for (size_t gi = 0; gi < ng; gi++) {
+        float pv[KVQ__TILE_RUN], mx = 0.0f;
+        for (size_t t = 0; t < n; t++) {
+            pv[t] = w[t] * kvq__f16_to_f32(kvq__ld16(sp + 2 * (gi * P + t0 + t)));
+            if (!(pv[t] >= 0.0f && pv[t] <= FLT_MAX))
+                return 0;
+            mx = pv[t] > mx ? pv[t] : mx;
+        }
+        float inv = mx >= KVQ__TILE_TINY ? 127.0f / mx : 0.0f;
+        alpha[gi] = mx >= KVQ__TILE_TINY ? mx / 127.0f : 0.0f;
+        for (size_t t = 0; t < n; t++)
+            wq[gi * n + t] = (uint8_t)(int)nearbyintf(pv[t] * inv);
+        if (c->bits != 8) {
+            float s = 0.0f;
+            for (size_t t = 0; t < n; t++)
+                s += w[t] * kvq__f16_to_f32(kvq__ld16(sp + 2 * ((ng + gi) * P + t0 + t)));
+            msum[gi] = s;
+        }
+    }
+    return 1;
+}
+
+/* acc += w . v over tokens [t0, t0 + n) of a tiled V page for one row, in
+ * float, through the row kernels (the weights the rounding cannot take). */
+static inline void kvq__tile_accum_exact(const kvq_codec *c, float *acc, const float *w,
+                                         const uint8_t *page, size_t P, size_t t0, size_t n) {
+    uint8_t rows[16 * (KVQ__MAX_HEAD_DIM + KVQ__MAX_HEAD_DIM / 2)];
+    for (size_t j = 0; j < n; j += 16) {
+        size_t m = KVQ__MIN(16, n - j);
+        for (size_t i = 0; i < m; i++)
+            c->tget(c, KVQ__ROLE_V, P, page, t0 + j + i, rows + i * c->bytes);
+        c->k.accum(c, acc, 0, w + j, 0, 1, rows, m);
+    }
+}
+
+#endif
