@@ -23,6 +23,19 @@ static void kvq__rope(const kvq_cache *c, float *x, int32_t pos) {
 }
 
 
+/* Asks for the bytes [p, p + n) ahead of their use: the pages of a layer are
+ * separate blocks, so the hardware prefetchers lose the stream at every
+ * page; attention reads the next page's keys and this page's values while
+ * it scores this page's keys. */
+static inline void kvq__prefetch(const uint8_t *p, size_t n, int l2) {
+    for (size_t o = 0; o < n; o += 64) {
+        if (l2)
+            __builtin_prefetch(p + o, 0, 2);
+        else
+            __builtin_prefetch(p + o, 0, 3);
+    }
+}
+
 /* Values of one page area into acc through the head's layout and kernels. */
 static inline void kvq__vaccum(const kvq__head *hd, float *acc, size_t astride, const float *wt,
                                size_t wstride, size_t nr, const uint8_t *area, size_t P,
@@ -222,6 +235,13 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                 }
                 if (!ne && !npd)
                     continue;
+                if (p + 1 < ly->n_pages && ly->pages[p + 1].block) {
+                    const kvq__page *nx = &ly->pages[p + 1];
+                    const kvq__head *nh = kvq__page_heads(ly, nx) + h;
+                    kvq__prefetch(nx->block + nh->k_off, nh->k_hdr + P * nh->kbytes, 0);
+                }
+                if (vne)
+                    kvq__prefetch(pg->block + ph->v_off, P * ph->vbytes, 1);
                 bp[nb] = p;
                 bne[nb] = vne;
                 bnp[nb] = vnp;
