@@ -23,6 +23,31 @@ static void kvq__rope(const kvq_cache *c, float *x, int32_t pos) {
 }
 
 
+/* Asks for the bytes [p, p + n) ahead of their use: the pages of a layer are
+ * separate blocks, so the hardware prefetchers lose the stream at every
+ * page; attention reads the next page's keys and this page's values while
+ * it scores this page's keys. */
+static inline void kvq__prefetch(const uint8_t *p, size_t n, int l2) {
+    for (size_t o = 0; o < n; o += 64) {
+        if (l2)
+            __builtin_prefetch(p + o, 0, 2);
+        else
+            __builtin_prefetch(p + o, 0, 3);
+    }
+}
+
+/* Values of one page area into acc through the head's layout and kernels. */
+static inline void kvq__vaccum(const kvq__head *hd, float *acc, size_t astride, const float *wt,
+                               size_t wstride, size_t nr, const uint8_t *area, size_t P,
+                               uint8_t *rows) {
+    const kvq_codec *vc = hd->vc;
+    if (!hd->vtiled)
+        vc->k.accum(vc, acc, astride, wt, wstride, nr, area, P);
+    else if (vc->k.taccum)
+        vc->k.taccum(vc, acc, astride, wt, wstride, nr, area, P);
+    else
+        kvq__tile_accum_rows(vc, &vc->k, acc, astride, wt, wstride, nr, area, P, rows);
+}
 
 typedef struct {
     kvq_cache *c;
@@ -47,7 +72,8 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
     const kvq__head *hd = kvq__page_heads(ly, pg) + h;
     /* staging is freed once nothing waits in it: no offset from NULL */
     const uint16_t *stk = hd->kstage && pg->stage ? kvq__stage_k(pg, hd) : NULL;
-    const uint8_t *qpk = pg->tier == KVQ__TIER_WARM && c->warm_distinct ? w->qpw : w->qpk;
+    const int pw = pg->tier == KVQ__TIER_WARM && c->warm_distinct;
+    const uint8_t *qpk = pw ? w->qpw : w->qpk;
     const int32_t *pos = ly->pos + p * c->P;
     size_t P = c->P, d = c->d;
     if (c->cfg.k_prerope) {
@@ -59,7 +85,8 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
                 if (hd->kchan_bits)
                     kvq__chan_decode_row(pg->block + hd->k_off, d, P, hd->kchan_bits, i, row);
                 else
-                    hd->kc->k.decode(hd->kc, row, pg->block + hd->k_off + i * hd->kbytes, 1);
+                    kvq__slot_decode(hd->kc, hd->ktiled, KVQ__ROLE_K, P, pg->block + hd->k_off, i,
+                                     row, w->rows);
                 if (ly->center)
                     for (size_t t = 0; t < d; t++)
                         row[t] += ly->center[h * d + t];
@@ -88,8 +115,13 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
     if (ne) {
         if (hd->kchan_bits)
             kvq__chan_score(pg->block + hd->k_off, d, P, hd->kchan_bits, w->qs, nr, sc, ss);
-        else
+        else if (!hd->ktiled)
             hd->kc->k.score(hd->kc, sc, ss, qpk, nr, pg->block + hd->k_off, P);
+        else if (hd->kc->k.tscore)
+            hd->kc->k.tscore(hd->kc, sc, ss, pw ? w->qtw : w->qtk, nr, pg->block + hd->k_off, P);
+        else
+            kvq__tile_score_rows(hd->kc, &hd->kc->k, sc, ss, qpk, nr, pg->block + hd->k_off, P,
+                                 w->rows);
         for (size_t r = 0; r < nr; r++)
             if (w->cdot[r] != 0.0f)
                 for (size_t i = 0; i < P; i++)
@@ -155,6 +187,12 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                 kvq__codec_prep(hd->kc, w->qpk, w->qs, nr);
             if (warm && wd->kc)
                 kvq__codec_prep(wd->kc, w->qpw, w->qs, nr);
+            if (hd->kc && hd->ktiled && hd->kc->k.tprep)
+                for (size_t r = 0; r < nr; r++)
+                    hd->kc->k.tprep(hd->kc, w->qtk + r * hd->kc->tqp_bytes, w->qs + r * d);
+            if (warm && wd->kc && wd->ktiled && wd->kc->k.tprep)
+                for (size_t r = 0; r < nr; r++)
+                    wd->kc->k.tprep(wd->kc, w->qtw + r * wd->kc->tqp_bytes, w->qs + r * d);
             kvq__codec_prep(c->f16, w->qpf, w->qs, nr);
         }
         if (warm)
@@ -197,6 +235,13 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                 }
                 if (!ne && !npd)
                     continue;
+                if (p + 1 < ly->n_pages && ly->pages[p + 1].block) {
+                    const kvq__page *nx = &ly->pages[p + 1];
+                    const kvq__head *nh = kvq__page_heads(ly, nx) + h;
+                    kvq__prefetch(nx->block + nh->k_off, nh->k_hdr + P * nh->kbytes, 0);
+                }
+                if (vne)
+                    kvq__prefetch(pg->block + ph->v_off, P * ph->vbytes, 1);
                 bp[nb] = p;
                 bne[nb] = vne;
                 bnp[nb] = vnp;
@@ -255,9 +300,9 @@ static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
                     c->f16->k.accum(c->f16, w->accs, d, w->w2, P, nr,
                                     (const uint8_t *)kvq__stage_v(pg, ph), P);
                     if (bne[b])
-                        ph->vc->k.accum(ph->vc, acc, al, w->w, P, nr, pg->block + ph->v_off, P);
+                        kvq__vaccum(ph, acc, al, w->w, P, nr, pg->block + ph->v_off, P, w->rows);
                 } else {
-                    ph->vc->k.accum(ph->vc, acc, al, wb, BW, nr, pg->block + ph->v_off, P);
+                    kvq__vaccum(ph, acc, al, wb, BW, nr, pg->block + ph->v_off, P, w->rows);
                 }
                 if (bne[b])
                     w->bytes_read += P * ph->vbytes;
