@@ -32,6 +32,9 @@ void kvq__kernels_select(kvq_codec *c) {
     case KVQ__FAM_FLOAT:
         kvq__float_avx512_select(c, feat);
         break;
+    case KVQ__FAM_INT:
+        kvq__int_avx512_select(c, feat);
+        break;
     default:
         break;
     }

@@ -1146,7 +1146,7 @@ static void kvq__int_score_avx2(const kvq_codec *c, float *out, size_t ostride, 
 
 /* The prepared query of tscore: int8 codes with one scale per block of qb
  * values (round to nearest even, like the reference's nearbyintf). */
-static void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
+void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
     kvq__tile_plan p;
     kvq__tile_plan_make(c, &p);
     uint8_t *base = (uint8_t *)qp;
@@ -1261,8 +1261,9 @@ static void kvq__int_tscore4_avx2(const kvq_codec *c, float *out, size_t ostride
     kvq__int_tscore_body(c, out, ostride, qp, nq, page, P, 4);
 }
 
-/* kvq__tile_wquant_ref with 8 lanes (the same operations, so the same bytes). */
-static int kvq__int_wquant_avx2(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
+/* kvq__tile_wquant_ref with 8 lanes (the same operations, so the same bytes;
+ * msum is summed in another order). */
+int kvq__int_wquant_avx2(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
                                 size_t n, const float *w, uint8_t *wq, float *alpha, float *msum) {
     const size_t ng = c->ngroups;
     const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P;
@@ -1288,10 +1289,13 @@ static int kvq__int_wquant_avx2(const kvq_codec *c, const uint8_t *page, size_t 
             _mm_storel_epi64((__m128i *)(void *)(wq + gi * n + t), _mm_packus_epi16(x, x));
         }
         if (c->bits != 8) {
-            float s = 0.0f;
-            for (size_t t = 0; t < n; t++)
-                s += w[t] * kvq__f16_to_f32(kvq__ld16(sp + 2 * ((ng + gi) * P + t0 + t)));
-            msum[gi] = s;
+            __m256 s = _mm256_setzero_ps();
+            for (size_t t = 0; t < n; t += 8)
+                s = _mm256_fmadd_ps(_mm256_loadu_ps(w + t),
+                                    _mm256_cvtph_ps(_mm_loadu_si128(
+                                        (const __m128i *)(const void *)(sp + 2 * ((ng + gi) * P + t0 + t)))),
+                                    s);
+            msum[gi] = kvq__hsum256(s);
         }
     }
     return 1;

@@ -46,6 +46,13 @@ static inline int kvq__tile_ok(const kvq_codec *c) {
     return (c->bits == 8 || c->bits == 4) && c->group % 8 == 0 && c->d % 8 == 0;
 }
 
+/* int_avx2.c, also used by the AVX-512 kernels: tprep, and the rounding of
+ * one row's weights (kvq__tile_wquant_ref's bytes, msum in another order;
+ * wq, alpha and msum sized for KVQ__MAX_HEAD_DIM / 8 groups). */
+void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q);
+int kvq__int_wquant_avx2(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0, size_t n,
+                         const float *w, uint8_t *wq, float *alpha, float *msum);
+
 /* The scalar tail of tprep: block scales from the block maxima, the int8
  * bias and the float group sums (qq already written). */
 static inline void kvq__tile_prep_tail(const kvq_codec *c, const kvq__tile_plan *p, uint8_t *qp,

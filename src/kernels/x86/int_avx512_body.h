@@ -1,0 +1,276 @@
+/*
+ * int_avx512_body.h - the tiled int8/int4 kernels of int_avx512.c, included
+ * twice: KVQ__VNNI 1 (vpdpbusd, target KVQ__T512VNNI) and 0 (AVX-512BW
+ * maddubs + madd, target KVQ__T512); KVQ__FN names each copy. No include
+ * guard on purpose.
+ *
+ * Integer ranges: int8 keys |c| * (+-q) pairs below 2 * 128 * 127, weight
+ * pairs 2 * 127 * 127 (values), int4 nibble products summed in int16 over
+ * at most 4 lane steps (4 * 2 * 2 * 15 * 127 = 30480): no saturation.
+ */
+
+/* u8 x s8 products of 4 bytes summed into the int32 lanes of acc. */
+KVQ__TGT static inline __attribute__((always_inline)) __m512i KVQ__FN(kvq__i512_dp)(__m512i acc,
+                                                                                   __m512i a,
+                                                                                   __m512i b) {
+#if KVQ__VNNI
+    return _mm512_dpbusd_epi32(acc, a, b);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
+#endif
+}
+
+/* Scores of the 16 tokens [tb, tb + 16) of a tiled K page for 4 query rows
+ * q[r] (rows past nr repeat the last and are not stored). Per query block:
+ * two int32 chains per row (even and odd lane steps), then G += beta_b *
+ * dot; per group F += s_g * G (+ m_g * qsum_g) - the float steps of the
+ * AVX2 kernel in the same order. */
+KVQ__TGT static inline __attribute__((always_inline)) void
+KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float *out,
+                            size_t ostride, const uint8_t *const *q, size_t nr,
+                            const uint8_t *page, size_t P, size_t tb, const int BITS) {
+    const size_t ng = c->ngroups, qb = tp->qb, bpg = c->group / qb;
+    const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
+    const __m512i m4 = _mm512_set1_epi8(15);
+#if !KVQ__VNNI
+    const __m512i x80 = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    const __m512i ones = _mm512_set1_epi16(1);
+#endif
+    __m512 F[4];
+    KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm512_setzero_ps();
+    for (size_t gi = 0; gi < ng; gi++) {
+        __m512 G[4];
+        KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) G[r] = _mm512_setzero_ps();
+        for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
+            __m512i Ia[4], Jb[4];
+            KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+#if KVQ__VNNI
+                Ia[r] = BITS == 8 ? _mm512_set1_epi32(((const int32_t *)(const void *)(q[r] + tp->off_bias))[b])
+                                 : _mm512_setzero_si512();
+#else
+                Ia[r] = _mm512_setzero_si512();
+#endif
+                Jb[r] = _mm512_setzero_si512();
+            }
+            if (BITS == 8) {
+                for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k += 2) {
+                    const __m512i u0 = _mm512_loadu_si512((const void *)(page + (k * P + tb) * 4));
+                    const __m512i u1 = _mm512_loadu_si512((const void *)(page + ((k + 1) * P + tb) * 4));
+#if KVQ__VNNI
+                    KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                        Ia[r] = _mm512_dpbusd_epi32(Ia[r], u0, _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 4 * k)));
+                        Jb[r] = _mm512_dpbusd_epi32(Jb[r], u1, _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 4 * k + 4)));
+                    }
+#else
+                    const __m512i c0 = _mm512_xor_si512(u0, x80), c1 = _mm512_xor_si512(u1, x80);
+                    const __m512i a0 = _mm512_abs_epi8(c0), a1 = _mm512_abs_epi8(c1);
+                    const __mmask64 n0 = _mm512_movepi8_mask(c0), n1 = _mm512_movepi8_mask(c1);
+                    KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                        __m512i q0 = _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 4 * k));
+                        __m512i q1 = _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 4 * k + 4));
+                        q0 = _mm512_mask_sub_epi8(q0, n0, zero, q0);
+                        q1 = _mm512_mask_sub_epi8(q1, n1, zero, q1);
+                        Ia[r] = _mm512_add_epi32(Ia[r], _mm512_madd_epi16(_mm512_maddubs_epi16(a0, q0), ones));
+                        Jb[r] = _mm512_add_epi32(Jb[r], _mm512_madd_epi16(_mm512_maddubs_epi16(a1, q1), ones));
+                    }
+#endif
+                }
+            } else {
+#if !KVQ__VNNI
+                __m512i S[4];
+                KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm512_setzero_si512();
+#endif
+                for (size_t k = b * qb / 8; k < (b + 1) * qb / 8; k++) {
+                    const __m512i v = _mm512_loadu_si512((const void *)(page + (k * P + tb) * 4));
+                    const __m512i lo = _mm512_and_si512(v, m4);
+                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                        const __m512i ql = _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 8 * k));
+                        const __m512i qh = _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 8 * k + 4));
+#if KVQ__VNNI
+                        Ia[r] = _mm512_dpbusd_epi32(Ia[r], lo, ql);
+                        Jb[r] = _mm512_dpbusd_epi32(Jb[r], hi, qh);
+#else
+                        S[r] = _mm512_add_epi16(S[r], _mm512_add_epi16(_mm512_maddubs_epi16(lo, ql),
+                                                                       _mm512_maddubs_epi16(hi, qh)));
+#endif
+                    }
+                }
+#if !KVQ__VNNI
+                KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) Ia[r] = _mm512_madd_epi16(S[r], ones);
+#endif
+            }
+            KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                const float *beta = (const float *)(const void *)(q[r] + tp->off_beta);
+                G[r] = _mm512_fmadd_ps(kvq__i512_i2f(_mm512_add_epi32(Ia[r], Jb[r])),
+                                       _mm512_set1_ps(beta[b]), G[r]);
+            }
+        }
+        const __m512 s = kvq__i512_h2f(sp + 2 * (gi * P + tb));
+        KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm512_fmadd_ps(G[r], s, F[r]);
+        if (BITS != 8) {
+            const __m512 m = kvq__i512_h2f(sp + 2 * ((ng + gi) * P + tb));
+            KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                const float *qs = (const float *)(const void *)(q[r] + tp->off_qsum);
+                F[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(qs[gi]), F[r]);
+            }
+        }
+    }
+    for (size_t r = 0; r < nr; r++)
+        _mm512_storeu_ps(out + r * ostride + tb, F[r]);
+}
+
+KVQ__TGT static inline __attribute__((always_inline)) void
+KVQ__FN(kvq__i512_tscore_body)(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                               size_t nq, const uint8_t *page, size_t P, const int BITS) {
+    kvq__tile_plan tp;
+    kvq__tile_plan_make(c, &tp);
+    const size_t qs = c->tqp_bytes;
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        const size_t nr = KVQ__MIN(4, nq - i0);
+        const uint8_t *q[4];
+        for (size_t r = 0; r < 4; r++)
+            q[r] = (const uint8_t *)qp + (i0 + KVQ__MIN(r, nr - 1)) * qs;
+        for (size_t tb = 0; tb < P; tb += 16)
+            KVQ__FN(kvq__i512_tscore16)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS);
+    }
+}
+
+KVQ__TGT static void KVQ__FN(kvq__i512_tscore8)(const kvq_codec *c, float *out, size_t ostride,
+                                                const void *qp, size_t nq, const uint8_t *page,
+                                                size_t P) {
+    KVQ__FN(kvq__i512_tscore_body)(c, out, ostride, qp, nq, page, P, 8);
+}
+KVQ__TGT static void KVQ__FN(kvq__i512_tscore4)(const kvq_codec *c, float *out, size_t ostride,
+                                                const void *qp, size_t nq, const uint8_t *page,
+                                                size_t P) {
+    KVQ__FN(kvq__i512_tscore_body)(c, out, ostride, qp, nq, page, P, 4);
+}
+
+/* NZ (1..4) strips of 16 dimensions from dc for 4 weight rows over a run of
+ * n tokens from t0, then acc += alpha_g * sum (+ msum_g for int4) for the
+ * rows with a[r] set. */
+KVQ__TGT static inline __attribute__((always_inline)) void
+KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8_t *page,
+                                size_t t0, size_t n, size_t dc,
+                                const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                                const float (*alpha)[KVQ__MAX_HEAD_DIM / 8],
+                                const float (*msum)[KVQ__MAX_HEAD_DIM / 8], const int NZ,
+                                const int BITS) {
+    const size_t d = c->d, g = c->group;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    size_t gz[4];
+    __m512i Ia[4][4];
+    KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+        gz[z] = (dc + 16 * (size_t)z) / g;
+        KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) Ia[r][z] = _mm512_setzero_si512();
+    }
+    if (BITS == 8) {
+        for (size_t b = 0; b < n / 4; b++) {
+            const uint8_t *cp = page + ((t0 / 4 + b) * d + dc) * 4;
+            __m512i v[4];
+            KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) v[z] = _mm512_loadu_si512((const void *)(cp + 64 * z));
+            KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+                    const __m512i wv = _mm512_set1_epi32((int)kvq__i512_ld32(wq[r] + gz[z] * n + 4 * b));
+                    Ia[r][z] = KVQ__FN(kvq__i512_dp)(Ia[r][z], wv, v[z]);
+                }
+            }
+        }
+    } else {
+        for (size_t b = 0; b < n / 8; b++) {
+            const uint8_t *cp = page + ((t0 / 8 + b) * d + dc) * 4;
+            __m512i lo[4], hi[4];
+            KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(cp + 64 * z));
+                lo[z] = _mm512_and_si512(v, m4);
+                hi[z] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+                    const uint8_t *wp = wq[r] + gz[z] * n + 8 * b;
+                    const __m512i wl = _mm512_set1_epi32((int)kvq__i512_ld32(wp));
+                    const __m512i wh = _mm512_set1_epi32((int)kvq__i512_ld32(wp + 4));
+#if KVQ__VNNI
+                    Ia[r][z] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(Ia[r][z], wl, lo[z]), wh, hi[z]);
+#else
+                    Ia[r][z] = _mm512_add_epi32(
+                        Ia[r][z], _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(wl, lo[z]),
+                                                                    _mm512_maddubs_epi16(wh, hi[z])),
+                                                   _mm512_set1_epi16(1)));
+#endif
+                }
+            }
+        }
+    }
+    KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+        if (!a[r])
+            continue;
+        KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+            float *ap = a[r] + dc + 16 * (size_t)z;
+            __m512 x = _mm512_fmadd_ps(kvq__i512_i2f(Ia[r][z]), _mm512_set1_ps(alpha[r][gz[z]]),
+                                       _mm512_loadu_ps(ap));
+            if (BITS != 8)
+                x = _mm512_add_ps(x, _mm512_set1_ps(msum[r][gz[z]]));
+            _mm512_storeu_ps(ap, x);
+        }
+    }
+}
+
+KVQ__TGT static inline __attribute__((always_inline)) void
+KVQ__FN(kvq__i512_taccum_body)(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                               size_t wstride, size_t nq, const uint8_t *page, size_t P,
+                               const int BITS) {
+    _Alignas(64) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
+    float alpha[4][KVQ__MAX_HEAD_DIM / 8], msum[4][KVQ__MAX_HEAD_DIM / 8];
+    const size_t d = c->d;
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        const size_t nr = KVQ__MIN(4, nq - i0);
+        for (size_t t0 = 0; t0 < P; t0 += KVQ__TILE_RUN) {
+            const size_t n = KVQ__MIN(KVQ__TILE_RUN, P - t0);
+            float *a[4] = {NULL, NULL, NULL, NULL};
+            for (size_t r = 0; r < 4; r++) {
+                const float *wr = w + (i0 + r) * wstride + t0;
+                float *ar = acc + (i0 + r) * astride;
+                if (r < nr && kvq__int_wquant_avx2(c, page, P, t0, n, wr, wq[r], alpha[r], msum[r])) {
+                    a[r] = ar;
+                    continue;
+                }
+                memset(wq[r], 0, c->ngroups * n);
+                if (r < nr)
+                    kvq__tile_accum_exact(c, ar, wr, page, P, t0, n);
+            }
+            const uint8_t(*cwq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
+                (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
+            const float(*cal)[KVQ__MAX_HEAD_DIM / 8] = (const float(*)[KVQ__MAX_HEAD_DIM / 8])alpha;
+            const float(*cms)[KVQ__MAX_HEAD_DIM / 8] = (const float(*)[KVQ__MAX_HEAD_DIM / 8])msum;
+            size_t dc = 0;
+            for (; dc + 64 <= d; dc += 64)
+                KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, cwq, cal, cms, 4, BITS);
+            switch ((d - dc) / 16) {
+            case 3:
+                KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, cwq, cal, cms, 3, BITS);
+                break;
+            case 2:
+                KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, cwq, cal, cms, 2, BITS);
+                break;
+            case 1:
+                KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, cwq, cal, cms, 1, BITS);
+                break;
+            default:
+                break;
+            }
+        }
+    }
+}
+
+KVQ__TGT static void KVQ__FN(kvq__i512_taccum8)(const kvq_codec *c, float *acc, size_t astride,
+                                                const float *w, size_t wstride, size_t nq,
+                                                const uint8_t *page, size_t P) {
+    KVQ__FN(kvq__i512_taccum_body)(c, acc, astride, w, wstride, nq, page, P, 8);
+}
+KVQ__TGT static void KVQ__FN(kvq__i512_taccum4)(const kvq_codec *c, float *acc, size_t astride,
+                                                const float *w, size_t wstride, size_t nq,
+                                                const uint8_t *page, size_t P) {
+    KVQ__FN(kvq__i512_taccum_body)(c, acc, astride, w, wstride, nq, page, P, 4);
+}

@@ -1,0 +1,586 @@
+/*
+ * test_tile_int.c - tiled pages of the int8 / int4 codecs (layouts and
+ * bounds: src/codec/int.c; kernels: src/kernels/x86/int_avx2.c,
+ * int_avx512.c).
+ *
+ * - which (role, P) are tiled: int8/int4 with g % 8 == 0 and P % 16 == 0;
+ * - tput/tget: every slot round-trips bit for bit, and the bytes sit where
+ *   the layout restated in this file (from docs/format.md) puts them;
+ * - tscore and taccum of every path against the reference (tget the rows,
+ *   then ref.prep + ref.score / ref.accum): AVX2, AVX-512 natively where the
+ *   CPU has it (VNNI when present, and the BW variant), and the AVX-512
+ *   source built through SIMDe (both variants) on every AVX2 machine. The
+ *   bounds are the ones int.c documents, computed here in double from the
+ *   stored codes:
+ *     score  |err| <= sum_b e_b sum_{t in b} s_g(t) |c_t| + (d + 16) eps T,
+ *            e_b = (max_b |q| / 127) / 2 (1 + 1e-4) (max|q_b| when below
+ *            2^-100: the block is dropped), T = sum_t |q_t| (s |c_t| + |m|);
+ *     accum  |err| <= sum_runs e_g sum_{j in run} |c_{j,t}| + (P + 16) eps T,
+ *            e_g = (max_j w_j s_{j,g} / 127) / 2 (1 + 1e-4) (the max when
+ *            below 2^-100; 0 for a run whose weights are not all >= 0 and
+ *            finite: computed exactly), T = |acc_t| + sum_j |w_j| (s |c| + |m|);
+ *   eps = FLT_EPSILON covers the float sums of both sides (each within
+ *   gamma_n of exact); the 1e-4 covers the rounding of 127/max and max/127
+ *   (3 ulps of 127 = 2.3e-5 relative);
+ * - head_dim 8..256, groups 8..256, P 16/32/64/80 (80: a run of 64 and one
+ *   of 16), data with outliers, zero, tiny, huge and saturated vectors,
+ *   queries zero / tiny / with outliers, weights one-hot / zero / tiny /
+ *   huge / negative; odd page addresses and output strides.
+ * `--bench` (off by default) times tscore + taccum over 40 MB of pages
+ * against a plain read of the same bytes.
+ */
+#include "testutil.h"
+
+#include "codec/codec_impl.h"
+#include "kernels/kernels.h"
+
+#include <float.h>
+#include <time.h>
+
+#define RUN 64        /* tokens per weight-rounding run (int.c) */
+#define TINY 0x1p-100 /* blocks / runs below this are dropped (int.c) */
+
+static uint64_t seed = 20250611;
+static double worst_score, worst_accum; /* largest |err| / bound seen */
+
+static kvq_codec *mk(const char *spec, size_t d, kvq_isa isa) {
+    kvq_codec_params p = {0};
+    char err[128];
+    p.isa = isa;
+    p.err_msg = err;
+    p.err_msg_size = sizeof err;
+    kvq_codec *c = NULL;
+    kvq_status st = kvq_codec_create(&c, spec, d, &p);
+    TU_REPORT(st == KVQ_OK, "create %s d=%zu: %s (%s)", spec, d, kvq_strerror(st), err);
+    return c;
+}
+
+/* ---- the layout, restated from docs/format.md ---- */
+
+/* Byte of value t of slot i; *hi: high nibble (int4). */
+static size_t lay_pos(int bits, int role, size_t d, size_t P, size_t i, size_t t, int *hi) {
+    *hi = 0;
+    if (bits == 8)
+        return role == 0 ? 4 * P * (t / 4) + 4 * i + t % 4 : 4 * d * (i / 4) + 4 * t + i % 4;
+    if (role == 0) {
+        *hi = t % 8 >= 4;
+        return 4 * P * (t / 8) + 4 * i + t % 4;
+    }
+    *hi = i % 8 >= 4;
+    return 4 * d * (i / 8) + 4 * t + i % 4;
+}
+
+static double half(const uint8_t *p) { return kvq_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+/* signed code (int8) or 0..15 (int4) of value t of a row */
+static int row_code(int bits, size_t ng, const uint8_t *row, size_t t) {
+    if (bits == 8)
+        return (int8_t)row[2 * ng + t];
+    return (row[4 * ng + t / 2] >> (4 * (t % 2))) & 15;
+}
+static double row_scale(const uint8_t *row, size_t g, size_t t) { return half(row + 2 * (t / g)); }
+static double row_min(int bits, size_t ng, const uint8_t *row, size_t g, size_t t) {
+    return bits == 8 ? 0.0 : half(row + 2 * ng + 2 * (t / g));
+}
+
+/* ---- data ---- */
+
+static void fill_vecs(tu_rng *r, int kind, float *x, size_t n, size_t d) {
+    for (size_t j = 0; j < n; j++) {
+        float *v = x + j * d;
+        tu_fill_gauss(r, v, d, 1.0f);
+        if (kind == 1) {
+            for (size_t t = 0; t < d; t++)
+                if (t % 17 == 3)
+                    v[t] *= 40.0f;
+            v[0] += 5.0f;
+        } else if (kind == 2) {
+            switch (j % 8) {
+            case 0:
+                for (size_t t = 0; t < d; t++)
+                    v[t] = 0.0f;
+                break;
+            case 1: /* saturated scales */
+                for (size_t t = 0; t < d; t++)
+                    v[t] = (t % 3 == 0) ? -1e30f : 1e30f;
+                break;
+            case 2: /* fp16 subnormal or zero scales */
+                for (size_t t = 0; t < d; t++)
+                    v[t] *= 1e-7f;
+                break;
+            case 3:
+                for (size_t t = 0; t < d; t++)
+                    v[t] = 0.1234567f;
+                break;
+            case 4: /* near the fp16 range */
+                for (size_t t = 0; t < d; t++)
+                    v[t] *= 70000.0f;
+                break;
+            case 5:
+                for (size_t t = 0; t < d; t++)
+                    v[t] = -fabsf(v[t]) - 3.0f;
+                break;
+            default:
+                break;
+            }
+        }
+    }
+}
+
+/* Query i: cycles through gaussian, outliers, zero, tiny, mixed blocks. */
+static void fill_query(tu_rng *r, size_t i, float *q, size_t d) {
+    tu_fill_gauss(r, q, d, 1.0f);
+    switch (i % 6) {
+    case 1:
+        for (size_t t = 0; t < d; t += 11)
+            q[t] *= 100.0f;
+        break;
+    case 2:
+        memset(q, 0, d * sizeof *q);
+        break;
+    case 3: /* below 2^-100: dropped */
+        for (size_t t = 0; t < d; t++)
+            q[t] *= 1e-32f;
+        break;
+    case 4: /* one block huge, the rest small */
+        for (size_t t = 0; t < d; t++)
+            q[t] *= t < 8 ? 1e4f : 1e-3f;
+        break;
+    default:
+        break;
+    }
+}
+
+/* Weight row i over P tokens. */
+static void fill_weights(tu_rng *r, size_t i, float *w, size_t P) {
+    for (size_t j = 0; j < P; j++)
+        w[j] = (float)exp(2.0 * tu_gauss(r));
+    switch (i % 8) {
+    case 1: /* one-hot */
+        for (size_t j = 0; j < P; j++)
+            w[j] = j == P / 3 ? 1.0f : 0.0f;
+        break;
+    case 2:
+        memset(w, 0, P * sizeof *w);
+        break;
+    case 3: /* below 2^-100 after the scale: dropped */
+        for (size_t j = 0; j < P; j++)
+            w[j] *= 1e-35f;
+        break;
+    case 4: /* a negative weight: that run goes through the float kernels */
+        w[P - 1] = -0.5f;
+        break;
+    case 5:
+        for (size_t j = 0; j < P; j++)
+            w[j] *= 1e20f;
+        break;
+    case 6:
+        for (size_t j = 0; j < P; j++)
+            w[j] = (float)tu_uniform(r);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- paths ---- */
+
+typedef struct {
+    char name[32];
+    kvq_codec *c;
+} tpath;
+
+static size_t make_paths(const char *spec, size_t d, tpath *p) {
+    size_t n = 0;
+    if (!kvq_cpu_supports(KVQ_ISA_AVX2))
+        return 0;
+    snprintf(p[n].name, sizeof p[n].name, "avx2");
+    p[n++].c = mk(spec, d, KVQ_ISA_AVX2);
+    if (kvq_cpu_supports(KVQ_ISA_AVX512)) {
+        unsigned f = kvq__cpu_avx512_features();
+        snprintf(p[n].name, sizeof p[n].name, "avx512%s", (f & KVQ__X512_VNNI) ? "-vnni" : "");
+        p[n++].c = mk(spec, d, KVQ_ISA_AVX512);
+        if (f & KVQ__X512_VNNI) {
+            snprintf(p[n].name, sizeof p[n].name, "avx512-bw");
+            p[n].c = mk(spec, d, KVQ_ISA_AVX2);
+            if (p[n].c)
+                kvq__int_avx512_select(p[n].c, 0);
+            n++;
+        }
+    }
+    static const unsigned feats[2] = {KVQ__X512_VNNI | KVQ__X512_VBMI, 0};
+    for (int k = 0; k < 2; k++) {
+        snprintf(p[n].name, sizeof p[n].name, "simde-%s", feats[k] ? "vnni" : "bw");
+        p[n].c = mk(spec, d, KVQ_ISA_AVX2);
+        if (p[n].c)
+            kvq__int_avx512_select_simde(p[n].c, feats[k]);
+        n++;
+    }
+    return n;
+}
+
+/* ---- tests ---- */
+
+static void test_which_tiled(void) {
+    static const struct {
+        const char *spec;
+        size_t d, P;
+        int k;
+    } t[] = {
+        {"int8", 128, 16, 1},     {"int8", 128, 32, 1},      {"int8", 128, 8, 0},
+        {"int8", 128, 24, 0},     {"int4:g=32", 128, 16, 1}, {"int4:g=8", 64, 64, 1},
+        {"int4:g=4", 64, 16, 0},  {"int8:g=12", 96, 16, 0},  {"int2", 128, 16, 0},
+        {"int2:g=32", 128, 16, 0}, {"int8", 12, 16, 0},      {"int4", 8, 16, 1},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        kvq_codec *c = mk(t[i].spec, t[i].d, KVQ_ISA_SCALAR);
+        if (!c)
+            continue;
+        for (int role = 0; role < 2; role++)
+            TU_REPORT(kvq__tiled(c, role, t[i].P) == t[i].k, "%s d=%zu P=%zu role %d: tiled %d",
+                      t[i].spec, t[i].d, t[i].P, role, kvq__tiled(c, role, t[i].P));
+        kvq_codec_free(c);
+    }
+}
+
+/* One configuration: keys/values of a data kind, every path. */
+static void test_config(const char *spec, size_t d, size_t P, int kind) {
+    kvq_codec *ref = mk(spec, d, KVQ_ISA_SCALAR);
+    if (!ref)
+        return;
+    const int bits = ref->bits;
+    const size_t g = ref->group, ng = ref->ngroups, vb = ref->bytes, nq = 6;
+    const size_t ostride = P + 5, astride = d + 3;
+    tu_rng r;
+    tu_seed(&r, seed ^ (d * 131 + P * 7 + (size_t)kind + (size_t)bits * 1000 + g * 100000));
+    float *x = malloc(P * d * sizeof *x), *q = malloc(nq * d * sizeof *q);
+    float *w = malloc(nq * P * sizeof *w);
+    uint8_t *rows = malloc(P * vb), *back = malloc(vb);
+    uint8_t *pbuf[2] = {malloc(P * vb + 1), malloc(P * vb + 1)};
+    uint8_t *page[2] = {pbuf[0] + 1, pbuf[1] + 1}; /* odd addresses */
+    float *sref = malloc(nq * ostride * sizeof(float)), *sout = malloc(nq * ostride * sizeof(float));
+    float *aref = malloc(nq * astride * sizeof(float)), *aout = malloc(nq * astride * sizeof(float));
+    float *acc0 = malloc(nq * astride * sizeof(float));
+    void *qpr = aligned_alloc(64, nq * ref->qp_bytes);
+    fill_vecs(&r, kind, x, P, d);
+    for (size_t i = 0; i < nq; i++) {
+        fill_query(&r, i + (size_t)kind, q + i * d, d);
+        fill_weights(&r, i + (size_t)kind, w + i * P, P);
+    }
+    tu_fill_gauss(&r, acc0, nq * astride, 1.0f);
+    ref->ref.encode(ref, rows, x, P);
+
+    /* tput / tget round trip and the restated layout */
+    int ok_rt = 1, ok_lay = 1;
+    for (int role = 0; role < 2; role++) {
+        memset(page[role], 0xa5, P * vb);
+        for (size_t i = 0; i < P; i++)
+            ref->tput(ref, role, P, page[role], i, rows + i * vb);
+        for (size_t i = 0; i < P; i++) {
+            ref->tget(ref, role, P, page[role], i, back);
+            ok_rt &= memcmp(back, rows + i * vb, vb) == 0;
+            const uint8_t *row = rows + i * vb;
+            const size_t cb = bits == 8 ? d * P : d / 2 * P;
+            for (size_t t = 0; t < d; t++) {
+                int hi;
+                size_t at = lay_pos(bits, role, d, P, i, t, &hi);
+                int c = row_code(bits, ng, row, t);
+                int s = bits == 8 ? (role == 0 ? (int8_t)(page[role][at] ^ 0x80) : (int8_t)page[role][at])
+                                  : (page[role][at] >> (hi ? 4 : 0)) & 15;
+                ok_lay &= s == c;
+            }
+            for (size_t k = 0; k < (bits == 8 ? 1u : 2u) * ng; k++)
+                ok_lay &= memcmp(page[role] + cb + 2 * (k * P + i), row + 2 * k, 2) == 0;
+        }
+    }
+    TU_REPORT(ok_rt, "%s d=%zu P=%zu kind %d: tput/tget round trip", spec, d, P, kind);
+    TU_REPORT(ok_lay, "%s d=%zu P=%zu kind %d: bytes where docs/format.md puts them", spec, d, P,
+              kind);
+
+    /* reference scores and accumulation (rows gathered by tget) */
+    kvq__tile_gather(ref, KVQ__ROLE_K, P, page[0], rows);
+    for (size_t i = 0; i < nq; i++)
+        ref->ref.prep(ref, (uint8_t *)qpr + i * ref->qp_bytes, q + i * d);
+    ref->ref.score(ref, sref, ostride, qpr, nq, rows, P);
+    memcpy(aref, acc0, nq * astride * sizeof(float));
+    kvq__tile_gather(ref, KVQ__ROLE_V, P, page[1], rows);
+    ref->ref.accum(ref, aref, astride, w, P, nq, rows, P);
+
+    /* the bounds */
+    double *sb = malloc(nq * P * sizeof(double)), *ab = malloc(nq * d * sizeof(double));
+    for (size_t i = 0; i < nq; i++) {
+        const float *qi = q + i * d;
+        size_t qb = g % 32 == 0 ? 32 : g % 16 == 0 ? 16 : 8;
+        for (size_t j = 0; j < P; j++) {
+            const uint8_t *row = rows + j * vb; /* same bytes for K and V */
+            double qerr = 0, T = 0;
+            for (size_t b = 0; b < d / qb; b++) {
+                float mx = 0;
+                for (size_t t = b * qb; t < (b + 1) * qb; t++)
+                    mx = fabsf(qi[t]) > mx ? fabsf(qi[t]) : mx;
+                double e = mx >= TINY ? (double)mx / 127 * 0.5 * (1 + 1e-4) : mx;
+                for (size_t t = b * qb; t < (b + 1) * qb; t++)
+                    qerr += e * row_scale(row, g, t) * abs(row_code(bits, ng, row, t));
+            }
+            for (size_t t = 0; t < d; t++)
+                T += fabs(qi[t]) * (row_scale(row, g, t) * abs(row_code(bits, ng, row, t)) +
+                                    fabs(row_min(bits, ng, row, g, t)));
+            sb[i * P + j] = qerr + (d + 16) * FLT_EPSILON * T + 1e-37;
+        }
+        const float *wi = w + i * P;
+        for (size_t t = 0; t < d; t++) {
+            double qerr = 0, T = fabs(acc0[i * astride + t]);
+            for (size_t t0 = 0; t0 < P; t0 += RUN) {
+                size_t n = P - t0 < RUN ? P - t0 : RUN;
+                float mx = 0;
+                int exact = 0;
+                for (size_t j = t0; j < t0 + n; j++) {
+                    float p = wi[j] * (float)row_scale(rows + j * vb, g, t);
+                    exact |= !(p >= 0.0f && p <= FLT_MAX);
+                    mx = p > mx ? p : mx;
+                }
+                double e = exact ? 0.0 : mx >= TINY ? (double)mx / 127 * 0.5 * (1 + 1e-4) : mx;
+                for (size_t j = t0; j < t0 + n; j++)
+                    qerr += e * abs(row_code(bits, ng, rows + j * vb, t));
+            }
+            for (size_t j = 0; j < P; j++) {
+                const uint8_t *row = rows + j * vb;
+                T += fabs(wi[j]) * (row_scale(row, g, t) * abs(row_code(bits, ng, row, t)) +
+                                    fabs(row_min(bits, ng, row, g, t)));
+            }
+            ab[i * d + t] = qerr + (P + 16) * FLT_EPSILON * T + 1e-37;
+        }
+    }
+
+    tpath paths[8];
+    size_t np = make_paths(spec, d, paths);
+    for (size_t pi = 0; pi < np; pi++) {
+        kvq_codec *c = paths[pi].c;
+        if (!c)
+            continue;
+        TU_REPORT(c->k.tprep && c->k.tscore && c->k.taccum, "%s %s d=%zu: tiled kernels missing",
+                  paths[pi].name, spec, d);
+        if (!(c->k.tprep && c->k.tscore && c->k.taccum)) {
+            kvq_codec_free(c);
+            continue;
+        }
+        void *qp = aligned_alloc(64, nq * c->tqp_bytes);
+        /* every row count 1..nq against the same rows */
+        double worst_s = 0, worst_a = 0;
+        size_t wi_s = 0, wj_s = 0, wi_a = 0, wt_a = 0;
+        float got_s = 0, got_a = 0;
+        for (size_t m = 1; m <= nq; m++) {
+            for (size_t i = 0; i < m; i++)
+                c->k.tprep(c, (uint8_t *)qp + i * c->tqp_bytes, q + i * d);
+            for (size_t k = 0; k < nq * ostride; k++)
+                sout[k] = -7.0f;
+            c->k.tscore(c, sout, ostride, qp, m, page[0], P);
+            for (size_t i = 0; i < nq; i++)
+                for (size_t j = 0; j < ostride; j++) {
+                    float v = sout[i * ostride + j];
+                    if (i >= m || j >= P) { /* untouched */
+                        if (v != -7.0f)
+                            worst_s = INFINITY;
+                        continue;
+                    }
+                    double e = fabs((double)v - sref[i * ostride + j]) / sb[i * P + j];
+                    if (!(e <= worst_s)) {
+                        worst_s = isnan(e) ? INFINITY : e;
+                        wi_s = i;
+                        wj_s = j;
+                        got_s = v;
+                    }
+                }
+            memcpy(aout, acc0, nq * astride * sizeof(float));
+            c->k.taccum(c, aout, astride, w, P, m, page[1], P);
+            for (size_t i = 0; i < nq; i++)
+                for (size_t t = 0; t < astride; t++) {
+                    float v = aout[i * astride + t];
+                    if (i >= m || t >= d) {
+                        if (memcmp(&v, acc0 + i * astride + t, sizeof v) != 0)
+                            worst_a = INFINITY;
+                        continue;
+                    }
+                    double e = fabs((double)v - aref[i * astride + t]) / ab[i * d + t];
+                    if (!(e <= worst_a)) {
+                        worst_a = isnan(e) ? INFINITY : e;
+                        wi_a = i;
+                        wt_a = t;
+                        got_a = v;
+                    }
+                }
+        }
+        TU_REPORT(worst_s <= 1.0,
+                  "%s %s d=%zu P=%zu kind %d: tscore |err|/bound %.3g (row %zu key %zu: %.9g vs "
+                  "%.9g, bound %.3g)",
+                  paths[pi].name, spec, d, P, kind, worst_s, wi_s, wj_s, got_s,
+                  sref[wi_s * ostride + wj_s], sb[wi_s * P + wj_s]);
+        TU_REPORT(worst_a <= 1.0,
+                  "%s %s d=%zu P=%zu kind %d: taccum |err|/bound %.3g (row %zu dim %zu: %.9g vs "
+                  "%.9g, bound %.3g)",
+                  paths[pi].name, spec, d, P, kind, worst_a, wi_a, wt_a, got_a,
+                  aref[wi_a * astride + wt_a], ab[wi_a * d + wt_a]);
+        if (getenv("TILE_VERBOSE") && (worst_s > 0.5 || worst_a > 0.5))
+            printf("%s %s d=%zu P=%zu kind %d: score %.3g (row %zu key %zu) accum %.3g (row %zu dim %zu)\n", paths[pi].name, spec, d, P, kind, worst_s, wi_s, wj_s, worst_a, wi_a, wt_a);
+        worst_score = worst_s > worst_score ? worst_s : worst_score;
+        worst_accum = worst_a > worst_accum ? worst_a : worst_accum;
+        free(qp);
+        kvq_codec_free(c);
+    }
+    free(sb);
+    free(ab);
+    free(qpr);
+    free(x);
+    free(q);
+    free(w);
+    free(rows);
+    free(back);
+    free(pbuf[0]);
+    free(pbuf[1]);
+    free(sref);
+    free(sout);
+    free(aref);
+    free(aout);
+    free(acc0);
+    kvq_codec_free(ref);
+}
+
+static void test_kernels(void) {
+    static const size_t dims[] = {8, 32, 64, 128, 256};
+    static const size_t groups[] = {8, 16, 32, 64, 128, 256};
+    static const size_t Ps[] = {16, 32, 64, 80};
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+                size_t d = dims[di], g = groups[gi];
+                if (g > d || d % g)
+                    continue;
+                char spec[32];
+                snprintf(spec, sizeof spec, "int%d:g=%zu", bits, g);
+                for (size_t pi = 0; pi < sizeof Ps / sizeof Ps[0]; pi++)
+                    for (int kind = 0; kind < 3; kind++)
+                        test_config(spec, d, Ps[pi], kind);
+            }
+}
+
+/* ---- --bench ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void bench(void) {
+    static const char *specs[] = {"int8", "int4:g=32"};
+    const size_t d = 128, P = 16, nq = 4, total = 40u << 20;
+    char cpu[64] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (strncmp(line, "model name", 10) == 0) {
+                char *p = strchr(line, ':');
+                if (p) {
+                    snprintf(cpu, sizeof cpu, "%s", p + 2);
+                    cpu[strcspn(cpu, "\n")] = 0;
+                }
+                break;
+            }
+        fclose(f);
+    }
+    printf("bench: cpu %s, head_dim %zu, P %zu, %zu query rows, %zu MB of K+V pages\n", cpu, d, P,
+           nq, total >> 20);
+    for (size_t si = 0; si < 2; si++) {
+        tpath paths[8];
+        size_t np = make_paths(specs[si], d, paths);
+        const size_t vb = paths[0].c->bytes, pb = P * vb, npages = total / (2 * pb);
+        uint8_t *mem = malloc(npages * 2 * pb);
+        float *x = malloc(P * d * sizeof(float)), q[4 * 128], w[4 * 16], out[4 * 16], acc[4 * 128];
+        tu_rng r;
+        tu_seed(&r, 7);
+        uint8_t *rows = malloc(pb);
+        for (size_t k = 0; k < npages * 2; k++) {
+            fill_vecs(&r, 0, x, P, d);
+            paths[0].c->k.encode(paths[0].c, rows, x, P);
+            for (size_t i = 0; i < P; i++)
+                paths[0].c->tput(paths[0].c, (int)(k & 1), P, mem + k * pb, i, rows + i * vb);
+        }
+        tu_fill_gauss(&r, q, nq * d, 1.0f);
+        for (size_t j = 0; j < nq * P; j++)
+            w[j] = (float)tu_uniform(&r);
+        /* plain read of the same bytes */
+        double best_sum = 1e30;
+        volatile uint64_t sink = 0;
+        for (int rep = 0; rep < 5; rep++) {
+            double t0 = now_s();
+            uint64_t s[8] = {0};
+            const uint64_t *p = (const uint64_t *)(const void *)mem;
+            for (size_t k = 0; k + 8 <= npages * 2 * pb / 8; k += 8)
+                for (int u = 0; u < 8; u++)
+                    s[u] += p[k + (size_t)u];
+            sink += s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+            double t = now_s() - t0;
+            best_sum = t < best_sum ? t : best_sum;
+        }
+        (void)sink;
+        printf("  %-10s plain read %.2f GB/s\n", specs[si], (double)(npages * 2 * pb) / best_sum * 1e-9);
+        for (size_t pi = 0; pi < np; pi++) {
+            kvq_codec *c = paths[pi].c;
+            if (!c || strncmp(paths[pi].name, "simde", 5) == 0) {
+                kvq_codec_free(c);
+                continue;
+            }
+            void *qp = aligned_alloc(64, nq * c->tqp_bytes);
+            for (size_t i = 0; i < nq; i++)
+                c->k.tprep(c, (uint8_t *)qp + i * c->tqp_bytes, q + i * d);
+            double best[3] = {1e30, 1e30, 1e30};
+            for (int rep = 0; rep < 5; rep++)
+                for (int which = 0; which < 3; which++) {
+                    memset(acc, 0, sizeof acc);
+                    double t0 = now_s();
+                    for (size_t k = 0; k < npages; k++) {
+                        const uint8_t *pk = mem + 2 * k * pb;
+                        if (which != 1)
+                            c->k.tscore(c, out, P, qp, nq, pk, P);
+                        if (which != 0)
+                            c->k.taccum(c, acc, d, w, P, nq, pk + pb, P);
+                    }
+                    double t = now_s() - t0;
+                    best[which] = t < best[which] ? t : best[which];
+                }
+            double bytes = (double)(npages * 2 * pb);
+            printf("  %-10s %-10s tscore %.1f ns/page, taccum %.1f ns/page, both %.1f ns per K+V page "
+                   "(%zu B): %.2f GB/s = %.2fx the plain read\n",
+                   specs[si], paths[pi].name, best[0] / (double)npages * 1e9,
+                   best[1] / (double)npages * 1e9, best[2] / (double)npages * 1e9, 2 * pb,
+                   bytes / best[2] * 1e-9, best[2] / best_sum);
+            free(qp);
+            kvq_codec_free(c);
+        }
+        free(mem);
+        free(x);
+        free(rows);
+    }
+}
+
+int main(int argc, char **argv) {
+    tu_init(argc, argv);
+    int do_bench = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--bench") == 0)
+            do_bench = 1;
+        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+    }
+    if (do_bench) {
+        bench();
+        return 0;
+    }
+    printf("test_tile_int: seed %llu, avx2 %d, avx512 %d (features %u)\n", (unsigned long long)seed,
+           kvq_cpu_supports(KVQ_ISA_AVX2), kvq_cpu_supports(KVQ_ISA_AVX512),
+           kvq__cpu_avx512_features());
+    test_which_tiled();
+    test_kernels();
+    printf("largest |err| / bound: tscore %.3g, taccum %.3g\n", worst_score, worst_accum);
+    return tu_finish();
+}
