@@ -406,6 +406,36 @@ KVQ_API kvq_status kvq_cache_attend(kvq_cache *cache, size_t layer, const float 
                                     size_t out_capacity, float *token_attn,
                                     size_t token_attn_capacity);
 
+/* For engines that compute attention with their own kernels (FlashAttention,
+ * ggml, a PyTorch module) and keep their K/V in the cache: feeds the
+ * attention weights they computed for n_queries query tokens of one layer
+ * into the cache, in place of a kvq_cache_attend. weights is
+ * [n_heads][n_tokens], the layout of attend's token_attn: for each head and
+ * each token stored in the layer (n_tokens = kvq_cache_tokens, in ascending
+ * position order, the order of kvq_cache_positions), the softmax weight the
+ * token received summed over the n_queries queries (0 where a query did not
+ * see it). Rows are per KV head (n_heads = n_kv_heads; each row also summed
+ * over the query heads of the group, exactly what token_attn holds) or per
+ * query head (n_heads = n_q_heads; query head qh belongs to KV head
+ * qh / (n_q_heads / n_kv_heads)).
+ * Under the utility policy every stored token's score becomes
+ * 0.9 score + 0.1 a / (n_q_heads * n_queries), a its weights summed over the
+ * rows, as attend does; so observing the token_attn of an attend gives the
+ * scores that attend gave. Then, as at the end of an attend whose queries
+ * reach the newest token: a pending budget_ratio is fixed, the layer is
+ * evicted to the budget (any policy), staged tokens are settled and tier
+ * capacities enforced. Call it once per layer after the attention of the
+ * tokens just appended. Errors (kvq_cache_last_error names the entry):
+ * KVQ_ERR_INVALID_ARG (n_queries 0, n_heads neither count, weights NULL with
+ * tokens stored), KVQ_ERR_RANGE (layer; a negative weight; a row summing to
+ * more than its queries' probabilities can, n_queries or n_queries x the
+ * group size, beyond a 1/32 margin for the engine's rounding: scores or
+ * logits passed as weights), KVQ_ERR_MISMATCH (n_tokens is not the layer's
+ * count), KVQ_ERR_NONFINITE, KVQ_ERR_NOMEM; on error nothing changed. */
+KVQ_API kvq_status kvq_cache_observe_attention(kvq_cache *cache, size_t layer,
+                                               const float *weights, size_t n_heads,
+                                               size_t n_tokens, size_t n_queries);
+
 /* Number of tokens stored in a layer, and their positions in ascending
  * order. */
 KVQ_API kvq_status kvq_cache_tokens(const kvq_cache *cache, size_t layer, size_t *n_tokens);
