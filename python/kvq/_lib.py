@@ -8,10 +8,13 @@ Lib object returned by load().
 
 Where the library comes from, first match wins: an explicit path given to
 load() (or the lib= argument of the classes), the environment variable
-KVQ_LIB, then build/libkvq.so of the repository this package lives in.
+KVQ_LIB, the system loader (an installed libkvq.so.0: `make install`, then
+ldconfig, or LD_LIBRARY_PATH), then build/libkvq.so of the clone this
+package was imported from. Lib.path says which one was loaded.
 """
 
 import ctypes
+import ctypes.util
 import enum
 import os
 import threading
@@ -233,6 +236,7 @@ _PROTOS = {
     "kvq_cache_free": (None, [_P]),
     "kvq_cache_append": (c_int, [_P, _SZ, _P, _P, _P, _SZ]),
     "kvq_cache_attend": (c_int, [_P, _SZ, _P, _P, _SZ, _P, _SZ, _P, _SZ]),
+    "kvq_cache_observe_attention": (c_int, [_P, _SZ, _P, _SZ, _SZ, _SZ]),
     "kvq_cache_tokens": (c_int, [_P, _SZ, _SZP]),
     "kvq_cache_positions": (c_int, [_P, _SZ, _P, _SZ]),
     "kvq_cache_get_kv": (c_int, [_P, _SZ, c_int, _SZ, _SZ, _P, _P, _SZ]),
@@ -272,9 +276,27 @@ def _missing(path, name):
 
 
 def default_library_path():
-    """build/libkvq.so of the repository that holds this package."""
+    """build/libkvq.so of the clone that holds this package (python/kvq in
+    the repository); an installed package has none."""
     here = os.path.dirname(os.path.abspath(__file__))
     return os.path.normpath(os.path.join(here, "..", "..", "build", "libkvq.so"))
+
+
+SYSTEM_NAME = "libkvq.so.0"  # the soname `make install` installs
+
+
+def _mapped_path(name):
+    """The file the dynamic loader mapped for a library loaded by name
+    (from /proc/self/maps), or the name itself where that is unknown."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
+                if path.startswith("/") and os.path.basename(path) == name:
+                    return path
+    except OSError:
+        pass
+    return name
 
 
 class Handle:
@@ -307,9 +329,10 @@ class Lib:
     """One loaded libkvq with its functions declared (attribute access gives
     the ctypes function, e.g. lib.kvq_codec_encode)."""
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, how="path"):
         self.dll = ctypes.CDLL(path)
+        self.path = _mapped_path(path) if how == "system" else path
+        self.found_by = how  # "path", "KVQ_LIB", "system" or "clone"
         missing = []
         for name, (res, args) in _PROTOS.items():
             try:
@@ -358,24 +381,62 @@ _cache = {}
 _lock = threading.Lock()
 
 
+def _load_file(path, how):
+    path = os.path.abspath(os.fspath(path))
+    lib = _cache.get(path)
+    if lib is None:
+        if not os.path.exists(path):
+            raise OSError("libkvq not found at %s (%s): build it with `make` (build/libkvq.so) "
+                          "or give the path of an installed libkvq.so" %
+                          (path, "from KVQ_LIB" if how == "KVQ_LIB" else "given explicitly"))
+        lib = Lib(path, how)
+        _cache[path] = lib
+    return lib
+
+
 def load(path=None):
-    """Returns the Lib for path (or KVQ_LIB, or the default path); each
-    library file is loaded once per process."""
+    """The Lib for path; without one, the first found of $KVQ_LIB, the
+    system loader's libkvq.so.0 and the clone's build/libkvq.so (see the
+    module docstring). Each library is loaded once per process. Raises
+    OSError saying what was tried when none is found."""
     if isinstance(path, Lib):
         return path
-    if path is None:
-        path = os.environ.get("KVQ_LIB") or default_library_path()
-    path = os.path.abspath(os.fspath(path))
     with _lock:
-        lib = _cache.get(path)
-        if lib is None:
-            if not os.path.exists(path):
-                raise OSError(
-                    "libkvq not found at %s: build it with `make` (build/libkvq.so), or set "
-                    "KVQ_LIB, or pass the path explicitly" % path)
-            lib = Lib(path)
-            _cache[path] = lib
-        return lib
+        if path is not None:
+            return _load_file(path, "path")
+        env = os.environ.get("KVQ_LIB")
+        if env:
+            return _load_file(env, "KVQ_LIB")
+        tried = ["$KVQ_LIB (not set)"]
+        names = [SYSTEM_NAME]
+        found = ctypes.util.find_library("kvq")
+        if found and found not in names:
+            names.append(found)
+        for name in names:
+            key = "system:" + name
+            lib = _cache.get(key)
+            if lib is not None:
+                return lib
+            try:
+                lib = Lib(name, "system")
+            except OSError as e:
+                tried.append("the system loader's %s (%s)" % (name, e))
+                continue
+            _cache[key] = lib
+            return lib
+        clone = default_library_path()
+        if os.path.exists(clone):
+            return _load_file(clone, "clone")
+        root = os.path.dirname(os.path.dirname(clone))
+        if os.path.exists(os.path.join(root, "include", "kvq.h")):
+            tried.append("this clone's %s (no such file)" % clone)
+        else:
+            tried.append("no clone's build folder (this package is installed at %s)"
+                         % os.path.dirname(os.path.abspath(__file__)))
+        raise OSError(
+            "libkvq not found. Tried " + "; ".join(tried) + ". Build it in the clone with "
+            "`make` (build/libkvq.so), or install it with `make install` and run `ldconfig` "
+            "(or add its lib folder to LD_LIBRARY_PATH), or set KVQ_LIB=/path/to/libkvq.so.")
 
 
 def err_buffer():
