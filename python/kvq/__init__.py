@@ -14,9 +14,9 @@ bfloat16, float64 converted; other dtypes raise TypeError); results come back
 in the caller's type. torch is optional and never imported by the package.
 
 The library is libkvq.so, found (first match wins) at an explicit path
-(kvq.load(path), or lib= on the classes), at $KVQ_LIB, through the system
-loader (libkvq.so.0 after `make install`), or at build/libkvq.so of the clone
-the package was imported from. Failures raise kvq.KvqError with the status
+(kvq.load(path), or lib= on the classes), at $KVQ_LIB, at build/libkvq.so of
+the clone the package was imported from, or through the system loader
+(libkvq.so.0 after `make install`). Failures raise kvq.KvqError with the status
 code, the library's message and the library's detailed message.
 
 Needs numpy (Debian: apt-get install python3-numpy) and the standard library.

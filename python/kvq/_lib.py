@@ -8,9 +8,11 @@ Lib object returned by load().
 
 Where the library comes from, first match wins: an explicit path given to
 load() (or the lib= argument of the classes), the environment variable
-KVQ_LIB, the system loader (an installed libkvq.so.0: `make install`, then
-ldconfig, or LD_LIBRARY_PATH), then build/libkvq.so of the clone this
-package was imported from. Lib.path says which one was loaded.
+KVQ_LIB, build/libkvq.so of the clone this package was imported from (the
+library built from the same sources: an older installed one does not shadow
+it), then the system loader (an installed libkvq.so.0: `make install`, then
+ldconfig, or LD_LIBRARY_PATH). Lib.path and Lib.found_by say which one was
+loaded.
 """
 
 import ctypes
@@ -285,17 +287,25 @@ def default_library_path():
 SYSTEM_NAME = "libkvq.so.0"  # the soname `make install` installs
 
 
-def _mapped_path(name):
-    """The file the dynamic loader mapped for a library loaded by name
-    (from /proc/self/maps), or the name itself where that is unknown."""
-    try:
-        with open("/proc/self/maps") as fh:
-            for line in fh:
-                path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
-                if path.startswith("/") and os.path.basename(path) == name:
-                    return path
-    except OSError:
-        pass
+class _DlInfo(Structure):
+    _fields_ = [("dli_fname", c_char_p), ("dli_fbase", c_void_p), ("dli_sname", c_char_p),
+                ("dli_saddr", c_void_p)]
+
+
+def _file_of(dll, name):
+    """The file the dynamic loader mapped for a library it found by name
+    (dladdr on one of its functions), or the name where that is unknown."""
+    for libc in (None, "libdl.so.2"):
+        try:
+            dladdr = ctypes.CDLL(libc).dladdr
+        except (OSError, AttributeError):
+            continue
+        dladdr.argtypes = [c_void_p, POINTER(_DlInfo)]
+        dladdr.restype = c_int
+        info = _DlInfo()
+        addr = ctypes.cast(dll.kvq_version_string, c_void_p).value
+        if dladdr(addr, ctypes.byref(info)) and info.dli_fname:
+            return os.path.realpath(info.dli_fname.decode("utf-8", "replace"))
     return name
 
 
@@ -331,7 +341,7 @@ class Lib:
 
     def __init__(self, path, how="path"):
         self.dll = ctypes.CDLL(path)
-        self.path = _mapped_path(path) if how == "system" else path
+        self.path = _file_of(self.dll, path) if how == "system" else path
         self.found_by = how  # "path", "KVQ_LIB", "system" or "clone"
         missing = []
         for name, (res, args) in _PROTOS.items():
@@ -394,11 +404,42 @@ def _load_file(path, how):
     return lib
 
 
+def _in_clone():
+    """Whether this package is python/kvq of a kvq clone (not an installed copy)."""
+    root = os.path.dirname(os.path.dirname(default_library_path()))
+    return os.path.exists(os.path.join(root, "include", "kvq.h"))
+
+
+def _load_system(tried):
+    """libkvq.so.0 through the dynamic loader (ld.so.cache, LD_LIBRARY_PATH),
+    or None (with the reason appended to tried)."""
+    names = [SYSTEM_NAME]
+    found = ctypes.util.find_library("kvq")
+    if found and found not in names:
+        names.append(found)
+    for name in names:
+        lib = _cache.get("system:" + name)
+        if lib is not None:
+            return lib
+        try:
+            lib = Lib(name, "system")
+        except OSError as e:
+            tried.append("the system loader's %s (%s)" % (name, e))
+            continue
+        # a library already loaded from a path has this soname too: the
+        # loader hands that one back, and so do we
+        lib = _cache.setdefault(os.path.abspath(lib.path), lib) if lib.path != name else lib
+        _cache["system:" + name] = lib
+        return lib
+    return None
+
+
 def load(path=None):
-    """The Lib for path; without one, the first found of $KVQ_LIB, the
-    system loader's libkvq.so.0 and the clone's build/libkvq.so (see the
-    module docstring). Each library is loaded once per process. Raises
-    OSError saying what was tried when none is found."""
+    """The Lib for path; without one, the first found of $KVQ_LIB, this
+    clone's build/libkvq.so (when the package is imported from a clone),
+    the system loader's libkvq.so.0 (an installed library) and, for an
+    installed package, nothing more. Each library is loaded once per
+    process. Raises OSError saying what was tried when none is found."""
     if isinstance(path, Lib):
         return path
     with _lock:
@@ -408,29 +449,18 @@ def load(path=None):
         if env:
             return _load_file(env, "KVQ_LIB")
         tried = ["$KVQ_LIB (not set)"]
-        names = [SYSTEM_NAME]
-        found = ctypes.util.find_library("kvq")
-        if found and found not in names:
-            names.append(found)
-        for name in names:
-            key = "system:" + name
-            lib = _cache.get(key)
-            if lib is not None:
-                return lib
-            try:
-                lib = Lib(name, "system")
-            except OSError as e:
-                tried.append("the system loader's %s (%s)" % (name, e))
-                continue
-            _cache[key] = lib
-            return lib
         clone = default_library_path()
-        if os.path.exists(clone):
-            return _load_file(clone, "clone")
-        root = os.path.dirname(os.path.dirname(clone))
-        if os.path.exists(os.path.join(root, "include", "kvq.h")):
-            tried.append("this clone's %s (no such file)" % clone)
-        else:
+        in_clone = _in_clone()
+        if in_clone:
+            # the library built from the same sources as this package: an
+            # older installed one must not shadow it
+            if os.path.exists(clone):
+                return _load_file(clone, "clone")
+            tried.append("this clone's %s (no such file: run `make`)" % clone)
+        lib = _load_system(tried)
+        if lib is not None:
+            return lib
+        if not in_clone:
             tried.append("no clone's build folder (this package is installed at %s)"
                          % os.path.dirname(os.path.abspath(__file__)))
         raise OSError(

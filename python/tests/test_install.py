@@ -2,7 +2,8 @@
 build isolation) and the installed copy finds libkvq: through KVQ_LIB,
 through the system loader (libkvq.so.0 on LD_LIBRARY_PATH, as after `make
 install`), and says what it tried when there is none. Run from the clone
-(python/ on sys.path) it finds the clone's build/libkvq.so.
+(python/ on sys.path) it takes the clone's build/libkvq.so, even when a
+system library is there too.
 """
 
 import ctypes
@@ -80,12 +81,19 @@ class TestInstall(unittest.TestCase):
         libdir = os.path.join(self.tmp, "lib")
         os.makedirs(libdir)
         shutil.copy(self.lib, os.path.join(libdir, "libkvq.so.0"))
+        so0 = os.path.join(libdir, "libkvq.so.0")
         r = self.run_py(PROBE, away, PYTHONPATH=target, LD_LIBRARY_PATH=libdir)
         self.assertEqual(r.returncode, 0, r.stderr)
         how, path, _ = r.stdout.split()
         self.assertEqual(how, "system")
+        # loaded by path first, the loader hands back that library for its
+        # soname: load() gives the same Lib, not a second one
+        same = ("import kvq\nlib = kvq.load(%r)\nassert kvq.load() is lib, kvq.load().path\n"
+                "print('ok')\n" % so0)
+        r = self.run_py(same, away, PYTHONPATH=target, LD_LIBRARY_PATH=libdir)
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"), r.stderr)
         if not system_has_libkvq():
-            self.assertEqual(path, os.path.join(libdir, "libkvq.so.0"))
+            self.assertEqual(path, so0)
             # and none at all: an error that says what was tried and what to do
             r = self.run_py(PROBE, away, PYTHONPATH=target)
             self.assertNotEqual(r.returncode, 0)
@@ -100,11 +108,16 @@ class TestInstall(unittest.TestCase):
     def test_from_the_clone(self):
         if not os.path.exists(os.path.join(REPO, "build", "libkvq.so")):
             self.skipTest("no build/libkvq.so in this clone (tests run against %s)" % self.lib)
-        r = self.run_py(PROBE, self.tmp, PYTHONPATH=os.path.join(REPO, "python"))
+        # a system libkvq.so.0 (here: a copy on LD_LIBRARY_PATH) does not
+        # shadow the clone's own build
+        libdir = os.path.join(self.tmp, "syslib")
+        os.makedirs(libdir, exist_ok=True)
+        shutil.copy(self.lib, os.path.join(libdir, "libkvq.so.0"))
+        r = self.run_py(PROBE, self.tmp, PYTHONPATH=os.path.join(REPO, "python"),
+                        LD_LIBRARY_PATH=libdir)
         self.assertEqual(r.returncode, 0, r.stderr)
         how, path, _ = r.stdout.split()
-        if not system_has_libkvq():
-            self.assertEqual((how, path), ("clone", os.path.join(REPO, "build", "libkvq.so")))
+        self.assertEqual((how, path), ("clone", os.path.join(REPO, "build", "libkvq.so")))
 
 
 if __name__ == "__main__":
