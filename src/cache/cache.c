@@ -239,9 +239,6 @@ void kvq__work_free(kvq_cache *c, kvq__work *w) {
     kvq__free(&c->alloc, w->bnp);
     kvq__free(&c->alloc, w->rqp);
     w->rqp = NULL;
-    kvq__free(&c->alloc, w->rawsc);
-    w->rawsc = NULL;
-    w->rawsc_cap = 0;
     w->cls = NULL;
     w->bpages = NULL;
     w->bne = w->bnp = NULL;
@@ -310,6 +307,8 @@ void kvq_cache_free(kvq_cache *c) {
         kvq__free(&c->alloc, c->layers);
     }
     kvq__pool_free(c->pool, &c->alloc);
+    kvq__free(&c->alloc, c->rawsc);
+    kvq__free(&c->alloc, c->parts);
     if (c->work) {
         for (size_t t = 0; t < c->n_threads; t++)
             kvq__work_free(c, &c->work[t]);

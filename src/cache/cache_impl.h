@@ -124,8 +124,6 @@ typedef struct kvq__work {
     int *bne, *bnp;        /* their encoded / staged visible value counts */
     int32_t *rqp;          /* query position of each row of the tile */
     uint64_t bytes_read;
-    float *rawsc; /* raw scores of a tile for token attention, reserved by the caller */
-    size_t rawsc_cap;
 } kvq__work;
 
 /* cache_pool.c: persistent attention workers (none when n = 0) */
@@ -155,6 +153,8 @@ struct kvq_cache {
     size_t n_threads;
     size_t max_qp, max_acc;
     size_t block_pages;                     /* pages per online-softmax block */
+    float *rawsc, *parts;                   /* attention scratch: raw scores, chunk states */
+    size_t rawsc_cap, parts_cap;            /* (floats; grown by an attend, kept) */
     size_t rows_max;                        /* query rows per tile (a multiple of G) */
     float (*exp_block)(float *x, size_t n, float m);
     size_t total_peak;
