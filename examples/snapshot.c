@@ -202,7 +202,8 @@ int main(void) {
            kvq_cache_last_error(c));
     st = kvq_cache_load(c, store, "no-such-session");
     expect(st != KVQ_OK, "a missing snapshot loaded");
-    printf("loading a missing snapshot: %s: %s\n", kvq_strerror(st), kvq_cache_last_error(c));
+    const char *why = kvq_cache_last_error(c);
+    printf("loading a missing snapshot: %s%s%s\n", kvq_strerror(st), *why ? ": " : "", why);
 
     kvq_stats s;
     kvq_cache_stats(b, -1, &s);
