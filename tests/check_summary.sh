@@ -19,10 +19,18 @@ for s in "$@"; do
         bad="$bad $s"
     else
         part=$(awk -v name="$s" -v rc="$rc" -v logf="$log" '
-            /^== / { block = substr($0, 4); sub(/ \(.*\)$/, "", block); sub(/^[^ ]*\//, "", block) }
+            function no_result() {  # a program that ended without its counts (a crash)
+                if (block != "" && !counted && rc != 0)
+                    failed_in = failed_in (failed_in == "" ? "" : ", ") block " (no result)"
+            }
+            /^== / {
+                no_result()
+                block = substr($0, 4); sub(/ \(.*\)$/, "", block); sub(/^[^ ]*\//, "", block)
+                counted = 0
+            }
             /^[0-9]+ passed, [0-9]+ failed/ {
-                p += $1; f += $3
-                if ($3 > 0) failed_in = failed_in (failed_in == "" ? "" : ", ") block
+                p += $1; f += $3; counted = 1
+                if ($3 > 0 && block != "") failed_in = failed_in (failed_in == "" ? "" : ", ") block
             }
             /^SKIP suite: / { whole = substr($0, 13) }
             /^[ \t]*SKIP(PED)?[: ]/ && !/^SKIP suite: / && !/^SKIPPED: [0-9]+ checks/ {
@@ -37,6 +45,7 @@ for s in "$@"; do
                 }
             }
             END {
+                no_result()
                 if (whole != "" && p + f == 0 && rc == 0) {
                     printf "%s skipped (%s)", name, whole
                     exit

@@ -17,7 +17,7 @@ BIN=$(cd "$BUILD/examples" 2>/dev/null && pwd)
 
 for src in examples/*.c; do
     name=$(basename "$src" .c)
-    echo "== example $name"
+    echo "-- example $name"
     if [ -z "$BIN" ] || [ ! -x "$BIN/$name" ]; then
         bad "$name: $BUILD/examples/$name was not built (make examples)"
         continue
@@ -27,7 +27,7 @@ for src in examples/*.c; do
     if (cd "$TMP/$name" && timeout 120 "$BIN/$name"); then ok; else bad "$name exited $?"; fi
 done
 
-echo "== README.md C blocks"
+echo "-- README.md C blocks"
 mkdir -p "$TMP/readme"
 awk -v dir="$TMP/readme" '
     /^```c[ \t]*$/ { n++; f = sprintf("%s/%03d", dir, n); inb = 1; next }

@@ -23,12 +23,12 @@ P=$ROOT$PREFIX
 V=$(sed -n 's/^#define KVQ_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' include/kvq.h | paste -sd. -)
 M=${V%%.*}
 
-echo "== make install PREFIX=$PREFIX DESTDIR=$ROOT"
+echo "-- make install PREFIX=$PREFIX DESTDIR=$ROOT"
 if $MAKE_CMD --no-print-directory install BUILD="$BUILD" PREFIX="$PREFIX" DESTDIR="$ROOT" \
     >"$TMP/install.log" 2>&1; then ok; else bad "make install failed"; fi
 cat "$TMP/install.log"
 
-echo "== installed files"
+echo "-- installed files"
 for f in include/kvq.h lib/libkvq.a lib/libkvq.so.$V bin/kvq lib/pkgconfig/kvq.pc \
     share/man/man1/kvq.1; do
     if [ -f "$P/$f" ] && [ ! -L "$P/$f" ]; then ok; else bad "$PREFIX/$f is not installed"; fi
@@ -41,17 +41,17 @@ readelf -d "$P/lib/libkvq.so.$V" 2>/dev/null | grep -q "SONAME.*\[libkvq\.so\.$M
     bad "libkvq.so.$V has no soname libkvq.so.$M"
 cmp -s include/kvq.h "$P/include/kvq.h" && ok || bad "the installed kvq.h differs"
 
-echo "== the kvq binary (libkvq linked in statically)"
+echo "-- the kvq binary (libkvq linked in statically)"
 readelf -d "$P/bin/kvq" | grep NEEDED | grep -q libkvq && bad "bin/kvq needs libkvq.so" || ok
 out=$(env -u LD_LIBRARY_PATH "$P/bin/kvq" version 2>&1)
 [ "$out" = "kvq $V" ] && ok || bad "installed kvq version printed '$out', want 'kvq $V'"
 
-echo "== the install message says what the loader needs"
+echo "-- the install message says what the loader needs"
 grep -q "LD_LIBRARY_PATH=$PREFIX/lib" "$TMP/install.log" && ok || bad "no LD_LIBRARY_PATH hint"
 grep -q "rpath,$PREFIX/lib" "$TMP/install.log" && ok || bad "no rpath hint"
 grep -q "ldconfig" "$TMP/install.log" && ok || bad "no ldconfig hint"
 
-echo "== the man page"
+echo "-- the man page"
 MANPAGE=$P/share/man/man1/kvq.1
 if command -v groff >/dev/null 2>&1; then
     groff -man -Tutf8 -ww -z "$MANPAGE" >"$TMP/groff.err" 2>&1
@@ -65,7 +65,7 @@ else
     echo "SKIP man page rendering: groff is not installed"
 fi
 
-echo "== examples built with pkg-config against the installed kvq"
+echo "-- examples built with pkg-config against the installed kvq"
 PC="pkg-config --define-variable=prefix=$P"
 export PKG_CONFIG_PATH="$P/lib/pkgconfig"
 cflags=$($PC --cflags kvq) && libs=$($PC --libs kvq) && ok || bad "pkg-config kvq failed"
@@ -103,7 +103,7 @@ else
     bad "snapshot does not link statically against the installed libkvq.a"
 fi
 
-echo "== make uninstall"
+echo "-- make uninstall"
 : >"$P/lib/other-package.so" # a file install did not write
 if $MAKE_CMD --no-print-directory uninstall BUILD="$BUILD" PREFIX="$PREFIX" DESTDIR="$ROOT" \
     >"$TMP/uninstall.log" 2>&1; then ok; else bad "make uninstall failed"; cat "$TMP/uninstall.log"; fi
