@@ -243,7 +243,7 @@ SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,sr
 SIMDE_OBJ     := $(SIMDE_KERNELS:src/kernels/x86/%.c=$(BUILD)/simde/%.o)
 $(BUILD)/simde/%.o: src/kernels/x86/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -DKVQ_SIMDE -Wno-unused-function -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -DKVQ_SIMDE -Wno-unused-function -Wno-psabi -MMD -MP -c $< -o $@
 -include $(SIMDE_OBJ:.o=.d)
 
 $(BUILD)/tests/test_tile%: tests/test_tile%.c $(TEST_HELP) tests/testutil.h $(SIMDE_OBJ) $(BUILD)/libkvq.a
