@@ -307,8 +307,6 @@ void kvq_cache_free(kvq_cache *c) {
         kvq__free(&c->alloc, c->layers);
     }
     kvq__pool_free(c->pool, &c->alloc);
-    kvq__free(&c->alloc, c->rawsc);
-    kvq__free(&c->alloc, c->parts);
     if (c->work) {
         for (size_t t = 0; t < c->n_threads; t++)
             kvq__work_free(c, &c->work[t]);
