@@ -241,7 +241,7 @@ $(BUILD)/tests/test_fuzz_replay: tests/test_fuzz_replay.c $(wildcard fuzz/*.c fu
 # scalar reference (natively too where the CPU has AVX-512).
 SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,src/kernels/x86/%_avx512.c,float int tq))
 SIMDE_OBJ     := $(SIMDE_KERNELS:src/kernels/x86/%.c=$(BUILD)/simde/%.o)
-$(BUILD)/simde/%.o: src/kernels/x86/%.c
+$(SIMDE_OBJ): $(BUILD)/simde/%.o: src/kernels/x86/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -DKVQ_SIMDE -Wno-unused-function -Wno-psabi -MMD -MP -c $< -o $@
 -include $(SIMDE_OBJ:.o=.d)
