@@ -110,7 +110,7 @@ typedef enum {
     KVQ_ISA_AUTO = 0,   /* the best path this CPU supports */
     KVQ_ISA_SCALAR = 1, /* the plain C reference */
     KVQ_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
-    KVQ_ISA_AVX512 = 3  /* AVX-512 F/BW/VL (not built yet: rejected with KVQ_ERR_ISA) */
+    KVQ_ISA_AVX512 = 3  /* AVX-512 F/BW/VL/DQ (+ VNNI, VBMI kernels where the CPU has them) */
 } kvq_isa;
 
 KVQ_API kvq_isa kvq_cpu_best_isa(void);
