@@ -96,7 +96,7 @@ int kvqt_model_args(int argc, char **argv, const char *cmd, kvqt_modelopts *mo, 
             return KVQT_ARGS_HELP;
         int r = co ? kvqt_cacheopts_parse(co, argc, argv, &i, cmd) : 0;
         if (!r)
-            r = kvqt_modelopts_parse(mo, argc, argv, &i, cmd);
+            r = mo ? kvqt_modelopts_parse(mo, argc, argv, &i, cmd) : 0;
         if (!r)
             r = kvqt_opt_parse(opts, nopts, argc, argv, &i, cmd);
         if (r > 0)

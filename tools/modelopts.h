@@ -63,8 +63,8 @@ typedef struct kvqt_opt {
 #define KVQT_ARGS_HELP 1   /* --help or -h was given: print the usage on stdout, exit 0 */
 
 /* Parses argv[1..argc-1] in order: --help / -h, then each argument is tried
- * as a cache option (when co is not NULL), then as a model option, then
- * against opts. Returns KVQT_ARGS_OK, KVQT_ARGS_HELP or KVQT_ARGS_BAD,
+ * as a cache option (when co is not NULL), then as a model option (when
+ * mo is not NULL), then against opts. Returns KVQT_ARGS_OK, KVQT_ARGS_HELP or KVQT_ARGS_BAD,
  * stopping at the first error (unknown option, missing value, bad value,
  * an argument that is no option). With co, the cache options must also be
  * consistent as a whole (cacheopts.h). */
