@@ -29,52 +29,6 @@ int kvqt_usage_hint(const char *cmd) {
     return KVQT_EXIT_USAGE;
 }
 
-static int kvqt_digits(const char *v) {
-    if (!*v)
-        return 0;
-    for (const char *p = v; *p; p++)
-        if (*p < '0' || *p > '9')
-            return 0;
-    return 1;
-}
-
-int kvqt_arg_ull(const char *cmd, const char *opt, const char *v, unsigned long long lo,
-                 unsigned long long hi, unsigned long long *out) {
-    errno = 0;
-    unsigned long long x = kvqt_digits(v) ? strtoull(v, NULL, 10) : 0;
-    if (!kvqt_digits(v) || errno == ERANGE || x < lo || x > hi) {
-        fprintf(stderr, "kvq %s: %s must be an integer in %llu..%llu, got '%s'\n", cmd, opt, lo,
-                hi, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
-int kvqt_arg_size(const char *cmd, const char *opt, const char *v, size_t lo, size_t hi,
-                  size_t *out) {
-    unsigned long long x;
-    if (kvqt_arg_ull(cmd, opt, v, lo, hi, &x) != 0)
-        return -1;
-    *out = (size_t)x;
-    return 0;
-}
-
-int kvqt_arg_double(const char *cmd, const char *opt, const char *v, double lo, double hi,
-                    int lo_open, double *out) {
-    char *end = NULL;
-    /* strtod skips leading space; a value is the whole argument */
-    double x = *v && *v != ' ' && *v != '\t' ? strtod(v, &end) : NAN;
-    int ok = end && end != v && !*end && isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi;
-    if (!ok) {
-        fprintf(stderr, "kvq %s: %s must be a number in %c%g, %g], got '%s'\n", cmd, opt,
-                lo_open ? '(' : '[', lo, hi, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 static void kvqt_file_err(const char *cmd, const char *opt, const char *path, const char *why) {
     fprintf(stderr, "kvq %s: %s%s%s: %s\n", cmd, opt, *opt ? " " : "", path, why);
 }
@@ -164,7 +118,8 @@ int kvqt_read_text(const char *cmd, const char *opt, const char *path, char **bu
     }
     fclose(f);
     if (err) {
-        kvqt_file_err(cmd, opt, path, err == ENOMEM ? "too large to read into memory" : strerror(err));
+        kvqt_file_err(cmd, opt, path,
+                      err == ENOMEM ? "too large to read into memory" : strerror(err));
         free(b);
         return -1;
     }
@@ -176,8 +131,8 @@ int kvqt_read_text(const char *cmd, const char *opt, const char *path, char **bu
         if (c == 0) {
             snprintf(why, sizeof why, "not a text file (a NUL byte at offset %zu)", i);
         } else if (c < 0x20 && c != '\t' && c != '\n' && c != '\r' && c != '\f' && c != '\v') {
-            snprintf(why, sizeof why, "not a text file (control character 0x%02x at offset %zu)",
-                     c, i);
+            snprintf(why, sizeof why, "not a text file (control character 0x%02x at offset %zu)", c,
+                     i);
         } else if (c == 0x7f) {
             snprintf(why, sizeof why, "not a text file (DEL, 0x7f, at offset %zu)", i);
         } else {

@@ -16,8 +16,12 @@
 #ifndef KVQ_CLIARGS_H
 #define KVQ_CLIARGS_H
 
+#include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define KVQT_EXIT_OK 0
 #define KVQT_EXIT_FAIL 1
@@ -39,15 +43,57 @@ int kvqt_usage_error(const char *cmd, const char *fmt, ...) __attribute__((forma
 int kvqt_usage_hint(const char *cmd);
 
 /* Strict numbers: the whole argument, decimal digits only for integers (no
- * sign, no space, no suffix), no overflow, inside [lo, hi]. 0, or -1 with
- * "kvq CMD: OPT must be an integer in LO..HI, got 'V'" printed. */
-int kvqt_arg_size(const char *cmd, const char *opt, const char *v, size_t lo, size_t hi,
-                  size_t *out);
-int kvqt_arg_ull(const char *cmd, const char *opt, const char *v, unsigned long long lo,
-                 unsigned long long hi, unsigned long long *out);
-/* A finite number in [lo, hi], or (lo, hi] when lo_open. */
-int kvqt_arg_double(const char *cmd, const char *opt, const char *v, double lo, double hi,
-                    int lo_open, double *out);
+ * sign, no space, no suffix), no overflow, inside [lo, hi]; a double is a
+ * finite number in [lo, hi], or (lo, hi] with lo_open. 0, or -1 with "kvq
+ * CMD: OPT must be an integer in LO..HI, got 'V'" printed. Inline, so that
+ * the tool sources the tests link alone (cacheopts.c: FUZZ_TOOLS in the
+ * Makefile) need no other object. */
+static inline int kvqt_digits(const char *v) {
+    if (!*v)
+        return 0;
+    for (const char *p = v; *p; p++)
+        if (*p < '0' || *p > '9')
+            return 0;
+    return 1;
+}
+
+static inline int kvqt_arg_ull(const char *cmd, const char *opt, const char *v,
+                               unsigned long long lo, unsigned long long hi,
+                               unsigned long long *out) {
+    errno = 0;
+    unsigned long long x = kvqt_digits(v) ? strtoull(v, NULL, 10) : 0;
+    if (!kvqt_digits(v) || errno == ERANGE || x < lo || x > hi) {
+        fprintf(stderr, "kvq %s: %s must be an integer in %llu..%llu, got '%s'\n", cmd, opt, lo, hi,
+                v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static inline int kvqt_arg_size(const char *cmd, const char *opt, const char *v, size_t lo,
+                                size_t hi, size_t *out) {
+    unsigned long long x;
+    if (kvqt_arg_ull(cmd, opt, v, lo, hi, &x) != 0)
+        return -1;
+    *out = (size_t)x;
+    return 0;
+}
+
+static inline int kvqt_arg_double(const char *cmd, const char *opt, const char *v, double lo,
+                                  double hi, int lo_open, double *out) {
+    char *end = NULL;
+    /* strtod skips leading space; a value is the whole argument */
+    double x = *v && *v != ' ' && *v != '\t' ? strtod(v, &end) : NAN;
+    int ok = end && end != v && !*end && isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi;
+    if (!ok) {
+        fprintf(stderr, "kvq %s: %s must be a number in %c%g, %g], got '%s'\n", cmd, opt,
+                lo_open ? '(' : '[', lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
 
 /* Input files. 0 when path names a regular file that can be opened for
  * reading and is not empty; -1 with "kvq CMD: OPT PATH: <reason>" printed

@@ -8,8 +8,8 @@
  * one-head cache with pages of --page tokens: b bits per value plus an
  * fp16 scale and minimum per channel per page (32 / P bits).
  */
-#include "kvq.h"
 #include "cliargs.h"
+#include "kvq.h"
 #include "tool.h"
 
 #include <stdio.h>
@@ -111,8 +111,8 @@ int kvq_tool_codecs(int argc, char **argv) {
             if (head)
                 ndims = 1;
         } else {
-            return kvqt_usage_error(cmd, "%s '%s'", a[0] == '-' ? "unknown option"
-                                                                : "unexpected argument", a);
+            return kvqt_usage_error(cmd, "%s '%s'",
+                                    a[0] == '-' ? "unknown option" : "unexpected argument", a);
         }
     }
     size_t sdim = dims[ndims - 1];
@@ -148,8 +148,10 @@ int kvq_tool_codecs(int argc, char **argv) {
         } else {
             int b = (int)(i - n) + 1;
             snprintf(name, sizeof name, "chan:int%d", b);
-            snprintf(what, sizeof what, "cache keys only: %d-bit codes, fp16 scale and minimum "
-                                        "per channel per page of %zu", b, page);
+            snprintf(what, sizeof what,
+                     "cache keys only: %d-bit codes, fp16 scale and minimum "
+                     "per channel per page of %zu",
+                     b, page);
         }
         for (size_t k = 0; k < ndims; k++) {
             double v = i < n ? ct_codec_bits(name, dims[k], &state)
