@@ -331,7 +331,8 @@ static void sim_usage(FILE *f) {
             "    files; --prompt and --decode are clamped to their tokens)\n"
             "  --quality-every N (16): compare every N-th decode step (and the last)\n"
             "  --seed N (1, 0..2^64-1): the synthetic data's seed\n"
-            "  tiers: --hot-tokens N and --warm-tokens N per layer (0 = unlimited),\n"
+            "  tiers: --hot-tokens N and --warm-tokens N per layer (0 = unlimited; pages of\n"
+            "    the sinks and the protected window stay hot),\n"
             "    --warm-codec C, --cold URL (none), --verify (CRC of demoted blocks),\n"
             "    --strict-tiers (a lost cold page fails the attend), --cold-ttl MS (Redis)\n"
             "  synthetic data: " SIM_SYNTH_TEXT "\n"
@@ -352,7 +353,9 @@ static int sim_check(const sim_opts *o, kvq_policy *pol, int window_set, int sin
     if (o->budget && o->budget_ratio > 0)
         return kvqt_usage_error(cmd, "give --budget or --budget-ratio, not both");
     int budget = o->budget || o->budget_ratio > 0;
-    if (*pol == KVQ_POLICY_NONE && (budget || window_set || sinks_set))
+    int tiers = o->hot_tokens || o->warm_tokens;
+    /* sinks and the protected window also keep pages hot in the tiers */
+    if (*pol == KVQ_POLICY_NONE && (budget || (!tiers && (window_set || sinks_set))))
         return kvqt_usage_error(cmd, "%s needs an eviction policy (--policy window, fifo or "
                                      "utility): without one nothing is evicted",
                                 o->budget                ? "--budget"
@@ -362,7 +365,6 @@ static int sim_check(const sim_opts *o, kvq_policy *pol, int window_set, int sin
     if (*pol != KVQ_POLICY_NONE && !budget)
         return kvqt_usage_error(cmd, "--policy %s needs a budget (--budget N or --budget-ratio "
                                      "R): without one it evicts nothing", o->policy);
-    int tiers = o->hot_tokens || o->warm_tokens;
     const char *tier_opt = o->warm_codec ? "--warm-codec" : o->cold ? "--cold"
                          : o->verify ? "--verify" : o->strict ? "--strict-tiers"
                          : o->cold_ttl_ms ? "--cold-ttl" : NULL;

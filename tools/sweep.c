@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define SW_MAX 64
@@ -497,8 +498,11 @@ int kvq_tool_sweep(int argc, char **argv) {
         if (ent[i].kind == SW_ALLOC)
             kvqt_cacheopts_free(&o);
     }
-    if (rc == 0 && kvqt_check_output_dir(cmd, "-o", dir) != 0)
+    struct stat sb; /* a file in the way fails at once; the directory is made after the checks */
+    if (rc == 0 && stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "kvq sweep: -o %s: exists and is not a directory\n", dir);
         rc = KVQT_EXIT_FAIL;
+    }
     kvqt_model_session ms;
     memset(&ms, 0, sizeof ms);
     if (rc == 0 && kvqt_model_session_open(&ms, &mo, 1, cmd) != 0)
@@ -539,6 +543,8 @@ int kvq_tool_sweep(int argc, char **argv) {
             rc = kvqt_check_cache(ms.model, &o, what);
         kvqt_cacheopts_free(&o);
     }
+    if (rc == 0 && kvqt_check_output_dir(cmd, "-o", dir) != 0)
+        rc = KVQT_EXIT_FAIL;
     if (rc) {
         kvqt_model_session_close(&ms);
         free(ent);
