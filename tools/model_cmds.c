@@ -84,7 +84,7 @@ static int kvqt_model_cmd_start(int argc, char **argv, const char *cmd, const kv
         kvqt_cacheopts_free(o);
         return -1;
     }
-    int rc = kvqt_check_cache(ms->model, o, cmd);
+    int rc = kvqt_check_cache(ms->model, o, cmd, 1);
     if (rc == 0 && kvqt_cacheopts_open_store(o, cmd) != 0)
         rc = KVQT_EXIT_FAIL;
     if (rc) {
@@ -234,9 +234,9 @@ int kvq_tool_generate(int argc, char **argv) {
     double el = kvqb_now() - t0;
     if (st != KVQ_OK)
         fprintf(stderr, "kvq generate: %s\n", kvq_strerror(st));
-    fprintf(stderr, "achieved tok/s: %.1f (%zu tokens generated; the prompt: %zu tokens, BOS "
+    fprintf(stderr, "achieved tok/s: %.1f (%zu tokens generated after a prompt of %zu token%s, BOS "
                     "included)%s\n",
-            el > 0 ? (double)produced / el : 0.0, produced, n,
+            el > 0 ? (double)produced / el : 0.0, produced, n, n == 1 ? "" : "s",
             eos                                  ? "; stopped at the end-of-text token"
             : produced < want && st == KVQ_OK ? "; stopped: the model's context is full"
                                                  : "");

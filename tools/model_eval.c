@@ -61,7 +61,8 @@ kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const ch
     return c;
 }
 
-int kvqt_check_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd) {
+int kvqt_check_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd,
+                     int name_option) {
     if (!kvqt_center_fits(m, o, cmd))
         return KVQT_EXIT_USAGE;
     kvq_model_info in;
@@ -89,7 +90,7 @@ int kvqt_check_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cm
     } else {
         /* name the option: the codecs one at a time in an f32 partner's place */
         const char *opt = NULL, *val = NULL;
-        if (!t->n_ovr) {
+        if (name_option && !t->n_ovr) {
             char k[sizeof t->k_codec];
             memcpy(k, t->k_codec, sizeof k);
             snprintf(t->k_codec, sizeof t->k_codec, "f32");
@@ -108,12 +109,17 @@ int kvqt_check_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cm
                     opt = "--v-codec", val = o->v_codec;
                 kvq_cache_free(c);
             }
+            if (!opt && !strcmp(t->k_codec, o->v_codec) && !t->k_layout_channel &&
+                (st == KVQ_ERR_UNKNOWN_CODEC || st == KVQ_ERR_BAD_OPTION || st == KVQ_ERR_GROUP))
+                opt = "--k-codec and --v-codec", val = o->k_codec;
         }
         if (opt)
             fprintf(stderr, "kvq %s: %s %s: %s (head_dim %zu)\n", cmd, opt, val, msg,
                     in.head_dim);
-        else
+        else if (name_option)
             fprintf(stderr, "kvq %s: the cache options do not fit this model: %s\n", cmd, msg);
+        else
+            fprintf(stderr, "kvq %s: %s (head_dim %zu)\n", cmd, msg, in.head_dim);
         rc = KVQT_EXIT_USAGE;
     }
     free(t);

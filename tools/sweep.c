@@ -540,7 +540,7 @@ int kvq_tool_sweep(int argc, char **argv) {
         char what[200];
         snprintf(what, sizeof what, "sweep: --configs %s", e->label);
         if (!e->center || o.center_values)
-            rc = kvqt_check_cache(ms.model, &o, what);
+            rc = kvqt_check_cache(ms.model, &o, what, 0);
         kvqt_cacheopts_free(&o);
     }
     if (rc == 0 && kvqt_check_output_dir(cmd, "-o", dir) != 0)
