@@ -296,9 +296,9 @@ static int sw_parse_entry(const char *tok, sw_entry *e) {
                 tok, sizeof e->label - 1);
         return -1;
     }
-    snprintf(e->label, sizeof e->label, "%s", tok);
+    snprintf(e->label, sizeof e->label, "%.159s", tok); /* shorter: checked above */
     char spec[160];
-    snprintf(spec, sizeof spec, "%s", tok);
+    snprintf(spec, sizeof spec, "%.159s", tok);
     char *plus = strchr(spec, '+');
     if (plus) {
         *plus = 0;
@@ -306,8 +306,8 @@ static int sw_parse_entry(const char *tok, sw_entry *e) {
             char *next = strchr(mod, '+');
             if (next)
                 *next++ = 0;
-            char opt[200];
-            snprintf(opt, sizeof opt, "--configs %s: +%.20s", tok, mod);
+            char opt[256];
+            snprintf(opt, sizeof opt, "--configs %.159s: +%.20s", tok, mod);
             if (!strcmp(mod, "prerope")) {
                 e->prerope = 1;
             } else if (!strcmp(mod, "center")) {
@@ -330,8 +330,8 @@ static int sw_parse_entry(const char *tok, sw_entry *e) {
     }
     if (!strncmp(spec, "calib:", 6)) {
         e->kind = SW_CALIB;
-        char opt[200];
-        snprintf(opt, sizeof opt, "--configs %s: the bits of calib:BITS", tok);
+        char opt[256];
+        snprintf(opt, sizeof opt, "--configs %.159s: the bits of calib:BITS", tok);
         return kvqt_arg_double(cmd, opt, spec + 6, 0, 32, 1, &e->bits);
     }
     if (!strncmp(spec, "alloc:", 6)) {
