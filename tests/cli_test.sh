@@ -318,7 +318,7 @@ run 2 "simulate unknown option" $S --frobnicate
 run 0 "simulate text" $S --policy window --budget 32 --window 8
 expect_in "$TMP/out" "^data: synthetic" "simulate says what the synthetic data is"
 expect_in "$TMP/out" "heavy hitters" "simulate describes the synthetic queries"
-expect_in "$TMP/out" "f32, same evict" "simulate shows the f32 cache with the same eviction"
+expect_in "$TMP/out" "f32 same eviction" "simulate shows the f32 cache with the same eviction"
 # the f32 cache with the same eviction is the kvq cache with f32 codecs: the same figures
 run 0 "simulate f32 codecs" $S --k-codec f32 --v-codec f32 --policy window --budget 32 --window 8 --json
 check_json "the f32 column is the same eviction" '

@@ -173,6 +173,7 @@ static int dispatch(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
+        fprintf(stderr, "kvq: which command? (the overview below; kvq help COMMAND for one)\n\n");
         usage(stderr);
         return KVQT_EXIT_USAGE;
     }

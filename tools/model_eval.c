@@ -113,13 +113,15 @@ int kvqt_check_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cm
                 (st == KVQ_ERR_UNKNOWN_CODEC || st == KVQ_ERR_BAD_OPTION || st == KVQ_ERR_GROUP))
                 opt = "--k-codec and --v-codec", val = o->k_codec;
         }
+        char hd[32] = ""; /* the model's head_dim, where the message leaves it out */
+        if (!strstr(msg, "head_dim"))
+            snprintf(hd, sizeof hd, " (head_dim %zu)", in.head_dim);
         if (opt)
-            fprintf(stderr, "kvq %s: %s %s: %s (head_dim %zu)\n", cmd, opt, val, msg,
-                    in.head_dim);
+            fprintf(stderr, "kvq %s: %s %s: %s%s\n", cmd, opt, val, msg, hd);
         else if (name_option)
             fprintf(stderr, "kvq %s: the cache options do not fit this model: %s\n", cmd, msg);
         else
-            fprintf(stderr, "kvq %s: %s (head_dim %zu)\n", cmd, msg, in.head_dim);
+            fprintf(stderr, "kvq %s: %s%s\n", cmd, msg, hd);
         rc = KVQT_EXIT_USAGE;
     }
     free(t);

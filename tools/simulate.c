@@ -724,47 +724,47 @@ int kvq_tool_simulate(int argc, char **argv) {
             printf(" (budget %zu%s, sinks %zu, protected %zu)", o.budget,
                    o.budget_ratio > 0 ? " from ratio" : "", o.sinks, o.window);
         printf("\n\n");
-        printf("  %-30s %14s %14s\n", "", "kvq cache", "f32, no evict.");
-        printf("  %-30s %14llu %14llu\n", "tokens stored (all layers)",
+        printf("  %-30s %14s %18s\n", "", "kvq cache", "f32 no eviction");
+        printf("  %-30s %14llu %18llu\n", "tokens stored (all layers)",
                (unsigned long long)tot.tokens, (unsigned long long)rtot.tokens);
         if (tiers)
-            printf("  %-30s %14llu %14s\n", "  of which in the cold tier", (unsigned long long)cold_tok,
+            printf("  %-30s %14llu %18s\n", "  of which in the cold tier", (unsigned long long)cold_tok,
                    "0");
-        printf("  %-30s %14llu %14llu\n", "tokens evicted", (unsigned long long)tot.tokens_evicted,
+        printf("  %-30s %14llu %18llu\n", "tokens evicted", (unsigned long long)tot.tokens_evicted,
                (unsigned long long)rtot.tokens_evicted);
-        printf("  %-30s %14.2f %14.2f\n", tiers ? "stored MiB (hot and warm)" : "stored MiB",
+        printf("  %-30s %14.2f %18.2f\n", tiers ? "stored MiB (hot and warm)" : "stored MiB",
                tot.stored_bytes / 1048576.0, rtot.stored_bytes / 1048576.0);
-        printf("  %-30s %14.2f %14.2f\n", "  payload MiB", tot.payload_bytes / 1048576.0,
+        printf("  %-30s %14.2f %18.2f\n", "  payload MiB", tot.payload_bytes / 1048576.0,
                rtot.payload_bytes / 1048576.0);
-        printf("  %-30s %14.2f %14.2f\n", "  metadata MiB", tot.metadata_bytes / 1048576.0,
+        printf("  %-30s %14.2f %18.2f\n", "  metadata MiB", tot.metadata_bytes / 1048576.0,
                rtot.metadata_bytes / 1048576.0);
-        printf("  %-30s %14.2f %14.2f\n", "peak stored MiB", tot.peak_stored_bytes / 1048576.0,
+        printf("  %-30s %14.2f %18.2f\n", "peak stored MiB", tot.peak_stored_bytes / 1048576.0,
                rtot.peak_stored_bytes / 1048576.0);
         if (tiers) {
-            printf("  %-30s %14.2f %14s\n", "cold tier records MiB", tst.bytes[2] / 1048576.0, "-");
-            printf("  %-30s %14.3f %14.3f\n", "bits per value (hot and warm)", res_bits,
+            printf("  %-30s %14.2f %18s\n", "cold tier records MiB", tst.bytes[2] / 1048576.0, "-");
+            printf("  %-30s %14.3f %18.3f\n", "bits per value (hot and warm)", res_bits,
                    rtot.bits_per_value);
-            printf("  %-30s %14.3f %14s\n", "bits per value (cold records)", cold_bits, "-");
+            printf("  %-30s %14.3f %18s\n", "bits per value (cold records)", cold_bits, "-");
         } else {
-            printf("  %-30s %14.3f %14.3f\n", "bits per value (payload)", tot.bits_per_value,
+            printf("  %-30s %14.3f %18.3f\n", "bits per value (payload)", tot.bits_per_value,
                    rtot.bits_per_value);
-            printf("  %-30s %14.3f %14.3f\n", "bits per value (all bytes)",
+            printf("  %-30s %14.3f %18.3f\n", "bits per value (all bytes)",
                    tot.total_bits_per_value, rtot.total_bits_per_value);
         }
-        printf("  %-30s %14.4f %14.4f\n", "fragmentation", tot.fragmentation, rtot.fragmentation);
-        printf("  %-30s %14.2f %14.2f\n", "MiB read by attention", tot.bytes_read / 1048576.0,
+        printf("  %-30s %14.4f %18.4f\n", "fragmentation", tot.fragmentation, rtot.fragmentation);
+        printf("  %-30s %14.2f %18.2f\n", "MiB read by attention", tot.bytes_read / 1048576.0,
                rtot.bytes_read / 1048576.0);
-        printf("  %-30s %14.2f %14.2f\n", "MiB written (encoded)", tot.bytes_written / 1048576.0,
+        printf("  %-30s %14.2f %18.2f\n", "MiB written (encoded)", tot.bytes_written / 1048576.0,
                rtot.bytes_written / 1048576.0);
-        printf("  %-30s %14.4f %14.4f\n", "decode step ms", step_ms, ref_ms);
-        printf("  %-30s %14.1f %14.1f\n", "append ns/token/layer", app_ns,
+        printf("  %-30s %14.4f %18.4f\n", "decode step ms", step_ms, ref_ms);
+        printf("  %-30s %14.1f %18.1f\n", "append ns/token/layer", app_ns,
                (t_app_ref) / (double)(n_app ? n_app : 1) * 1e9);
         printf("\nquality vs exact f32 attention over the full context (%ld samples each):\n",
                qa.n_kl);
-        printf("  %-30s %14s %14s\n", "", "kvq cache", "f32, same evict.");
-        printf("  %-30s %14.5f %14.5f\n", "attention output rel. error", rel, frel);
-        printf("  %-30s %14.5f %14.5f\n", "KL(cache || f32) of weights", kl, fkl);
-        printf("  %-30s %14.5f %14.5f\n", "f32 attention mass kept", kept, fkept);
+        printf("  %-30s %14s %18s\n", "", "kvq cache", "f32 same eviction");
+        printf("  %-30s %14.5f %18.5f\n", "attention output rel. error", rel, frel);
+        printf("  %-30s %14.5f %18.5f\n", "KL(cache || f32) of weights", kl, fkl);
+        printf("  %-30s %14.5f %18.5f\n", "f32 attention mass kept", kept, fkept);
         printf("  (the f32 cache with the same eviction shows what eviction alone costs%s)\n",
                pol == KVQ_POLICY_NONE ? "; no policy: nothing" : "");
         if (allhot) {
