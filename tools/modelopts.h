@@ -26,6 +26,7 @@ typedef struct kvqt_modelopts {
 } kvqt_modelopts;
 
 void kvqt_modelopts_init(kvqt_modelopts *o, int with_text);
+
 /* One option of a command. Every kind but FLAG takes the next argument
  * and stores it in *dst; numbers must be the whole argument and inside
  * their range (cliargs.h), or they are refused with a message naming the
