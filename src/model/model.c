@@ -119,7 +119,9 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
         }
         in.version = (int)ver;
         if (size < 256)
-            return kvq__why_corrupt(why, why_size, "ak42 header truncated (%zu of 256 bytes)", size);
+            return kvq__why_corrupt(why, why_size,
+                                    "truncated: the ak42 header is 256 bytes, the file has %zu",
+                                    size);
         for (int i = 0; i < 7; i++)
             h[i] = (int32_t)kvq__ld32(buf + 8 + 4 * i);
         in.shared_classifier = buf[36] != 0;
@@ -128,7 +130,8 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
         off = 256;
     } else {
         if (size < 28)
-            return kvq__why_corrupt(why, why_size, "header truncated (%zu of 28 bytes)", size);
+            return kvq__why_corrupt(why, why_size,
+                                    "truncated: the header is 28 bytes, the file has %zu", size);
         for (int i = 0; i < 7; i++)
             h[i] = (int32_t)kvq__ld32(buf + 4 * i);
         /* a negative vocab_size means a separate classifier */
@@ -141,7 +144,8 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
                                           "n_kv_heads", "vocab_size", "seq_len"};
     for (int i = 0; i < 7; i++)
         if (h[i] <= 0 || h[i] > (1 << 24))
-            return kvq__why_corrupt(why, why_size, "%s %d outside 1..2^24", names[i], (int)h[i]);
+            return kvq__why_corrupt(why, why_size, "the header's %s %d is outside 1..2^24",
+                                    names[i], (int)h[i]);
     in.dim = (size_t)h[0], in.hidden_dim = (size_t)h[1], in.n_layers = (size_t)h[2];
     in.n_heads = (size_t)h[3], in.n_kv_heads = (size_t)h[4], in.vocab_size = (size_t)h[5];
     in.seq_len = (size_t)h[6];
@@ -161,10 +165,14 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
         return kvq__why_corrupt(why, why_size, "the weight sizes of the header overflow");
     /* checked against the real length before anything is allocated: the
      * f32 weights are then at most 4x the file (Q8_0), 1x otherwise */
-    if (size - off != need)
+    if (size - off < need)
         return kvq__why_corrupt(why, why_size,
-                              "the header's shape needs %zu bytes of weights, the file has %zu",
-                              need, size - off);
+                                "truncated: the header's shape needs %zu bytes of weights, the "
+                                "file has %zu", need, size - off);
+    if (size - off > need)
+        return kvq__why_corrupt(why, why_size,
+                                "the header's shape needs %zu bytes of weights, the file has %zu "
+                                "more", need, size - off - need);
     size_t D = in.dim, L = in.n_layers;
     kvq_model *m = (kvq_model *)kvq__calloc(&al, sizeof *m);
     float *w = m ? (float *)kvq__alloc(&al, z.total * sizeof(float)) : NULL;

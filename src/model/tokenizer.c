@@ -59,7 +59,8 @@ kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
     if (len < 4)
-        return kvq__why_corrupt(why, why_size, "header truncated (%zu of 4 bytes)", len);
+        return kvq__why_corrupt(why, why_size, "truncated: the header is 4 bytes, the file has %zu",
+                                len);
     uint32_t hdr_max = kvq__ld32(buf);
     if (hdr_max > len - 4)
         return kvq__why_corrupt(why, why_size, "max_token_length %u exceeds the file (%zu bytes)",
@@ -83,8 +84,9 @@ kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size
     size_t off = 4, soff = 0;
     for (size_t i = 0; i < vocab && st == KVQ_OK; i++) {
         if (len - off < 8) {
-            st = kvq__why_corrupt(why, why_size, "truncated at id %zu of %zu (byte %zu)", i, vocab,
-                              off);
+            st = kvq__why_corrupt(why, why_size,
+                                  "truncated: the file ends at byte %zu, in token %zu of the %zu "
+                                  "the model needs", off, i, vocab);
             break;
         }
         memcpy(&t->score[i], buf + off, 4);
