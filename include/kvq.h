@@ -589,6 +589,13 @@ typedef struct kvq_model_info {
 } kvq_model_info;
 
 KVQ_API kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator *alloc);
+/* As kvq_model_load, and on failure err_msg (err_msg_size bytes, may be
+ * NULL) says what is wrong: the system's reason for a file that cannot be
+ * read, or the rule a corrupt file breaks ("truncated: the header says ...
+ * needs N bytes, the file has M"). */
+KVQ_API kvq_status kvq_model_load_msg(kvq_model **out, const char *path,
+                                      const kvq_allocator *alloc, char *err_msg,
+                                      size_t err_msg_size);
 KVQ_API void kvq_model_free(kvq_model *model);
 KVQ_API kvq_status kvq_model_get_info(const kvq_model *model, kvq_model_info *info);
 /* Fills the shape, max_tokens (seq_len) and RoPE fields of cfg for this model
@@ -614,6 +621,10 @@ KVQ_API kvq_status kvq_model_forward(const kvq_model *model, kvq_cache *cache,
 typedef struct kvq_tokenizer kvq_tokenizer;
 KVQ_API kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t vocab_size,
                                       const kvq_allocator *alloc);
+/* As kvq_tokenizer_load, with kvq_model_load_msg's message on failure. */
+KVQ_API kvq_status kvq_tokenizer_load_msg(kvq_tokenizer **out, const char *path,
+                                          size_t vocab_size, const kvq_allocator *alloc,
+                                          char *err_msg, size_t err_msg_size);
 KVQ_API void kvq_tokenizer_free(kvq_tokenizer *tok);
 /* llama2.c encode(): optional BOS (1), the dummy-prefix space, UTF-8 byte
  * fallback (<0xXX> = byte + 3), greedy highest-score merges, optional EOS

@@ -348,10 +348,13 @@ run 1 "eval --model empty" eval --model "$TMP/empty.bin" --tokenizer "$T" --text
 expect_in "$TMP/err" "the file is empty" "empty model message"
 run 1 "eval --model truncated" eval --model "$TMP/cut.bin" --tokenizer "$T" --text "$TMP/two.txt"
 expect_in "$TMP/err" "not a valid llama2.c checkpoint (100000 bytes)" "truncated model message"
+expect_in "$TMP/err" "truncated: the header's shape needs" "truncated model: what the header needs"
+expect_in "$TMP/err" "the file has 99972" "truncated model: what the file has"
 run 1 "eval --tokenizer missing" eval --model "$M" --tokenizer "$TMP/none.bin" --text "$TMP/two.txt"
 expect_in "$TMP/err" "--tokenizer $TMP/none.bin: No such file or directory" "missing tokenizer message"
 run 1 "eval --tokenizer of the wrong file" eval --model "$M" --tokenizer "$TMP/cut.bin" --text "$TMP/two.txt"
 expect_in "$TMP/err" "not a valid llama2.c tokenizer" "wrong tokenizer message"
+expect_in "$TMP/err" "exceeds the" "wrong tokenizer: the rule broken"
 # sweep: a file in the place of -o, empty or bad --configs: refused before any work
 SW="sweep --model $M --tokenizer $T --text $TMP/two.txt"
 echo "keep me" > "$TMP/out.file"

@@ -136,12 +136,15 @@ int kvqt_modelopts_require(const kvqt_modelopts *o, const char *cmd) {
 /* What is wrong with a file a loader refused: the file's own problems
  * (missing, a directory, unreadable, empty), else the loader's status. */
 static void kvqt_load_error(const char *cmd, const char *opt, const char *path, kvq_status st,
-                            const char *what) {
+                            const char *what, const char *why) {
     if (kvqt_check_input(cmd, opt, path) != 0)
         return;
     struct stat sb;
     long long size = stat(path, &sb) == 0 ? (long long)sb.st_size : -1;
-    if (st == KVQ_ERR_CORRUPT || st == KVQ_ERR_VERSION)
+    if ((st == KVQ_ERR_CORRUPT || st == KVQ_ERR_VERSION) && why && why[0])
+        fprintf(stderr, "kvq %s: %s %s: not a valid %s (%lld bytes): %s\n", cmd, opt, path, what,
+                size, why);
+    else if (st == KVQ_ERR_CORRUPT || st == KVQ_ERR_VERSION)
         fprintf(stderr, "kvq %s: %s %s: not a valid %s (%lld bytes): %s\n", cmd, opt, path, what,
                 size, kvq_strerror(st));
     else
@@ -151,9 +154,10 @@ static void kvqt_load_error(const char *cmd, const char *opt, const char *path, 
 
 int kvqt_load_model(const char *cmd, const char *path, kvq_model **m) {
     *m = NULL;
-    kvq_status st = kvq_model_load(m, path, NULL);
+    char why[256];
+    kvq_status st = kvq_model_load_msg(m, path, NULL, why, sizeof why);
     if (st != KVQ_OK) {
-        kvqt_load_error(cmd, "--model", path, st, "llama2.c checkpoint");
+        kvqt_load_error(cmd, "--model", path, st, "llama2.c checkpoint", why);
         return -1;
     }
     return 0;
@@ -161,11 +165,12 @@ int kvqt_load_model(const char *cmd, const char *path, kvq_model **m) {
 
 int kvqt_load_tokenizer(const char *cmd, const char *path, size_t vocab, kvq_tokenizer **t) {
     *t = NULL;
-    kvq_status st = kvq_tokenizer_load(t, path, vocab, NULL);
+    char why[256];
+    kvq_status st = kvq_tokenizer_load_msg(t, path, vocab, NULL, why, sizeof why);
     if (st != KVQ_OK) {
         char what[96];
         snprintf(what, sizeof what, "llama2.c tokenizer for the model's %zu tokens", vocab);
-        kvqt_load_error(cmd, "--tokenizer", path, st, what);
+        kvqt_load_error(cmd, "--tokenizer", path, st, what, why);
         return -1;
     }
     return 0;

@@ -17,6 +17,7 @@
 
 #include "../kernels/kernels.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -246,8 +247,11 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
     return KVQ_OK;
 }
 
-kvq_status kvq__model_load_isa(kvq_model **out, const char *path, const kvq_allocator *alloc,
-                               kvq_isa isa) {
+static kvq_status kvq__model_load_why(kvq_model **out, const char *path,
+                                      const kvq_allocator *alloc, kvq_isa isa, char *why,
+                                      size_t why_size) {
+    if (why && why_size)
+        why[0] = 0;
     if (!out || !path)
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
@@ -255,16 +259,30 @@ kvq_status kvq__model_load_isa(kvq_model **out, const char *path, const kvq_allo
     kvq__allocator_init(&al, alloc);
     uint8_t *buf;
     size_t size;
+    errno = 0;
     kvq_status st = kvq__read_file(&al, path, 0, SIZE_MAX, &buf, &size);
-    if (st != KVQ_OK)
+    if (st != KVQ_OK) {
+        if (why && why_size)
+            snprintf(why, why_size, "%s", errno ? strerror(errno) : kvq_strerror(st));
         return st;
-    st = kvq__model_load_mem(out, buf, size, &al, isa, NULL, 0);
+    }
+    st = kvq__model_load_mem(out, buf, size, &al, isa, why, why_size);
     kvq__free(&al, buf);
     return st;
 }
 
+kvq_status kvq__model_load_isa(kvq_model **out, const char *path, const kvq_allocator *alloc,
+                               kvq_isa isa) {
+    return kvq__model_load_why(out, path, alloc, isa, NULL, 0);
+}
+
 kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator *alloc) {
-    return kvq__model_load_isa(out, path, alloc, KVQ_ISA_AUTO);
+    return kvq__model_load_why(out, path, alloc, KVQ_ISA_AUTO, NULL, 0);
+}
+
+kvq_status kvq_model_load_msg(kvq_model **out, const char *path, const kvq_allocator *alloc,
+                              char *err_msg, size_t err_msg_size) {
+    return kvq__model_load_why(out, path, alloc, KVQ_ISA_AUTO, err_msg, err_msg_size);
 }
 
 const char *kvq__model_kernel_name(const kvq_model *m) {
