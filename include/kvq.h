@@ -485,7 +485,8 @@ typedef struct kvq_stats {
     uint64_t reencodes;       /* vectors re-encoded (set_precision, window flushes excluded) */
     uint64_t pages;           /* allocated pages */
     uint64_t free_slots;      /* free token slots in allocated pages */
-    double bits_per_value;    /* payload_bytes * 8 / (tokens * kv_heads * head_dim * 2) */
+    double bits_per_value;    /* payload_bytes * 8 / ((tokens - tokens_cold) * kv_heads *
+                                 head_dim * 2): the tokens held in memory */
     double total_bits_per_value; /* stored_bytes (tables too) * 8 / the same */
     double fragmentation;     /* free slots in allocated pages / all slots in allocated pages */
     /* What a long sequence converges to: the payload bytes of one token in a
@@ -496,6 +497,8 @@ typedef struct kvq_stats {
      * fixed cost (f16 staging of tokens not yet encoded, unfilled page
      * slots, holes left by eviction); never below 0. */
     uint64_t fixed_bytes;
+    /* tokens of pages in the cold tier (in the store, not in payload_bytes) */
+    uint64_t tokens_cold;
 } kvq_stats;
 
 /* Snapshots: saves every page of the cache (all tiers) holding tokens at

@@ -181,6 +181,7 @@ STATS_FIELDS = [
     ("fragmentation", c_double),
     ("asymptotic_bits_per_value", c_double),
     ("fixed_bytes", c_uint64),
+    ("tokens_cold", c_uint64),
 ]
 
 
