@@ -124,8 +124,6 @@ typedef struct kvq__work {
     int *bne, *bnp;        /* their encoded / staged visible value counts */
     int32_t *rqp;          /* query position of each row of the tile */
     uint64_t bytes_read;
-    float *rawsc; /* raw scores of a tile for token attention, reserved by the caller */
-    size_t rawsc_cap;
 } kvq__work;
 
 /* cache_pool.c: persistent attention workers (none when n = 0) */
