@@ -26,6 +26,52 @@
  * qp_bytes also covers the AVX2 layout (src/kernels/x86/int_avx2.c: query
  * codes <= d + 96, block scales <= d, group sums <= d/2 + 28 bytes; the
  * AVX2 path is not selected when its layout would not fit).
+ *
+ * Tiled pages (codec_impl.h; docs/format.md "Tiled int8/int4 pages"): int8
+ * and int4 with g % 8 == 0 tile pages of P % 16 == 0 tokens (int2 and other
+ * shapes keep rows). The codes come first, then the fp16 scale plane
+ * [ng][P] (scale of group gi of slot i at 2 (gi P + i)), then for int4 the
+ * minimum plane [ng][P]: the P * bytes of the row layout, 16 tokens' scales
+ * in one 32-byte load. Code bytes:
+ *   K int8  [d/4][P][4]: byte j of lane (k, i) = code of value 4k+j of slot
+ *           i plus 128 (u8 1..255), so u8 x s8 dot products (vpdpbusd) take
+ *           it as it is and the query sum times 128 removes the bias;
+ *   K int4  [d/8][P][4]: byte j of lane (k, i) = value 8k+j (low nibble) and
+ *           8k+4+j (high nibble) of slot i;
+ *   V int8  [P/4][d][4]: byte j of lane (b, t) = signed code of value t of
+ *           slot 4b+j (4 tokens per lane, a dimension per lane);
+ *   V int4  [P/8][d][4]: byte j of lane (b, t) = value t of slot 8b+j (low
+ *           nibble) and of slot 8b+4+j (high nibble).
+ * A key lane holds one token, so tscore sums over dimensions with no
+ * horizontal sum per key; a value lane holds one dimension, so taccum's sum
+ * over tokens is a dot product of 4 tokens' bytes with 4 weights.
+ *
+ * Tiled kernels (src/kernels/x86/int_avx2.c, int_avx512.c; int_tile.h):
+ *   tprep   q is cut into blocks of qb = 32 (16, 8: the largest dividing g)
+ *           values; block b gets beta_b = max|q_b| / 127 and codes
+ *           qq = rint(q * (127 / max|q_b|)) in -127..127 (a block with
+ *           max|q_b| < 2^-100 gets beta 0 and zero codes);
+ *   tscore  score = sum_g s_g sum_{b in g} beta_b D_b (+ m_g * sum of q over
+ *           g, in float, for int4) with D_b = sum qq * c, exact in int32;
+ *   taccum  for each row, group g and run of up to 64 tokens of the page,
+ *           p_t = w_t * s_{t,g} (float) is rounded to wq_t = rint(p_t * (127
+ *           / max_t p_t)) in 0..127, alpha = max_t p_t / 127, and acc +=
+ *           alpha * sum_t wq_t c_t (exact in int32) + sum_t w_t m_{t,g}
+ *           (float, int4). A run whose max is below 2^-100 is dropped; a row
+ *           with a weight that is negative or not finite (or a product that
+ *           overflows) takes the float row kernels for that run instead.
+ * Error bounds (what tests/test_tile_int.c checks, beside float rounding of
+ * (d + 16) eps sum|q| (s|c| + |m|) for scores and (P + 16) eps (|acc| +
+ * sum |w| (s|c| + |m|)) for accumulations; c = signed int8 code or int4
+ * code 0..15):
+ *   |score - <q, k^>|  <= sum_b e_b sum_{t in b} s_g(t) |c_t|,
+ *                         e_b = beta_b / 2 (1 + 1e-4), or max|q_b| if dropped
+ *   |acc_t - exact_t|   <= sum_runs sum_g e_g sum_{j in run} |c_{j,t}| (g = the
+ *                         group of t), e_g = alpha / 2 (1 + 1e-4), or the run's
+ *                         max if dropped, 0 for a run on the float kernels.
+ * The 1e-4 covers the rounding of 127/max and max/127 (a few ulps of 127).
+ * Every path rounds the query and the weights the same way, so their
+ * integer sums agree exactly and results differ only in float order.
  */
 #include "codec_impl.h"
 
@@ -204,20 +250,30 @@ static size_t kvq__int_tile_codes(const kvq_codec *c, size_t P) {
     return c->bits == 8 ? c->d * P : c->d / 2 * P;
 }
 
-/* Slot i's code for value t in a tiled page (int8 keys: biased byte). */
-static inline size_t kvq__int_tile_pos(const kvq_codec *c, int role, size_t P, size_t i, size_t t,
-                                       int *hi) {
-    if (c->bits == 8) {
-        *hi = 0;
-        return role == KVQ__ROLE_K ? ((t / 4) * P + i) * 4 + t % 4
-                                   : ((i / 4) * c->d + t) * 4 + i % 4;
-    }
-    if (role == KVQ__ROLE_K) {
-        *hi = (t % 8) >= 4;
-        return ((t / 8) * P + i) * 4 + t % 4;
-    }
-    *hi = (i % 8) >= 4;
-    return ((i / 8) * c->d + t) * 4 + i % 4;
+static inline uint32_t kvq__int_ld32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline void kvq__int_st32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+/* The 8 nibbles of a 32-bit word (nibble p = bits 4p..4p+3) from value
+ * order n0..n7 to the key lane order n0 n4 n1 n5 n2 n6 n3 n7 (byte j = n_j
+ * low, n_{j+4} high), and back: two exchanges of bit fields. */
+static inline uint32_t kvq__int_nib_out(uint32_t x) {
+    uint32_t t = ((x >> 8) ^ x) & 0x0000ff00u;
+    x ^= t ^ (t << 8);
+    t = ((x >> 4) ^ x) & 0x00f000f0u;
+    return x ^ t ^ (t << 4);
+}
+static inline uint32_t kvq__int_nib_in(uint32_t x) {
+    uint32_t t = ((x >> 4) ^ x) & 0x00f000f0u;
+    x ^= t ^ (t << 4);
+    t = ((x >> 8) ^ x) & 0x0000ff00u;
+    return x ^ t ^ (t << 8);
 }
 
 static void kvq__int_tput(const kvq_codec *c, int role, size_t P, uint8_t *page, size_t i,
@@ -226,14 +282,22 @@ static void kvq__int_tput(const kvq_codec *c, int role, size_t P, uint8_t *page,
     const int bits = c->bits;
     const size_t pb = kvq__int_param_bytes(bits, ng), cb = kvq__int_tile_codes(c, P);
     const uint8_t *codes = row + pb;
-    for (size_t t = 0; t < d; t++) {
-        int hi;
-        size_t at = kvq__int_tile_pos(c, role, P, i, t, &hi);
-        if (bits == 8) {
-            page[at] = role == KVQ__ROLE_K ? (uint8_t)(codes[t] ^ 0x80u) : codes[t];
-        } else {
-            unsigned q = kvq__int_code(codes, 4, t);
-            page[at] = (uint8_t)(hi ? (page[at] & 0x0fu) | (q << 4) : (page[at] & 0xf0u) | q);
+    if (role == KVQ__ROLE_K) {
+        for (size_t k = 0; k < (bits == 8 ? d / 4 : d / 8); k++) {
+            uint32_t x = kvq__int_ld32(codes + 4 * k);
+            kvq__int_st32(page + (k * P + i) * 4, bits == 8 ? x ^ 0x80808080u : kvq__int_nib_out(x));
+        }
+    } else if (bits == 8) {
+        uint8_t *o = page + (i / 4) * d * 4 + i % 4;
+        for (size_t t = 0; t < d; t++)
+            o[4 * t] = codes[t];
+    } else {
+        uint8_t *o = page + (i / 8) * d * 4 + i % 4;
+        const unsigned sh = (i % 8) >= 4 ? 4 : 0, keep = sh ? 0x0fu : 0xf0u;
+        for (size_t t = 0; t < d; t += 2) {
+            unsigned b = codes[t / 2];
+            o[4 * t] = (uint8_t)((o[4 * t] & keep) | (b & 15u) << sh);
+            o[4 * t + 4] = (uint8_t)((o[4 * t + 4] & keep) | (b >> 4) << sh);
         }
     }
     for (size_t k = 0; k < pb / 2; k++) /* scale planes, then minimum planes */
@@ -246,15 +310,20 @@ static void kvq__int_tget(const kvq_codec *c, int role, size_t P, const uint8_t 
     const int bits = c->bits;
     const size_t pb = kvq__int_param_bytes(bits, ng), cb = kvq__int_tile_codes(c, P);
     uint8_t *codes = row + pb;
-    if (bits != 8)
-        memset(codes, 0, kvq__int_code_bytes(bits, d));
-    for (size_t t = 0; t < d; t++) {
-        int hi;
-        size_t at = kvq__int_tile_pos(c, role, P, i, t, &hi);
-        if (bits == 8)
-            codes[t] = role == KVQ__ROLE_K ? (uint8_t)(page[at] ^ 0x80u) : page[at];
-        else
-            codes[t >> 1] |= (uint8_t)(((page[at] >> (hi ? 4 : 0)) & 15u) << ((t & 1) * 4));
+    if (role == KVQ__ROLE_K) {
+        for (size_t k = 0; k < (bits == 8 ? d / 4 : d / 8); k++) {
+            uint32_t x = kvq__int_ld32(page + (k * P + i) * 4);
+            kvq__int_st32(codes + 4 * k, bits == 8 ? x ^ 0x80808080u : kvq__int_nib_in(x));
+        }
+    } else if (bits == 8) {
+        const uint8_t *o = page + (i / 4) * d * 4 + i % 4;
+        for (size_t t = 0; t < d; t++)
+            codes[t] = o[4 * t];
+    } else {
+        const uint8_t *o = page + (i / 8) * d * 4 + i % 4;
+        const unsigned sh = (i % 8) >= 4 ? 4 : 0;
+        for (size_t t = 0; t < d; t += 2)
+            codes[t / 2] = (uint8_t)(((o[4 * t] >> sh) & 15u) | ((o[4 * t + 4] >> sh) & 15u) << 4);
     }
     for (size_t k = 0; k < pb / 2; k++)
         kvq__st16(row + 2 * k, kvq__ld16(page + cb + 2 * (k * P + i)));

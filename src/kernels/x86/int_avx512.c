@@ -34,9 +34,53 @@ static inline __m512 kvq__i512_h2f(const uint8_t *p) {
     __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
+static inline __m512i kvq__i512_f2i(__m512 v) {
+    __m256i lo = _mm256_cvtps_epi32(_mm512_castps512_ps256(v));
+    __m256i hi = _mm256_cvtps_epi32(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+static inline void kvq__i512_store_b16(uint8_t *p, __m512i v) {
+    int32_t x[16];
+    _mm512_storeu_si512((void *)x, v);
+    for (int k = 0; k < 16; k++)
+        p[k] = (uint8_t)x[k];
+}
+static inline float kvq__i512_hmax(__m512 v) {
+    float x[16], m;
+    _mm512_storeu_ps(x, v);
+    m = x[0];
+    for (int k = 1; k < 16; k++)
+        m = x[k] > m ? x[k] : m;
+    return m;
+}
+static inline float kvq__i512_hsum(__m512 v) {
+    float x[16], s = 0.0f;
+    _mm512_storeu_ps(x, v);
+    for (int k = 0; k < 16; k++)
+        s += x[k];
+    return s;
+}
+static inline void kvq__i512_store_b64(uint8_t *p, __m512i a, __m512i b, __m512i c, __m512i d) {
+    kvq__i512_store_b16(p, a);
+    kvq__i512_store_b16(p + 16, b);
+    kvq__i512_store_b16(p + 32, c);
+    kvq__i512_store_b16(p + 48, d);
+}
 #else
 #define kvq__i512_i2f(v) _mm512_cvtepi32_ps(v)
+#define kvq__i512_f2i(v) _mm512_cvtps_epi32(v)
 #define kvq__i512_h2f(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define kvq__i512_store_b16(p, v) _mm_storeu_si128((__m128i *)(void *)(p), _mm512_cvtepi32_epi8(v))
+#define kvq__i512_hmax(v) _mm512_reduce_max_ps(v)
+#define kvq__i512_hsum(v) _mm512_reduce_add_ps(v)
+/* 4 x 16 int32 in 0..127 to 64 bytes in order: two packs, one permute. */
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__i512_store_b64(uint8_t *p, __m512i a, __m512i b, __m512i c, __m512i d) {
+    /* 128-bit lane k: a_k b_k c_k d_k (4 bytes each) */
+    __m512i x = _mm512_packus_epi16(_mm512_packs_epi32(a, b), _mm512_packs_epi32(c, d));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512((void *)p, _mm512_permutexvar_epi32(idx, x));
+}
 #endif
 
 static inline uint32_t kvq__i512_ld32(const uint8_t *p) {
@@ -46,6 +90,280 @@ static inline uint32_t kvq__i512_ld32(const uint8_t *p) {
 }
 
 #define KVQ__I512_UNROLL4 _Pragma("GCC unroll 4")
+
+/* acc + u8 x s8 dot of a's bytes with the 4 bytes at p in every lane:
+ * vpdpbusd with an embedded broadcast (one instruction; GCC 12 does not
+ * fold the broadcast itself). */
+#ifdef KVQ_SIMDE
+#define kvq__i512_dpb(acc, a, p) _mm512_dpbusd_epi32(acc, a, _mm512_set1_epi32((int)kvq__i512_ld32(p)))
+#else
+KVQ__T512VNNI static inline __attribute__((always_inline)) __m512i
+kvq__i512_dpb(__m512i acc, __m512i a, const uint8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const uint32_t *)(const void *)p));
+    return acc;
+}
+#endif
+
+static const float kvq__i512_zeros[KVQ__TILE_RUN];
+
+/* Lane i of the result = the maximum (MAX) or sum of the 16 lanes of
+ * v[T(i)], T(i) = 4 (i % 4) + i / 4 (T is its own inverse): a transposing
+ * reduction tree, 15 max/add and 30 shuffles for 16 reductions. */
+#ifdef KVQ_SIMDE
+static inline __m512 kvq__i512_red16(const __m512 *v, const int MAX) {
+    float x[16], out[16];
+    for (int i = 0; i < 16; i++) {
+        _mm512_storeu_ps(x, v[4 * (i % 4) + i / 4]);
+        float a = MAX ? x[0] : 0.0f;
+        for (int k = MAX; k < 16; k++)
+            a = MAX ? (x[k] > a ? x[k] : a) : a + x[k];
+        out[i] = a;
+    }
+    return _mm512_loadu_ps(out);
+}
+#else
+KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__i512_red16(const __m512 *v,
+                                                                             const int MAX) {
+#define KVQ__RED(a, b) (MAX ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b))
+    __m512 u[8], w[4], z[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        u[i] = KVQ__RED(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        w[i] = KVQ__RED(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                        _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+        z[i] = KVQ__RED(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return KVQ__RED(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                    _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+#undef KVQ__RED
+}
+#endif
+
+/* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for
+ * a run of n tokens (n % 16 == 0) from t0: kvq__tile_wquant_ref's bytes
+ * (the same operations), msum summed in another order; al and msum (4 ng
+ * + 16 floats) are indexed r * ng + group. The 4 * ng
+ * (row, group) pairs go 16 at a time through kvq__i512_red16. Returns the
+ * rows done (bit r); the others have weights that are not all >= 0 and
+ * finite, or products that overflow. */
+KVQ__T512 static unsigned
+kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0, size_t n,
+                  const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                  float *al, float *msum) {
+    const size_t ng = c->ngroups, npair = 4 * ng;
+    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P + 2 * t0;
+    const uint8_t *mp = sp + 2 * ng * P;
+    const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(FLT_MAX);
+    const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), l127 = _mm512_set1_ps(127.0f);
+    unsigned ok = 0;
+    for (int r = 0; r < 4; r++) {
+        __mmask16 m = 0xffff;
+        for (size_t t = 0; t < n; t += 16) {
+            __m512 x = _mm512_loadu_ps(w[r] + t);
+            m &= (__mmask16)(_mm512_cmp_ps_mask(x, zero, _CMP_GE_OQ) &
+                             _mm512_cmp_ps_mask(x, big, _CMP_LE_OQ));
+        }
+        ok |= m == 0xffff ? 1u << r : 0u;
+    }
+    _Alignas(64) float inv[4 * KVQ__MAX_HEAD_DIM / 8 + 16];
+    /* pair pr = (row r, group gi), pr = r * ng + gi, walked without divisions */
+    for (size_t p0 = 0, r = 0, gi = 0; p0 < npair; p0 += 16) {
+        __m512 v[16];
+        unsigned rowof[16];
+        for (size_t i = 0; i < 16; i++) {
+            __m512 mx = zero;
+            rowof[i] = (unsigned)r;
+            if (p0 + i < npair) {
+                for (size_t t = 0; t < n; t += 16)
+                    mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_loadu_ps(w[r] + t),
+                                                         kvq__i512_h2f(sp + 2 * (gi * P + t))));
+                if (++gi == ng) {
+                    gi = 0;
+                    r++;
+                }
+            }
+            v[4 * (i % 4) + i / 4] = mx;
+        }
+        const __m512 M = kvq__i512_red16(v, 1);
+        const __mmask16 use = _mm512_cmp_ps_mask(M, tiny, _CMP_GE_OQ);
+        unsigned bad = (unsigned)(__mmask16)~_mm512_cmp_ps_mask(M, big, _CMP_LE_OQ);
+        for (size_t i = 0; bad && i < 16 && p0 + i < npair; i++, bad >>= 1)
+            if (bad & 1)
+                ok &= ~(1u << rowof[i]);
+        _mm512_store_ps(inv + p0, _mm512_maskz_div_ps(use, l127, M));
+        _mm512_storeu_ps(al + p0, _mm512_maskz_div_ps(use, M, l127));
+    }
+    for (size_t r = 0, pr = 0; r < 4; r++) {
+        if (!((ok >> r) & 1)) {
+            pr += ng;
+            continue;
+        }
+        for (size_t gi = 0; gi < ng; gi++, pr++) {
+            const __m512 iv = _mm512_set1_ps(inv[pr]);
+            for (size_t t = 0; t < n; t += 16) {
+                __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w[r] + t), kvq__i512_h2f(sp + 2 * (gi * P + t)));
+                kvq__i512_store_b16(wq[r] + gi * n + t, kvq__i512_f2i(_mm512_mul_ps(x, iv)));
+            }
+        }
+    }
+    if (c->bits != 8)
+        for (size_t p0 = 0, r = 0, gi = 0; p0 < npair; p0 += 16) {
+            __m512 v[16];
+            for (size_t i = 0; i < 16; i++) {
+                __m512 sm = zero;
+                if (p0 + i < npair) {
+                    for (size_t t = 0; t < n; t += 16)
+                        sm = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + t), kvq__i512_h2f(mp + 2 * (gi * P + t)), sm);
+                    if (++gi == ng) {
+                        gi = 0;
+                        r++;
+                    }
+                }
+                v[4 * (i % 4) + i / 4] = sm;
+            }
+            _mm512_storeu_ps(msum + p0, kvq__i512_red16(v, 0));
+        }
+    return ok;
+}
+
+/* kvq__i512_wquant4_any for NG groups and runs of 16 NT tokens known at
+ * compile time (4 NG <= 16 pairs, everything in registers). */
+KVQ__T512 static inline __attribute__((always_inline)) unsigned
+kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
+                      const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                      float *al, float *msum, const int NG, const int NT) {
+    const size_t n = 16 * (size_t)NT;
+    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P + 2 * t0;
+    const uint8_t *mp = sp + 2 * (size_t)NG * P;
+    const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(FLT_MAX);
+    const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), l127 = _mm512_set1_ps(127.0f);
+    __m512 W[4][4], S[4][4], v[16];
+    unsigned ok = 0;
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        __mmask16 m = 0xffff;
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            W[r][t] = _mm512_loadu_ps(w[r] + 16 * t);
+            m &= (__mmask16)(_mm512_cmp_ps_mask(W[r][t], zero, _CMP_GE_OQ) &
+                             _mm512_cmp_ps_mask(W[r][t], big, _CMP_LE_OQ));
+        }
+        ok |= m == 0xffff ? 1u << r : 0u;
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+            S[g][t] = kvq__i512_h2f(sp + 2 * ((size_t)g * P + 16 * (size_t)t));
+    __m512 X[4][4][4]; /* the products w * s of (row, group, 16 tokens) */
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        v[i] = zero;
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) {
+            const int i = r * NG + g;
+            __m512 mx = X[r][g][0] = _mm512_mul_ps(W[r][0], S[g][0]);
+#pragma GCC unroll 4
+            for (int t = 1; t < NT; t++)
+                mx = _mm512_max_ps(mx, X[r][g][t] = _mm512_mul_ps(W[r][t], S[g][t]));
+            v[4 * (i % 4) + i / 4] = mx;
+        }
+    const __m512 M = kvq__i512_red16(v, 1);
+    const unsigned fin = _mm512_cmp_ps_mask(M, big, _CMP_LE_OQ);
+    const __mmask16 use = _mm512_cmp_ps_mask(M, tiny, _CMP_GE_OQ);
+    const __m512 inv = _mm512_maskz_div_ps(use, l127, M);
+    _mm512_storeu_ps(al, _mm512_maskz_div_ps(use, M, l127));
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        if (((fin >> (r * NG)) & ((1u << NG) - 1)) != (1u << NG) - 1)
+            ok &= ~(1u << r);
+        __m512i Q[4][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) {
+            const __m512 iv = _mm512_permutexvar_ps(_mm512_set1_epi32(r * NG + g), inv);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                Q[g][t] = kvq__i512_f2i(_mm512_mul_ps(X[r][g][t], iv));
+        }
+        /* the bytes of row r: groups one after the other, 16 NT each */
+        if (NG * NT == 4) {
+            const __m512i q0 = NT == 1 ? Q[0][0] : NT == 2 ? Q[0][0] : Q[0][0];
+            const __m512i q1 = NT == 1 ? Q[1][0] : NT == 2 ? Q[0][1] : Q[0][1];
+            const __m512i q2 = NT == 1 ? Q[2][0] : NT == 2 ? Q[1][0] : Q[0][2];
+            const __m512i q3 = NT == 1 ? Q[3][0] : NT == 2 ? Q[1][1] : Q[0][3];
+            kvq__i512_store_b64(wq[r], q0, q1, q2, q3);
+        } else {
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++)
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    kvq__i512_store_b16(wq[r] + (size_t)g * n + 16 * (size_t)t, Q[g][t]);
+        }
+    }
+    if (c->bits != 8) {
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++)
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                S[g][t] = kvq__i512_h2f(mp + 2 * ((size_t)g * P + 16 * (size_t)t));
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) {
+                const int i = r * NG + g;
+                __m512 sm = _mm512_mul_ps(W[r][0], S[g][0]);
+#pragma GCC unroll 4
+                for (int t = 1; t < NT; t++)
+                    sm = _mm512_fmadd_ps(W[r][t], S[g][t], sm);
+                v[4 * (i % 4) + i / 4] = sm;
+            }
+        _mm512_storeu_ps(msum, kvq__i512_red16(v, 0));
+    }
+    return ok;
+}
+
+#define KVQ__I512_WQ(NG, NT)                                                                       \
+    KVQ__T512 static unsigned kvq__i512_wq_##NG##_##NT(                                            \
+        const kvq_codec *c, const uint8_t *page, size_t P, size_t t0, const float *const *w,       \
+        uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al, float *msum) {            \
+        return kvq__i512_wquant4_fix(c, page, P, t0, w, wq, al, msum, NG, NT);                      \
+    }
+KVQ__I512_WQ(1, 1)
+KVQ__I512_WQ(2, 1)
+KVQ__I512_WQ(4, 1)
+KVQ__I512_WQ(1, 2)
+KVQ__I512_WQ(2, 2)
+KVQ__I512_WQ(4, 2)
+KVQ__I512_WQ(1, 4)
+KVQ__I512_WQ(2, 4)
+KVQ__I512_WQ(4, 4)
+
+/* The rounded weights of a run (see kvq__i512_wquant4_any). */
+static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
+                                  size_t n, const float *const *w,
+                                  uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al,
+                                  float *msum) {
+    typedef unsigned (*fn)(const kvq_codec *, const uint8_t *, size_t, size_t, const float *const *,
+                           uint8_t (*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *, float *);
+    static const fn tab[3][3] = {
+        {kvq__i512_wq_1_1, kvq__i512_wq_2_1, kvq__i512_wq_4_1},
+        {kvq__i512_wq_1_2, kvq__i512_wq_2_2, kvq__i512_wq_4_2},
+        {kvq__i512_wq_1_4, kvq__i512_wq_2_4, kvq__i512_wq_4_4},
+    };
+    const size_t ng = c->ngroups;
+    const int gi = ng == 1 ? 0 : ng == 2 ? 1 : ng == 4 ? 2 : -1;
+    const int ti = n == 16 ? 0 : n == 32 ? 1 : n == 64 ? 2 : -1;
+    if (gi >= 0 && ti >= 0)
+        return tab[ti][gi](c, page, P, t0, w, wq, al, msum);
+    return kvq__i512_wquant4_any(c, page, P, t0, n, w, wq, al, msum);
+}
 
 #define KVQ__VNNI 1
 #define KVQ__TGT KVQ__T512VNNI

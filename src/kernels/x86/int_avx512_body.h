@@ -58,8 +58,8 @@ KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float 
                     const __m512i u1 = _mm512_loadu_si512((const void *)(page + ((k + 1) * P + tb) * 4));
 #if KVQ__VNNI
                     KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
-                        Ia[r] = _mm512_dpbusd_epi32(Ia[r], u0, _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 4 * k)));
-                        Jb[r] = _mm512_dpbusd_epi32(Jb[r], u1, _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 4 * k + 4)));
+                        Ia[r] = kvq__i512_dpb(Ia[r], u0, q[r] + 4 * k);
+                        Jb[r] = kvq__i512_dpb(Jb[r], u1, q[r] + 4 * k + 4);
                     }
 #else
                     const __m512i c0 = _mm512_xor_si512(u0, x80), c1 = _mm512_xor_si512(u1, x80);
@@ -85,12 +85,12 @@ KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float 
                     const __m512i lo = _mm512_and_si512(v, m4);
                     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                     KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+#if KVQ__VNNI
+                        Ia[r] = kvq__i512_dpb(Ia[r], lo, q[r] + 8 * k);
+                        Jb[r] = kvq__i512_dpb(Jb[r], hi, q[r] + 8 * k + 4);
+#else
                         const __m512i ql = _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 8 * k));
                         const __m512i qh = _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 8 * k + 4));
-#if KVQ__VNNI
-                        Ia[r] = _mm512_dpbusd_epi32(Ia[r], lo, ql);
-                        Jb[r] = _mm512_dpbusd_epi32(Jb[r], hi, qh);
-#else
                         S[r] = _mm512_add_epi16(S[r], _mm512_add_epi16(_mm512_maddubs_epi16(lo, ql),
                                                                        _mm512_maddubs_epi16(hi, qh)));
 #endif
@@ -148,21 +148,25 @@ KVQ__TGT static void KVQ__FN(kvq__i512_tscore4)(const kvq_codec *c, float *out, 
 }
 
 /* NZ (1..4) strips of 16 dimensions from dc for 4 weight rows over a run of
- * n tokens from t0, then acc += alpha_g * sum (+ msum_g for int4) for the
- * rows with a[r] set. */
+ * n tokens from t0, then acc += alpha * sum (+ msum for int4) for the rows
+ * with a[r] set; al and ms are indexed r * ng + group. The group of strip
+ * z: GM 16 (g = 16) g0 + z, 32 (g = 32) g0 + z / 2, 64 (g % 64 == 0) g0,
+ * 0 (any other g) (dc + 16 z) / g. */
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8_t *page,
-                                size_t t0, size_t n, size_t dc,
+                                size_t t0, size_t n, size_t dc, size_t g0,
                                 const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                                const float (*alpha)[KVQ__MAX_HEAD_DIM / 8],
-                                const float (*msum)[KVQ__MAX_HEAD_DIM / 8], const int NZ,
+                                const float *al, const float *ms, const int NZ, const int GM,
                                 const int BITS) {
-    const size_t d = c->d, g = c->group;
+    const size_t d = c->d, ng = c->ngroups;
     const __m512i m4 = _mm512_set1_epi8(15);
     size_t gz[4];
     __m512i Ia[4][4];
     KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
-        gz[z] = (dc + 16 * (size_t)z) / g;
+        gz[z] = GM == 16 ? g0 + (size_t)z
+              : GM == 32 ? g0 + (size_t)z / 2
+              : GM == 64 ? g0
+                         : (dc + 16 * (size_t)z) / c->group;
         KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) Ia[r][z] = _mm512_setzero_si512();
     }
     if (BITS == 8) {
@@ -189,15 +193,15 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
             KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
                 KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
                     const uint8_t *wp = wq[r] + gz[z] * n + 8 * b;
+#if KVQ__VNNI
+                    Ia[r][z] = kvq__i512_dpb(kvq__i512_dpb(Ia[r][z], lo[z], wp), hi[z], wp + 4);
+#else
                     const __m512i wl = _mm512_set1_epi32((int)kvq__i512_ld32(wp));
                     const __m512i wh = _mm512_set1_epi32((int)kvq__i512_ld32(wp + 4));
-#if KVQ__VNNI
-                    Ia[r][z] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(Ia[r][z], wl, lo[z]), wh, hi[z]);
-#else
                     Ia[r][z] = _mm512_add_epi32(
-                        Ia[r][z], _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(wl, lo[z]),
-                                                                    _mm512_maddubs_epi16(wh, hi[z])),
-                                                   _mm512_set1_epi16(1)));
+                        Ia[r][z], _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[z], wl),
+                                                                     _mm512_maddubs_epi16(hi[z], wh)),
+                                                    _mm512_set1_epi16(1)));
 #endif
                 }
             }
@@ -208,12 +212,45 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
             continue;
         KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
             float *ap = a[r] + dc + 16 * (size_t)z;
-            __m512 x = _mm512_fmadd_ps(kvq__i512_i2f(Ia[r][z]), _mm512_set1_ps(alpha[r][gz[z]]),
-                                       _mm512_loadu_ps(ap));
+            const size_t k = (size_t)r * ng + gz[z];
+            __m512 x = _mm512_fmadd_ps(kvq__i512_i2f(Ia[r][z]), _mm512_set1_ps(al[k]), _mm512_loadu_ps(ap));
             if (BITS != 8)
-                x = _mm512_add_ps(x, _mm512_set1_ps(msum[r][gz[z]]));
+                x = _mm512_add_ps(x, _mm512_set1_ps(ms[k]));
             _mm512_storeu_ps(ap, x);
         }
+    }
+}
+
+/* The strips of one run: GM as in kvq__i512_taccum_strip. */
+KVQ__TGT static inline __attribute__((always_inline)) void
+KVQ__FN(kvq__i512_taccum_strips)(const kvq_codec *c, float *const *a, const uint8_t *page,
+                                 size_t t0, size_t n,
+                                 const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                                 const float *al, const float *ms, const int GM, const int BITS) {
+    const size_t d = c->d, g = c->group;
+    size_t dc = 0, g0 = 0, left = g;
+    for (; dc + 64 <= d; dc += 64) {
+        KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, GM == 64 ? g0 : dc / (GM ? (size_t)GM : 64),
+                                        wq, al, ms, 4, GM, BITS);
+        if (GM == 64 && (left -= 64) == 0) {
+            g0++;
+            left = g;
+        }
+    }
+    /* the last 16, 32 or 48 dimensions (then g is 16, 32 or not a multiple of 64) */
+    const size_t g1 = GM ? dc / (GM == 64 ? 64 : (size_t)GM) : 0;
+    switch ((d - dc) / 16) {
+    case 3:
+        KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, g1, wq, al, ms, 3, GM == 64 ? 0 : GM, BITS);
+        break;
+    case 2:
+        KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, g1, wq, al, ms, 2, GM == 64 ? 0 : GM, BITS);
+        break;
+    case 1:
+        KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, g1, wq, al, ms, 1, GM == 64 ? 0 : GM, BITS);
+        break;
+    default:
+        break;
     }
 }
 
@@ -222,44 +259,35 @@ KVQ__FN(kvq__i512_taccum_body)(const kvq_codec *c, float *acc, size_t astride, c
                                size_t wstride, size_t nq, const uint8_t *page, size_t P,
                                const int BITS) {
     _Alignas(64) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
-    float alpha[4][KVQ__MAX_HEAD_DIM / 8], msum[4][KVQ__MAX_HEAD_DIM / 8];
-    const size_t d = c->d;
+    _Alignas(64) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 16], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 16];
+    const size_t g = c->group;
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         const size_t nr = KVQ__MIN(4, nq - i0);
         for (size_t t0 = 0; t0 < P; t0 += KVQ__TILE_RUN) {
             const size_t n = KVQ__MIN(KVQ__TILE_RUN, P - t0);
             float *a[4] = {NULL, NULL, NULL, NULL};
-            for (size_t r = 0; r < 4; r++) {
-                const float *wr = w + (i0 + r) * wstride + t0;
-                float *ar = acc + (i0 + r) * astride;
-                if (r < nr && kvq__int_wquant_avx2(c, page, P, t0, n, wr, wq[r], alpha[r], msum[r])) {
-                    a[r] = ar;
+            const float *wr[4];
+            for (size_t r = 0; r < 4; r++)
+                wr[r] = r < nr ? w + (i0 + r) * wstride + t0 : kvq__i512_zeros;
+            const unsigned ok = kvq__i512_wquant4(c, page, P, t0, n, wr, wq, al, ms);
+            for (size_t r = 0; r < nr; r++) {
+                if ((ok >> r) & 1) {
+                    a[r] = acc + (i0 + r) * astride;
                     continue;
                 }
-                memset(wq[r], 0, c->ngroups * n);
-                if (r < nr)
-                    kvq__tile_accum_exact(c, ar, wr, page, P, t0, n);
+                memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
+                kvq__tile_accum_exact(c, acc + (i0 + r) * astride, wr[r], page, P, t0, n);
             }
             const uint8_t(*cwq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
                 (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
-            const float(*cal)[KVQ__MAX_HEAD_DIM / 8] = (const float(*)[KVQ__MAX_HEAD_DIM / 8])alpha;
-            const float(*cms)[KVQ__MAX_HEAD_DIM / 8] = (const float(*)[KVQ__MAX_HEAD_DIM / 8])msum;
-            size_t dc = 0;
-            for (; dc + 64 <= d; dc += 64)
-                KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, cwq, cal, cms, 4, BITS);
-            switch ((d - dc) / 16) {
-            case 3:
-                KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, cwq, cal, cms, 3, BITS);
-                break;
-            case 2:
-                KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, cwq, cal, cms, 2, BITS);
-                break;
-            case 1:
-                KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, cwq, cal, cms, 1, BITS);
-                break;
-            default:
-                break;
-            }
+            if (g == 16)
+                KVQ__FN(kvq__i512_taccum_strips)(c, a, page, t0, n, cwq, al, ms, 16, BITS);
+            else if (g == 32)
+                KVQ__FN(kvq__i512_taccum_strips)(c, a, page, t0, n, cwq, al, ms, 32, BITS);
+            else if (g % 64 == 0)
+                KVQ__FN(kvq__i512_taccum_strips)(c, a, page, t0, n, cwq, al, ms, 64, BITS);
+            else
+                KVQ__FN(kvq__i512_taccum_strips)(c, a, page, t0, n, cwq, al, ms, 0, BITS);
         }
     }
 }
