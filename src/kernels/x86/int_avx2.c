@@ -1261,58 +1261,120 @@ static void kvq__int_tscore4_avx2(const kvq_codec *c, float *out, size_t ostride
     kvq__int_tscore_body(c, out, ostride, qp, nq, page, P, 4);
 }
 
-/* kvq__tile_wquant_ref with 8 lanes (the same operations, so the same bytes;
- * msum is summed in another order). */
-int kvq__int_wquant_avx2(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
-                                size_t n, const float *w, uint8_t *wq, float *alpha, float *msum) {
-    const size_t ng = c->ngroups;
-    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P;
+KVQ__HRED8X8(kvq__hsum8x8, _mm256_add_ps)
+
+/* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for a
+ * run of n tokens (n % 16 == 0) from t0 (int.c, "taccum"): al[r ng + g] =
+ * alpha, wq[r][g n + t] the bytes, msum[r ng + g] = sum_t w_t m_{t,g}
+ * (int4). The 4 ng (row, group) pairs go 8 at a time through the
+ * transposing reductions. Returns the rows done (bit r); the others have a
+ * weight that is negative or not finite, or a product that overflows. */
+static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
+                                      size_t n, const float *const *w,
+                                      uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                                      float *al, float *msum) {
+    const size_t ng = c->ngroups, npair = 4 * ng;
+    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P + 2 * t0;
+    const uint8_t *mp = sp + 2 * ng * P;
     const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(FLT_MAX);
-    for (size_t gi = 0; gi < ng; gi++) {
-        __m256 pv[KVQ__TILE_RUN / 8], mx = zero, ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    const __m256 tiny = _mm256_set1_ps(KVQ__TILE_TINY), l127 = _mm256_set1_ps(127.0f);
+    _Alignas(32) float inv[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
+    unsigned ok = 0;
+    for (int r = 0; r < 4; r++) {
+        __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
         for (size_t t = 0; t < n; t += 8) {
-            __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * (gi * P + t0 + t))));
-            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(w + t), s);
-            ok = _mm256_and_ps(ok, _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ),
-                                                 _mm256_cmp_ps(v, big, _CMP_LE_OQ)));
-            mx = _mm256_max_ps(mx, v);
-            pv[t / 8] = v;
+            __m256 x = _mm256_loadu_ps(w[r] + t);
+            m = _mm256_and_ps(m, _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_GE_OQ),
+                                               _mm256_cmp_ps(x, big, _CMP_LE_OQ)));
         }
-        if (_mm256_movemask_ps(ok) != 0xff)
-            return 0;
-        float m = kvq__hmax256(mx);
-        const __m256 iv = _mm256_set1_ps(m >= KVQ__TILE_TINY ? 127.0f / m : 0.0f);
-        alpha[gi] = m >= KVQ__TILE_TINY ? m / 127.0f : 0.0f;
-        for (size_t t = 0; t < n; t += 8) {
-            __m256i i = _mm256_cvtps_epi32(_mm256_mul_ps(pv[t / 8], iv));
-            __m128i x = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
-            _mm_storel_epi64((__m128i *)(void *)(wq + gi * n + t), _mm_packus_epi16(x, x));
+        ok |= _mm256_movemask_ps(m) == 0xff ? 1u << r : 0u;
+    }
+    /* pair pr = r * ng + gi, walked without divisions */
+    for (size_t p0 = 0, r = 0, gi = 0; p0 < npair; p0 += 8) {
+        __m256 v[8];
+        unsigned rowof[8];
+        for (size_t i = 0; i < 8; i++) {
+            __m256 mx = zero;
+            rowof[i] = (unsigned)r;
+            if (p0 + i < npair) {
+                for (size_t t = 0; t < n; t += 8)
+                    mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(w[r] + t),
+                                                         _mm256_cvtph_ps(_mm_loadu_si128(
+                                                             (const __m128i *)(const void *)(sp + 2 * (gi * P + t))))));
+                if (++gi == ng) {
+                    gi = 0;
+                    r++;
+                }
+            }
+            v[i] = mx;
         }
-        if (c->bits != 8) {
-            __m256 s = _mm256_setzero_ps();
-            for (size_t t = 0; t < n; t += 8)
-                s = _mm256_fmadd_ps(_mm256_loadu_ps(w + t),
-                                    _mm256_cvtph_ps(_mm_loadu_si128(
-                                        (const __m128i *)(const void *)(sp + 2 * ((ng + gi) * P + t0 + t)))),
-                                    s);
-            msum[gi] = kvq__hsum256(s);
+        const __m256 M = kvq__hmax8x8(v);
+        const __m256 use = _mm256_cmp_ps(M, tiny, _CMP_GE_OQ);
+        unsigned bad = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(M, big, _CMP_NLE_UQ));
+        for (size_t i = 0; bad && i < 8 && p0 + i < npair; i++, bad >>= 1)
+            if (bad & 1)
+                ok &= ~(1u << rowof[i]);
+        _mm256_store_ps(inv + p0, _mm256_and_ps(_mm256_div_ps(l127, M), use));
+        _mm256_storeu_ps(al + p0, _mm256_and_ps(_mm256_div_ps(M, l127), use));
+    }
+    for (size_t r = 0, pr = 0; r < 4; r++) {
+        if (!((ok >> r) & 1)) {
+            pr += ng;
+            continue;
+        }
+        for (size_t gi = 0; gi < ng; gi++, pr++) {
+            const __m256 iv = _mm256_broadcast_ss(inv + pr);
+            for (size_t t = 0; t < n; t += 16) {
+                const uint8_t *sv = sp + 2 * (gi * P + t);
+                __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(w[r] + t),
+                                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)sv)));
+                __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(w[r] + t + 8),
+                                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sv + 16))));
+                __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, iv));
+                __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, iv));
+                __m256i h = _mm256_packs_epi32(i0, i1); /* lanes: 0-3 8-11 | 4-7 12-15 */
+                __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                _mm_storeu_si128((__m128i *)(void *)(wq[r] + gi * n + t),
+                                 _mm_shuffle_epi32(b, _MM_SHUFFLE(3, 1, 2, 0)));
+            }
         }
     }
-    return 1;
+    if (c->bits != 8)
+        for (size_t p0 = 0, r = 0, gi = 0; p0 < npair; p0 += 8) {
+            __m256 v[8];
+            for (size_t i = 0; i < 8; i++) {
+                __m256 sm = zero;
+                if (p0 + i < npair) {
+                    for (size_t t = 0; t < n; t += 8)
+                        sm = _mm256_fmadd_ps(_mm256_loadu_ps(w[r] + t),
+                                             _mm256_cvtph_ps(_mm_loadu_si128(
+                                                 (const __m128i *)(const void *)(mp + 2 * (gi * P + t)))),
+                                             sm);
+                    if (++gi == ng) {
+                        gi = 0;
+                        r++;
+                    }
+                }
+                v[i] = sm;
+            }
+            _mm256_storeu_ps(msum + p0, kvq__hsum8x8(v));
+        }
+    return ok;
 }
 
-/* One run of n tokens from t0 (n % 16 == 0) for up to 4 weight rows, 8
+static const float kvq__int_zeros[KVQ__TILE_RUN];
+
+/* One run of n tokens from t0 (n % 16 == 0) for 4 weight rows, 8
  * dimensions at a time: int32 sums of maddubs(wq, code) (pairs below
  * 2 * 127 * 127; int4: int16 sums of up to 4 token octets, below 30480),
- * then acc += alpha_g * sum (+ msum_g for int4). */
+ * then acc += alpha * sum (+ msum for int4) for the rows with a[r] set. */
 static inline __attribute__((always_inline)) void
-kvq__int_taccum_run(const kvq_codec *c, float *const *a, size_t nr, const uint8_t *page, size_t t0, size_t n, const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                    const float (*alpha)[KVQ__MAX_HEAD_DIM / 8],
-                    const float (*msum)[KVQ__MAX_HEAD_DIM / 8], const int BITS) {
-    const size_t d = c->d, g = c->group;
+kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *page, size_t t0, size_t n,
+                    const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
+                    const float *ms, const int BITS) {
+    const size_t d = c->d, g = c->group, ng = c->ngroups;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    for (size_t dc = 0; dc < d; dc += 8) {
-        const size_t gi = dc / g;
+    for (size_t dc = 0, gi = 0, left = g; dc < d; dc += 8) {
         __m256i I[4];
         KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
         if (BITS == 8) {
@@ -1343,14 +1405,19 @@ kvq__int_taccum_run(const kvq_codec *c, float *const *a, size_t nr, const uint8_
                     _mm256_add_epi32(I[r], _mm256_madd_epi16(S[r], ones));
             }
         }
-        for (size_t r = 0; r < nr; r++) {
+        KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
             if (!a[r])
                 continue;
-            __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_set1_ps(alpha[r][gi]),
+            const size_t k = (size_t)r * ng + gi;
+            __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(al + k),
                                        _mm256_loadu_ps(a[r] + dc));
             if (BITS != 8)
-                x = _mm256_add_ps(x, _mm256_set1_ps(msum[r][gi]));
+                x = _mm256_add_ps(x, _mm256_broadcast_ss(ms + k));
             _mm256_storeu_ps(a[r] + dc, x);
+        }
+        if ((left -= 8) == 0) {
+            gi++;
+            left = g;
         }
     }
 }
@@ -1359,26 +1426,26 @@ static inline __attribute__((always_inline)) void
 kvq__int_taccum_body(const kvq_codec *c, float *acc, size_t astride, const float *w,
                      size_t wstride, size_t nq, const uint8_t *page, size_t P, const int BITS) {
     _Alignas(32) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
-    float alpha[4][KVQ__MAX_HEAD_DIM / 8], msum[4][KVQ__MAX_HEAD_DIM / 8];
+    _Alignas(32) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 8], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         const size_t nr = KVQ__MIN(4, nq - i0);
         for (size_t t0 = 0; t0 < P; t0 += KVQ__TILE_RUN) {
             const size_t n = KVQ__MIN(KVQ__TILE_RUN, P - t0);
             float *a[4] = {NULL, NULL, NULL, NULL};
-            for (size_t r = 0; r < 4; r++) {
-                const float *wr = w + (i0 + r) * wstride + t0;
-                float *ar = acc + (i0 + r) * astride;
-                if (r < nr && kvq__int_wquant_avx2(c, page, P, t0, n, wr, wq[r], alpha[r], msum[r])) {
-                    a[r] = ar;
+            const float *wr[4];
+            for (size_t r = 0; r < 4; r++)
+                wr[r] = r < nr ? w + (i0 + r) * wstride + t0 : kvq__int_zeros;
+            const unsigned ok = kvq__int_wquant4_avx2(c, page, P, t0, n, wr, wq, al, ms);
+            for (size_t r = 0; r < nr; r++) {
+                if ((ok >> r) & 1) {
+                    a[r] = acc + (i0 + r) * astride;
                     continue;
                 }
-                memset(wq[r], 0, c->ngroups * n);
-                if (r < nr)
-                    kvq__tile_accum_exact(c, ar, wr, page, P, t0, n);
+                memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
+                kvq__tile_accum_exact(c, acc + (i0 + r) * astride, wr[r], page, P, t0, n);
             }
-            kvq__int_taccum_run(c, a, nr, page, t0, n, (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq,
-                                (const float(*)[KVQ__MAX_HEAD_DIM / 8])alpha,
-                                (const float(*)[KVQ__MAX_HEAD_DIM / 8])msum, BITS);
+            kvq__int_taccum_run(c, a, page, t0, n,
+                                (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq, al, ms, BITS);
         }
     }
 }

@@ -46,12 +46,8 @@ static inline int kvq__tile_ok(const kvq_codec *c) {
     return (c->bits == 8 || c->bits == 4) && c->group % 8 == 0 && c->d % 8 == 0;
 }
 
-/* int_avx2.c, also used by the AVX-512 kernels: tprep, and the rounding of
- * one row's weights (kvq__tile_wquant_ref's bytes, msum in another order;
- * wq, alpha and msum sized for KVQ__MAX_HEAD_DIM / 8 groups). */
+/* int_avx2.c, also the AVX-512 path's: the prepared query of tscore. */
 void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q);
-int kvq__int_wquant_avx2(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0, size_t n,
-                         const float *w, uint8_t *wq, float *alpha, float *msum);
 
 /* The scalar tail of tprep: block scales from the block maxima, the int8
  * bias and the float group sums (qq already written). */
@@ -72,38 +68,6 @@ static inline void kvq__tile_prep_tail(const kvq_codec *c, const kvq__tile_plan 
             s += q[t];
         qs[gi] = s;
     }
-}
-
-/* Quantized weights of one row for a run of n tokens (n % 16 == 0) from
- * token t0 of a page: for each group g, p_t = w_t * s_{t,g} rounded to
- * wq[g * n + t] in 0..127 with alpha[g] = max_t p_t / 127, and for int4
- * msum[g] = sum_t w_t m_{t,g}. Returns 0 when some p_t is negative or not
- * finite (the caller then takes kvq__tile_accum_exact for the row). */
-static inline int kvq__tile_wquant_ref(const kvq_codec *c, const uint8_t *page, size_t P,
-                                       size_t t0, size_t n, const float *w, uint8_t *wq,
-                                       float *alpha, float *msum) {
-    const size_t ng = c->ngroups;
-    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P;
-    for (size_t gi = 0; gi < ng; gi++) {
-        float pv[KVQ__TILE_RUN], mx = 0.0f;
-        for (size_t t = 0; t < n; t++) {
-            pv[t] = w[t] * kvq__f16_to_f32(kvq__ld16(sp + 2 * (gi * P + t0 + t)));
-            if (!(pv[t] >= 0.0f && pv[t] <= FLT_MAX))
-                return 0;
-            mx = pv[t] > mx ? pv[t] : mx;
-        }
-        float inv = mx >= KVQ__TILE_TINY ? 127.0f / mx : 0.0f;
-        alpha[gi] = mx >= KVQ__TILE_TINY ? mx / 127.0f : 0.0f;
-        for (size_t t = 0; t < n; t++)
-            wq[gi * n + t] = (uint8_t)(int)nearbyintf(pv[t] * inv);
-        if (c->bits != 8) {
-            float s = 0.0f;
-            for (size_t t = 0; t < n; t++)
-                s += w[t] * kvq__f16_to_f32(kvq__ld16(sp + 2 * ((ng + gi) * P + t0 + t)));
-            msum[gi] = s;
-        }
-    }
-    return 1;
 }
 
 /* acc += w . v over tokens [t0, t0 + n) of a tiled V page for one row, in
