@@ -462,6 +462,55 @@ static void test_kernels(void) {
             }
 }
 
+/* Encode of every path bit for bit against the reference (the AVX-512
+ * encoder needs d % 64 == 0 and g % 16 == 0; other shapes test the AVX2
+ * one again), batches of 1..33 vectors, misaligned buffers. */
+static void test_encode(void) {
+    static const size_t dims[] = {64, 128, 192, 256, 512, 1024};
+    static const size_t groups[] = {16, 32, 48, 64, 128, 0};
+    static const size_t counts[] = {1, 3, 7, 17, 33};
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+                size_t d = dims[di], g = groups[gi] ? groups[gi] : d;
+                if (g > d || d % g)
+                    continue;
+                char spec[48];
+                snprintf(spec, sizeof spec, "int%d:g=%zu", bits, g);
+                kvq_codec *ref = mk(spec, d, KVQ_ISA_SCALAR);
+                tpath paths[8];
+                size_t np = make_paths(spec, d, paths);
+                const size_t nmax = 33, vb = ref->bytes;
+                float *xb = malloc(nmax * d * sizeof(float) + 4);
+                float *x = (float *)(void *)((char *)xb + 4); /* misaligned */
+                uint8_t *want = malloc(nmax * vb), *got = malloc(nmax * vb + 1);
+                tu_rng r;
+                tu_seed(&r, seed ^ (d * 31 + g + (size_t)bits));
+                for (size_t pi = 0; pi < np; pi++) {
+                    int ok = 1;
+                    for (int kind = 0; kind < 4 && paths[pi].c; kind++)
+                        for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                            size_t n = counts[ci];
+                            fill_vecs(&r, kind == 3 ? 2 : kind, x, n, d);
+                            if (kind == 3) /* ties and signed zeros */
+                                for (size_t t = 0; t < n * d; t++)
+                                    x[t] = (t % 5 == 0) ? -0.0f : (float)((int)(x[t] * 8)) * 0.125f;
+                            ref->ref.encode(ref, want, x, n);
+                            memset(got, 0x5a, n * vb + 1);
+                            paths[pi].c->k.encode(paths[pi].c, got + 1, x, n);
+                            ok &= memcmp(got + 1, want, n * vb) == 0 && got[0] == 0x5a;
+                        }
+                    TU_REPORT(ok, "%s %s d=%zu: encode differs from the reference", paths[pi].name,
+                              spec, d);
+                    kvq_codec_free(paths[pi].c);
+                }
+                free(xb);
+                free(want);
+                free(got);
+                kvq_codec_free(ref);
+            }
+}
+
 /* ---- --bench ---- */
 
 static double now_s(void) {
@@ -589,6 +638,7 @@ int main(int argc, char **argv) {
            kvq_cpu_supports(KVQ_ISA_AVX2), kvq_cpu_supports(KVQ_ISA_AVX512),
            kvq__cpu_avx512_features());
     test_which_tiled();
+    test_encode();
     test_kernels();
     printf("largest |err| / bound: tscore %.3g, taccum %.3g\n", worst_score, worst_accum);
     return tu_finish();

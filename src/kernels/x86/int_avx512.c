@@ -34,6 +34,17 @@ static inline __m512 kvq__i512_h2f(const uint8_t *p) {
     __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
+static inline __m256i kvq__i512_f2h(__m512 v) {
+    __m128i lo = _mm256_cvtps_ph(_mm512_castps512_ps256(v), _MM_FROUND_TO_NEAREST_INT);
+    __m128i hi = _mm256_cvtps_ph(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)),
+                                 _MM_FROUND_TO_NEAREST_INT);
+    return _mm256_set_m128i(hi, lo);
+}
+static inline __m512 kvq__i512_h2fv(__m256i h) {
+    __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    __m256 hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
 static inline __m512i kvq__i512_f2i(__m512 v) {
     __m256i lo = _mm256_cvtps_epi32(_mm512_castps512_ps256(v));
     __m256i hi = _mm256_cvtps_epi32(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)));
@@ -73,6 +84,8 @@ static inline void kvq__i512_store_b64(uint8_t *p, __m512i a, __m512i b, __m512i
 #define kvq__i512_store_b16(p, v) _mm_storeu_si128((__m128i *)(void *)(p), _mm512_cvtepi32_epi8(v))
 #define kvq__i512_hmax(v) _mm512_reduce_max_ps(v)
 #define kvq__i512_hsum(v) _mm512_reduce_add_ps(v)
+#define kvq__i512_f2h(v) _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)
+#define kvq__i512_h2fv(h) _mm512_cvtph_ps(h)
 /* 4 x 16 int32 in 0..127 to 64 bytes in order: two packs, one permute. */
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__i512_store_b64(uint8_t *p, __m512i a, __m512i b, __m512i c, __m512i d) {
@@ -106,7 +119,8 @@ kvq__i512_dpb(__m512i acc, __m512i a, const uint8_t *p) {
 
 static const float kvq__i512_zeros[KVQ__TILE_RUN];
 
-/* Lane i of the result = the maximum (MAX) or sum of the 16 lanes of
+/* Lane i of the result = the maximum (MAX 1), minimum (MAX 2) or sum (MAX
+ * 0) of the 16 lanes of
  * v[T(i)], T(i) = 4 (i % 4) + i / 4 (T is its own inverse): a transposing
  * reduction tree, 15 max/add and 30 shuffles for 16 reductions. */
 #ifdef KVQ_SIMDE
@@ -115,8 +129,8 @@ static inline __m512 kvq__i512_red16(const __m512 *v, const int MAX) {
     for (int i = 0; i < 16; i++) {
         _mm512_storeu_ps(x, v[4 * (i % 4) + i / 4]);
         float a = MAX ? x[0] : 0.0f;
-        for (int k = MAX; k < 16; k++)
-            a = MAX ? (x[k] > a ? x[k] : a) : a + x[k];
+        for (int k = MAX ? 1 : 0; k < 16; k++)
+            a = MAX == 1 ? (x[k] > a ? x[k] : a) : MAX == 2 ? (x[k] < a ? x[k] : a) : a + x[k];
         out[i] = a;
     }
     return _mm512_loadu_ps(out);
@@ -124,7 +138,8 @@ static inline __m512 kvq__i512_red16(const __m512 *v, const int MAX) {
 #else
 KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__i512_red16(const __m512 *v,
                                                                              const int MAX) {
-#define KVQ__RED(a, b) (MAX ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b))
+#define KVQ__RED(a, b)                                                                             \
+    (MAX == 1 ? _mm512_max_ps(a, b) : MAX == 2 ? _mm512_min_ps(a, b) : _mm512_add_ps(a, b))
     __m512 u[8], w[4], z[2];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++)
@@ -365,6 +380,155 @@ static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *page, size_
     return kvq__i512_wquant4_any(c, page, P, t0, n, w, wq, al, msum);
 }
 
+/* ---- encode: bit-exact with the reference (src/codec/int.c), as the
+ * AVX2 encoder: the group parameters of 16 groups at once with the same
+ * correctly rounded operations (division, clamps, F16C on values within
+ * +-65504), codes with cvtps_epi32 (round to nearest even) and saturating
+ * packs for the lower clamp. Needs d % 64 == 0 and g % 16 == 0. ---- */
+
+#define KVQ__ENC512_F 16 /* groups per parameter pass */
+
+/* nb vectors (nb * ng <= 16, or one vector) of one batch. */
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__i512_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
+                       const uint8_t *zg, const int ZPG, const int BITS) {
+    const size_t d = c->d, g = c->group, ng = c->ngroups, bytes = c->bytes;
+    const size_t F = nb * ng, gz = ZPG ? 16 * (size_t)ZPG : g;
+    _Alignas(64) float mf[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F], iv[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F];
+    _Alignas(64) uint16_t sh[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F], mh[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F];
+    const __m512 zero = _mm512_setzero_ps(), lim = _mm512_set1_ps(65504.0f);
+    const __m512 nlim = _mm512_set1_ps(-65504.0f), one = _mm512_set1_ps(1.0f);
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (size_t f0 = 0; f0 < F; f0 += KVQ__ENC512_F) {
+        /* the maxima (int8: of |x|), then the minima, of 16 groups; groups
+         * past F repeat the last one (their lanes are not used) */
+        __m512 v[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            const float *x = src + KVQ__MIN(f0 + (size_t)i, F - 1) * g;
+            __m512 a = BITS == 8 ? _mm512_and_ps(_mm512_loadu_ps(x), absmask) : _mm512_loadu_ps(x);
+            for (size_t t = 16; t < gz; t += 16)
+                a = _mm512_max_ps(a, BITS == 8 ? _mm512_and_ps(_mm512_loadu_ps(x + t), absmask)
+                                               : _mm512_loadu_ps(x + t));
+            v[4 * (i % 4) + i / 4] = a; /* kvq__i512_red16's input order */
+        }
+        const __m512 rmax = kvq__i512_red16(v, 1);
+        __m512 rmin = zero;
+        if (BITS != 8) {
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                const float *x = src + KVQ__MIN(f0 + (size_t)i, F - 1) * g;
+                __m512 a = _mm512_loadu_ps(x);
+                for (size_t t = 16; t < gz; t += 16)
+                    a = _mm512_min_ps(a, _mm512_loadu_ps(x + t));
+                v[4 * (i % 4) + i / 4] = a;
+            }
+            rmin = kvq__i512_red16(v, 2);
+        }
+        __m512 r;
+        if (BITS == 8) {
+            r = _mm512_min_ps(_mm512_div_ps(rmax, _mm512_set1_ps(127.0f)), lim);
+        } else {
+            __m512 mn = _mm512_add_ps(rmin, zero); /* -0 -> +0 */
+            __m512 mx = _mm512_add_ps(rmax, zero);
+            mn = _mm512_min_ps(_mm512_max_ps(mn, nlim), lim);
+            const __m256i m16 = kvq__i512_f2h(mn);
+            const __m512 m = kvq__i512_h2fv(m16);
+            r = _mm512_div_ps(_mm512_sub_ps(mx, m), _mm512_set1_ps(BITS == 4 ? 15.0f : 3.0f));
+            r = _mm512_min_ps(_mm512_max_ps(r, zero), lim);
+            _mm512_store_ps(mf + f0, m);
+            _mm256_store_si256((__m256i *)(void *)(mh + f0), m16);
+        }
+        const __m256i s16 = kvq__i512_f2h(r);
+        const __m512 sv = kvq__i512_h2fv(s16);
+        _mm512_store_ps(iv + f0, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sv, zero, _CMP_GT_OQ), one, sv));
+        _mm256_store_si256((__m256i *)(void *)(sh + f0), s16);
+    }
+    const __m512 top = _mm512_set1_ps(BITS == 8 ? 127.0f : 15.0f);
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (size_t j = 0; j < nb; j++) {
+        const float *x = src + j * d;
+        uint8_t *v = dst + j * bytes;
+        for (size_t k = 0; k < ng; k++) { /* (a memcpy of 2 ng bytes would be a call) */
+            kvq__st16(v + 2 * k, sh[j * ng + k]);
+            if (BITS != 8)
+                kvq__st16(v + 2 * (ng + k), mh[j * ng + k]);
+        }
+        uint8_t *codes = v + (BITS == 8 ? 2 : 4) * ng;
+        __m512i pend = _mm512_setzero_si512(); /* int4: the nibble words of an odd block */
+        for (size_t t = 0, blk = 0; t < d; t += 64, blk++) {
+            __m512i q[4];
+            /* the group of each 16 values: from the table, or known to be
+             * the block's first group for 1, 2, or 4 of its 16-value parts */
+            const size_t fb = j * ng + zg[t / 16];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const size_t f = ZPG >= 4 ? fb : ZPG == 2 ? fb + (size_t)k / 2 : j * ng + zg[t / 16 + (size_t)k];
+                __m512 y = _mm512_loadu_ps(x + t + 16 * (size_t)k);
+                if (BITS != 8)
+                    y = _mm512_sub_ps(y, _mm512_set1_ps(mf[f]));
+                q[k] = kvq__i512_f2i(_mm512_min_ps(_mm512_mul_ps(y, _mm512_set1_ps(iv[f])), top));
+            }
+            if (BITS == 8) {
+                __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(q[0], q[1]), _mm512_packs_epi32(q[2], q[3]));
+                b = _mm512_max_epi8(b, _mm512_set1_epi8(-127));
+                _mm512_storeu_si512((void *)(codes + t), _mm512_permutexvar_epi32(order, b));
+                continue;
+            }
+            __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(q[0], q[1]), _mm512_packus_epi32(q[2], q[3]));
+            /* value pairs to one byte each, lo + 16 hi (in the packs' lane order) */
+            const __m512i w = _mm512_maddubs_epi16(_mm512_permutexvar_epi32(order, b), _mm512_set1_epi16(0x1001));
+            if (blk % 2 == 0) {
+                pend = w;
+                if (t + 64 < d)
+                    continue;
+                const __m512i p = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                                           _mm512_packus_epi16(pend, pend));
+                _mm256_storeu_si256((__m256i *)(void *)(codes + t / 2), _mm512_castsi512_si256(p));
+            } else {
+                const __m512i p = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                                           _mm512_packus_epi16(pend, w));
+                _mm512_storeu_si512((void *)(codes + t / 2 - 32), p);
+            }
+        }
+    }
+}
+
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__i512_encode_body(const kvq_codec *c, uint8_t *dst, const float *src, size_t n, const int BITS) {
+    const size_t ng = c->ngroups;
+    const size_t batch = ng < KVQ__ENC512_F && KVQ__ENC512_F % ng == 0 ? KVQ__ENC512_F / ng : 1;
+    uint8_t zg[KVQ__MAX_HEAD_DIM / 16]; /* group of each 16 values */
+    for (size_t z = 0, gi = 0, left = c->group; z < c->d / 16; z++) {
+        zg[z] = (uint8_t)gi;
+        if ((left -= 16) == 0) {
+            gi++;
+            left = c->group;
+        }
+    }
+    const size_t zpg = c->group / 16; /* 16-value vectors per group: fixed for the common ones */
+    for (size_t j = 0; j < n; j += batch) {
+        uint8_t *o = dst + j * c->bytes;
+        const float *x = src + j * c->d;
+        const size_t m = KVQ__MIN(batch, n - j);
+        if (zpg == 2)
+            kvq__i512_encode_batch(c, o, x, m, zg, 2, BITS);
+        else if (zpg == 8)
+            kvq__i512_encode_batch(c, o, x, m, zg, 8, BITS);
+        else if (zpg == 4)
+            kvq__i512_encode_batch(c, o, x, m, zg, 4, BITS);
+        else
+            kvq__i512_encode_batch(c, o, x, m, zg, 0, BITS);
+    }
+}
+
+KVQ__T512 static void kvq__i512_encode8(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    kvq__i512_encode_body(c, dst, src, n, 8);
+}
+KVQ__T512 static void kvq__i512_encode4(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    kvq__i512_encode_body(c, dst, src, n, 4);
+}
+
 #define KVQ__VNNI 1
 #define KVQ__TGT KVQ__T512VNNI
 #define KVQ__FN(name) name##_vnni
@@ -382,6 +546,9 @@ static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *page, size_
 #undef KVQ__FN
 
 void KVQ__SEL512(kvq__int_avx512_select)(kvq_codec *c, unsigned feat) {
+    if ((c->bits == 8 || c->bits == 4) && c->d % 64 == 0 && c->group % 16 == 0 &&
+        c->ngroups <= KVQ__MAX_HEAD_DIM / 16)
+        c->k.encode = c->bits == 8 ? kvq__i512_encode8 : kvq__i512_encode4;
     if (!kvq__tile_ok(c))
         return;
     const int vnni = (feat & KVQ__X512_VNNI) != 0, b8 = c->bits == 8;
