@@ -660,13 +660,17 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             r->ratio_f32 = f32_us > 0 ? r->step_us / f32_us : NAN;
             r->ratio_dense = dense_us > 0 ? r->step_us / dense_us : NAN;
         }
-        if (!o.json) {
-            for (size_t i = 0; i < nr; i++) /* kvq rows, then the baselines */
-                if (!first[i].baseline)
-                    ba_print_row(&first[i]);
+        /* kvq rows first, then the baselines (table and JSON) */
+        ba_row tmp[BA_MAX_CODECS + KVQP_ATT_KINDS];
+        size_t nt = 0;
+        for (int b = 0; b < 2; b++)
             for (size_t i = 0; i < nr; i++)
-                if (first[i].baseline)
-                    ba_print_row(&first[i]);
+                if (first[i].baseline == b)
+                    tmp[nt++] = first[i];
+        memcpy(first, tmp, nr * sizeof *first);
+        if (!o.json) {
+            for (size_t i = 0; i < nr; i++)
+                ba_print_row(&first[i]);
             printf("\n");
             fflush(stdout);
         }
@@ -757,6 +761,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             printf(", \"bytes_read\": %llu", (unsigned long long)r->bytes_read);
             ba_jnum("floor_us", r->floor_us);
             ba_jnum("x_floor", r->x_floor);
+            ba_jnum("x_floor_min", r->floor_us > 0 ? r->step_min_us / r->floor_us : NAN);
             ba_jnum("ratio_vs_f32", r->ratio_f32);
             ba_jnum("ratio_vs_dense", r->ratio_dense);
             if (r->baseline)
