@@ -415,11 +415,6 @@ typedef struct {
     char msg[200];
 } ba_prow;
 
-static int ba_cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void ba_run_prefill(ba_env *e, const char *codec, size_t N, const float *Kc, const float *Vc,
                            const float *Q, const int32_t *qpos, float *out, size_t reps_max,
                            ba_prow *r) {
@@ -457,14 +452,20 @@ static void ba_run_prefill(ba_env *e, const char *codec, size_t N, const float *
             snprintf(r->msg, sizeof r->msg, "attention produced non-finite output");
             return;
         }
-    qsort(tot, (size_t)reps, sizeof tot[0], ba_cmp);
-    qsort(app, (size_t)reps, sizeof app[0], ba_cmp);
-    qsort(att, (size_t)reps, sizeof att[0], ba_cmp);
-#define BA_MED(a) (reps % 2 ? a[reps / 2] : 0.5 * (a[reps / 2 - 1] + a[reps / 2]))
-    r->prefill_us = BA_MED(tot) * 1e6;
-    r->append_us = BA_MED(app) * 1e6;
-    r->attend_us = BA_MED(att) * 1e6;
-#undef BA_MED
+    /* the median repetition by total time (two middle ones averaged), with
+     * its own append and attend times, so that they add up */
+    int idx[8];
+    for (int i = 0; i < reps; i++)
+        idx[i] = i;
+    for (int i = 1; i < reps; i++) /* insertion sort by total */
+        for (int j = i; j > 0 && tot[idx[j]] < tot[idx[j - 1]]; j--) {
+            int t = idx[j];
+            idx[j] = idx[j - 1], idx[j - 1] = t;
+        }
+    int lo = idx[(reps - 1) / 2], hi = idx[reps / 2];
+    r->prefill_us = 0.5 * (tot[lo] + tot[hi]) * 1e6;
+    r->append_us = 0.5 * (app[lo] + app[hi]) * 1e6;
+    r->attend_us = 0.5 * (att[lo] + att[hi]) * 1e6;
     r->reps = reps;
     r->ok = 1;
 }
