@@ -42,7 +42,9 @@
 #define BA_MAX_CODECS 32
 #define BA_TAIL 64       /* single-token appends timed at the end of a build */
 #define BA_BW_MIN ((size_t)256 << 20)
-#define BA_BW_PASSES 5
+#define BA_BW_ROUNDS_MIN 5 /* bandwidth: rounds of one pass per thread count, */
+#define BA_BW_ROUNDS_MAX 60 /* as many as fit in BA_BW_SECONDS */
+#define BA_BW_SECONDS 1.0
 #define BA_DEFAULT_CONTEXTS "1024,4096,16384,32768"
 #define BA_DEFAULT_CODECS "int8,int4:g=32,tq3,tq4"
 
@@ -54,6 +56,7 @@ typedef struct {
     int base[KVQP_ATT_KINDS];
     size_t threads, prefill, reps;
     int json, warm;
+    kvq_isa isa;
     char *codec_buf;
 } ba_opts;
 
@@ -61,7 +64,7 @@ static void ba_usage(FILE *f) {
     fprintf(f,
             "usage: kvq bench attend [--context LIST|none] [--codec LIST] [--threads N]\n"
             "                        [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
-            "                        [--json]\n"
+            "                        [--isa scalar|avx2|avx512|auto] [--json]\n"
             "  --context LIST   context lengths, comma-separated, each 1..%zu\n"
             "                   (default %s); none: no decode rows\n"
             "  --codec LIST     kvq codecs for K and V (default %s);\n"
@@ -73,6 +76,8 @@ static void ba_usage(FILE *f) {
             "                   their N queries per codec, against f32 (default 0: none)\n"
             "  --reps N         1..1000 timed steps per row (default 5..9 within 0.5 s)\n"
             "  --warm           do not flush the last-level cache before each timed step\n"
+            "  --isa P          kvq's kernel path (cfg.isa; default auto: the best one); the\n"
+            "                   baselines always use the best SIMD level of this CPU\n"
             "  --json           one JSON object on stdout\n"
             "One layer of %d KV heads, %d query heads, head_dim %d. Exit status: 0 ok, 1 a row\n"
             "failed at run time, 2 usage.\n",
@@ -113,7 +118,8 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
         else if (!strcmp(a, "--warm"))
             o->warm = 1;
         else if (strcmp(a, "--context") && strcmp(a, "--codec") && strcmp(a, "--threads") &&
-                 strcmp(a, "--baselines") && strcmp(a, "--prefill") && strcmp(a, "--reps"))
+                 strcmp(a, "--baselines") && strcmp(a, "--prefill") && strcmp(a, "--reps") &&
+                 strcmp(a, "--isa"))
             return ba_bad("unknown option '%s'%s", a, "");
         else if (!v)
             return ba_bad("%s needs a value%s", a, "");
@@ -125,6 +131,18 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
                 codec_list = v;
             else if (!strcmp(a, "--baselines"))
                 base_list = v;
+            else if (!strcmp(a, "--isa")) {
+                if (!strcmp(v, "scalar"))
+                    o->isa = KVQ_ISA_SCALAR;
+                else if (!strcmp(v, "avx2"))
+                    o->isa = KVQ_ISA_AVX2;
+                else if (!strcmp(v, "avx512"))
+                    o->isa = KVQ_ISA_AVX512;
+                else if (!strcmp(v, "auto"))
+                    o->isa = KVQ_ISA_AUTO;
+                else
+                    return ba_bad("%s must be scalar, avx2, avx512 or auto, got '%s'", a, v);
+            }
             else if (!strcmp(a, "--threads")) {
                 if (!kvqb_parse_size(v, 1, 64, &o->threads))
                     return ba_bad("%s must be an integer in 1..64, got '%s'", a, v);
@@ -298,6 +316,7 @@ static int ba_bstep(void *arg) {
 typedef struct {
     const float *K, *V, *q; /* [H][ld][d], [QH][d] */
     size_t ld, threads;
+    kvq_isa isa;
     float *chunk_k, *chunk_v; /* [1024][H][d] */
     float *out;               /* [QH][d] */
     kvqb_config cfg;
@@ -306,11 +325,12 @@ typedef struct {
 } ba_env;
 
 static kvq_status ba_cache(kvq_cache **c, const char *codec, size_t max_tokens, size_t threads,
-                           char *msg, size_t msg_size) {
+                           kvq_isa isa, char *msg, size_t msg_size) {
     kvq_cache_config cfg;
     kvq_cache_config_init(&cfg);
     cfg.n_layers = 1, cfg.n_kv_heads = BA_H, cfg.n_q_heads = BA_QH, cfg.head_dim = BA_D;
     cfg.max_tokens = max_tokens, cfg.k_codec = codec, cfg.v_codec = codec, cfg.n_threads = threads;
+    cfg.isa = isa;
     cfg.err_msg = msg, cfg.err_msg_size = msg_size;
     msg[0] = 0;
     return kvq_cache_create(c, &cfg);
@@ -322,7 +342,7 @@ static void ba_run_kvq(ba_env *e, const char *codec, size_t ctx, ba_row *r) {
     snprintf(r->codec, sizeof r->codec, "%s", codec);
     r->context = ctx;
     kvq_cache *c = NULL;
-    kvq_status st = ba_cache(&c, codec, ctx, e->threads, r->msg, sizeof r->msg);
+    kvq_status st = ba_cache(&c, codec, ctx, e->threads, e->isa, r->msg, sizeof r->msg);
     if (st != KVQ_OK) {
         if (!r->msg[0])
             snprintf(r->msg, sizeof r->msg, "%s", kvq_strerror(st));
@@ -426,7 +446,7 @@ static void ba_run_prefill(ba_env *e, const char *codec, size_t N, const float *
         reps_max = 8;
     while ((size_t)reps < reps_max && (reps < 1 || spent < 2.0)) {
         kvq_cache *c = NULL;
-        kvq_status st = ba_cache(&c, codec, N, e->threads, r->msg, sizeof r->msg);
+        kvq_status st = ba_cache(&c, codec, N, e->threads, e->isa, r->msg, sizeof r->msg);
         if (st != KVQ_OK) {
             if (!r->msg[0])
                 snprintf(r->msg, sizeof r->msg, "%s", kvq_strerror(st));
@@ -503,10 +523,11 @@ int kvq_tool_bench_attend(int argc, char **argv) {
     for (size_t k = 0; k < o.ncod; k++) {
         char msg[256];
         kvq_cache *c = NULL;
-        kvq_status st = ba_cache(&c, o.codecs[k], 64, 1, msg, sizeof msg);
+        kvq_status st = ba_cache(&c, o.codecs[k], 64, 1, o.isa, msg, sizeof msg);
         kvq_cache_free(c);
         if (st != KVQ_OK) {
-            fprintf(stderr, "kvq bench attend: --codec '%s': %s\n", o.codecs[k],
+            fprintf(stderr, "kvq bench attend: --codec '%s'%s%s: %s\n", o.codecs[k],
+                    o.isa ? " with --isa " : "", o.isa ? kvq_isa_name(o.isa) : "",
                     msg[0] ? msg : kvq_strerror(st));
             free(o.codec_buf);
             return st == KVQ_ERR_NOMEM ? 1 : 2;
@@ -516,11 +537,13 @@ int kvq_tool_bench_attend(int argc, char **argv) {
     ba_env e;
     memset(&e, 0, sizeof e);
     e.threads = threads;
+    e.isa = o.isa;
     e.simd = kvqb_simd_best();
     e.pool = kvqb_pool_create(threads > 2 ? (int)threads : 2);
-    char cpu[128];
+    char cpu[128], cpu_detail[256];
     kvqb_cpu_name(cpu, sizeof cpu);
-    const char *kvq_path = kvq_isa_name(kvq_cpu_best_isa());
+    kvqb_cpu_detail(cpu_detail, sizeof cpu_detail);
+    const char *kvq_path = kvq_isa_name(o.isa == KVQ_ISA_AUTO ? kvq_cpu_best_isa() : o.isa);
 
     /* 1. read bandwidth */
     size_t llc = kvqb_llc_bytes(), llc_eff = llc ? llc : (size_t)32 << 20;
@@ -535,11 +558,23 @@ int kvq_tool_bench_attend(int argc, char **argv) {
     }
     for (size_t i = 0; i < bw_bytes / sizeof(float); i++)
         bw[i] = (float)(i & 7);
-    double bw1 = kvqb_read_gbps(NULL, 1, bw, bw_bytes, BA_BW_PASSES, e.simd);
-    double bw2 = kvqb_read_gbps(e.pool, 2, bw, bw_bytes, BA_BW_PASSES, e.simd);
-    double bwn = threads > 2 ? kvqb_read_gbps(e.pool, (int)threads, bw, bw_bytes, BA_BW_PASSES, e.simd)
-                 : threads == 2 ? bw2
-                                : bw1;
+    /* rounds of one pass per thread count, alternating, so that both see
+     * the same moments of a shared machine; the best pass of each */
+    double bw1 = 0, bw2 = 0, bwn = 0;
+    int bw_rounds = 0;
+    kvqb_read_gbps(e.pool, 2, bw, bw_bytes, 1, e.simd); /* warm-up */
+    for (double t0 = kvqb_now(); bw_rounds < BA_BW_ROUNDS_MIN ||
+                                 (bw_rounds < BA_BW_ROUNDS_MAX && kvqb_now() - t0 < BA_BW_SECONDS);
+         bw_rounds++) {
+        double g1 = kvqb_read_gbps(NULL, 1, bw, bw_bytes, 1, e.simd);
+        double g2 = kvqb_read_gbps(e.pool, 2, bw, bw_bytes, 1, e.simd);
+        double gn = threads > 2 ? kvqb_read_gbps(e.pool, (int)threads, bw, bw_bytes, 1, e.simd) : 0;
+        bw1 = g1 > bw1 ? g1 : bw1;
+        bw2 = g2 > bw2 ? g2 : bw2;
+        bwn = gn > bwn ? gn : bwn;
+    }
+    if (threads <= 2)
+        bwn = threads == 2 ? bw2 : bw1;
     free(bw);
 
     /* 2. data: K, V [H][maxT][d] (contiguous per KV head: the dense
@@ -607,13 +642,13 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         printf("kvq bench attend: one decode step (one query per query head) over 1 layer of %d KV "
                "heads, %d query heads, head_dim %d\n",
                BA_H, BA_QH, BA_D);
-        printf("  cpu %s | kvq path %s | threads %zu (kvq cache n_threads; baselines too: dense:f32 "
-               "split over KV heads, llama.cpp over query heads)\n",
-               cpu, kvq_path, threads);
+        printf("  cpu %s (%s)\n  kvq path %s%s | threads %zu (kvq cache n_threads; baselines too: "
+               "dense:f32 split over KV heads, llama.cpp over query heads)\n",
+               cpu, cpu_detail, kvq_path, o.isa == KVQ_ISA_AUTO ? " (auto)" : " (forced)", threads);
         printf("  read bandwidth (%s sum over %zu MiB, >= 4x the %zu MiB last-level cache%s, best of "
-               "%d passes): 1 thread %.1f GB/s, 2 threads %.1f GB/s",
+               "%d passes each): 1 thread %.1f GB/s, 2 threads %.1f GB/s",
                kvqb_simd_name(e.simd), bw_bytes >> 20, llc_eff >> 20, llc ? "" : " (assumed)",
-               BA_BW_PASSES, bw1, bw2);
+               bw_rounds, bw1, bw2);
         if (threads > 2)
             printf(", %zu threads %.1f GB/s", threads, bwn);
         printf("\n  floor = bytes read / %.1f GB/s (%zu thread%s); x floor = step / floor; step = "
@@ -724,13 +759,17 @@ int kvq_tool_bench_attend(int argc, char **argv) {
     if (o.json) {
         printf("{\"cpu\": ");
         kvqb_json_str(stdout, cpu);
+        printf(", \"cpu_detail\": ");
+        kvqb_json_str(stdout, cpu_detail);
         printf(", \"isa\": ");
         kvqb_json_str(stdout, kvq_path);
+        printf(", \"isa_forced\": %s", o.isa == KVQ_ISA_AUTO ? "false" : "true");
         printf(", \"bench_simd\": ");
         kvqb_json_str(stdout, kvqb_simd_name(e.simd));
         printf(", \"threads\": %zu, \"baseline_threads\": %zu, \"kv_heads\": %d, \"q_heads\": %d, "
                "\"head_dim\": %d, \"llc_bytes\": %zu, \"bandwidth_buffer_bytes\": %zu",
                threads, threads, BA_H, BA_QH, BA_D, llc, bw_bytes);
+        printf(", \"bandwidth_passes\": %d", bw_rounds);
         ba_jnum("read_gbps_1t", bw1);
         ba_jnum("read_gbps_2t", bw2);
         if (threads > 2) {

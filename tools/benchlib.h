@@ -58,6 +58,11 @@ void kvqb_json_str(FILE *f, const char *s);
 /* The CPU model name from /proc/cpuinfo, or "unknown". */
 void kvqb_cpu_name(char *buf, size_t size);
 
+/* "family F model M" and the SIMD flags that matter to the kernels (avx2,
+ * fma, f16c, avx512f/bw/vl, avx512_vnni, avx512vbmi, avx_vnni) from
+ * /proc/cpuinfo; "" where it does not say. */
+void kvqb_cpu_detail(char *buf, size_t size);
+
 /* Strict decimal option value: digits only (no sign, no space, nothing
  * after), lo <= value <= hi. Returns 1 and sets *out, or 0. */
 int kvqb_parse_size(const char *s, size_t lo, size_t hi, size_t *out);
@@ -95,8 +100,9 @@ void kvqb_pool_free(kvqb_pool *p);
  * least that many; NULL for one thread) each sum their contiguous share of
  * the bytes at buf (already written: the pages exist) with kvqb_sum, all
  * starting together behind a barrier; a pass lasts from the first start to
- * the last end. Returns the best of `passes` passes (after one untimed
- * pass) in GB/s (1e9 bytes per second). */
+ * the last end. Returns the best of `passes` passes in GB/s (1e9 bytes
+ * per second); the first pass after the buffer was written may be slower
+ * (callers warm up with a pass of their own). */
 double kvqb_read_gbps(kvqb_pool *pool, int n_threads, const float *buf, size_t bytes, int passes,
                       kvqb_simd s);
 
