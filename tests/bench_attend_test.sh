@@ -57,6 +57,7 @@ bad_opt --codec bench attend --codec bogus9
 bad_opt --codec bench attend --codec int8,,tq3
 bad_opt --baselines bench attend --baselines llama.cpp:q5_1
 bad_opt --bogus bench attend --bogus
+bad_opt --isa bench attend --isa sse9
 bad_opt --head-dim bench codecs --head-dim 0
 bad_opt --count bench codecs --count 1x
 bad_opt --reps bench codecs --reps 0
