@@ -129,6 +129,21 @@ for x in p:
 assert p[0]["ratio_vs_f32"] == 1
 '
 
+# ---- bench codecs: encode next to ggml's quantizers of the same bits ----
+run 0 "codecs encode_vs_ggml" bench codecs --count 2048 --head-dim 128 --codec int8,int4:g=32,tq3 \
+    --reps 1 --json
+check_json "codecs encode_vs_ggml" '
+r = {x["codec"]: x for x in d["results"]}
+p = d["peers"]
+for c, peer in (("int8", "q8_0"), ("int4:g=32", "q4_0")):
+    x = r[c]
+    assert x["ggml_peer"] == peer, x
+    ratio = x["encode_gbps"] / p[peer + "_quantize_gbps"]
+    assert abs(x["encode_vs_ggml"] - ratio) <= 1e-4 * ratio, (x, ratio)
+    assert x["encode_hot_vs_ggml"] > 0
+assert "encode_vs_ggml" not in r["tq3"]
+'
+
 # ---- the table ----
 run 0 "attend table" bench attend --context 128 --codec int8 --baselines none --reps 1
 expect_in "$TMP/out" "read bandwidth" "table header: bandwidth"

@@ -36,7 +36,7 @@
 #define BA_H 8
 #define BA_QH 32
 #define BA_D 128
-#define BA_MAX_CONTEXT ((size_t)1 << 20)
+#define BA_MAX_CONTEXT ((size_t)1 << 18) /* K, V and an f32 cache: 4 GiB */
 #define BA_MAX_PREFILL ((size_t)1 << 16)
 #define BA_MAX_CTX 32
 #define BA_MAX_CODECS 32
