@@ -44,6 +44,10 @@ bad_opt --threads bench attend --threads -1
 bad_opt --threads bench attend --threads ""
 bad_opt --threads bench attend --threads
 bad_opt 1..64 bench attend --threads 99
+bad_opt --threads bench attend --threads 1,,2
+bad_opt --threads bench attend --threads 1,65
+bad_opt --threads bench attend --threads 1,2,
+bad_opt --threads bench attend --threads 1,2,3,4,5
 bad_opt --context bench attend --context 0
 bad_opt --context bench attend --context abc
 bad_opt --context bench attend --context 256,,512
@@ -73,7 +77,7 @@ def num(x, k):
     return v
 assert isinstance(d["cpu"], str) and d["cpu"] and isinstance(d["isa"], str) and d["isa"]
 bw1, bw2 = num(d, "read_gbps_1t"), num(d, "read_gbps_2t")
-assert d["threads"] == 1 and d["floor_gbps"] == bw1
+assert d["threads"] == 1 and d["thread_counts"] == [1] and d["floor_gbps"] == bw1
 assert num(d, "bandwidth_buffer_bytes") >= 256 << 20
 if d["llc_bytes"]:
     assert d["bandwidth_buffer_bytes"] >= 4 * d["llc_bytes"]
@@ -82,7 +86,8 @@ names = [x["codec"] for x in r]
 assert names == ["f32", "f16", "int8", "dense:f32", "llama.cpp:q8_0", "llama.cpp:q4_0"], names
 f32, dense = r[0], r[3]
 for x in r:
-    assert x["context"] == 256 and "error" not in x, x
+    assert x["context"] == 256 and x["threads"] == 1 and "error" not in x, x
+    assert "speedup_vs_1t" not in x
     for k in ("step_us", "bytes_read", "floor_us", "x_floor", "ratio_vs_f32", "ratio_vs_dense"):
         num(x, k)
     assert x["kind"] == ("baseline" if x["codec"] in ("dense:f32", "llama.cpp:q8_0", "llama.cpp:q4_0") else "kvq")
@@ -103,16 +108,25 @@ assert r[4]["bytes_read"] == n // 32 * 34 and r[5]["bytes_read"] == n // 32 * 18
 assert r[2]["bytes_read"] < f32["bytes_read"] / 3
 '
 
-# ---- two threads: the floor uses the two-thread bandwidth ----
-run 0 "attend json threads 2" bench attend --context 256 --codec int8 --threads 2 \
+# ---- one and two threads in one run: each floor uses its own bandwidth ----
+run 0 "attend json threads 2,1" bench attend --context 256 --codec int8 --threads 2,1 \
     --baselines dense:f32 --reps 2 --json
-check_json "attend threads 2" '
-assert d["threads"] == 2 and d["baseline_threads"] == 2
+check_json "attend threads 1,2" '
+assert d["threads"] == 2 and d["baseline_threads"] == 2 and d["thread_counts"] == [1, 2]
 assert d["floor_gbps"] == d["read_gbps_2t"] > 0
-assert [x["codec"] for x in d["results"]] == ["f32", "f16", "int8", "dense:f32"]
-for x in d["results"]:
-    assert abs(x["floor_us"] - x["bytes_read"] / (d["read_gbps_2t"] * 1e3)) <= 1e-4 * x["floor_us"]
+r = d["results"]
+names = ["f32", "f16", "int8", "dense:f32"]
+assert [(x["codec"], x["threads"]) for x in r] == [(c, 1) for c in names] + [(c, 2) for c in names], r
+for x in r:
+    bw = d["read_gbps_%dt" % x["threads"]]
+    assert abs(x["floor_us"] - x["bytes_read"] / (bw * 1e3)) <= 1e-4 * x["floor_us"], x
     assert x["x_floor"] > 0 and x["ratio_vs_dense"] > 0
+for a, b in zip(r[:4], r[4:]):
+    s = a["step_us"] / b["step_us"]
+    assert abs(b["speedup_vs_1t"] - s) <= 1e-4 * s, (a, b)
+    assert "speedup_vs_1t" not in a
+# ratios against the f32 / dense rows of the same thread count
+assert r[4]["ratio_vs_f32"] == 1 and r[7]["ratio_vs_dense"] == 1
 '
 
 # ---- prefill only ----
@@ -122,7 +136,7 @@ assert d["results"] == []
 p = d["prefill"]
 assert [x["codec"] for x in p] == ["f32", "f16", "int8"], p
 for x in p:
-    assert x["tokens"] == 48
+    assert x["tokens"] == 48 and x["threads"] == 1
     for k in ("prefill_us", "append_us", "attend_us", "ratio_vs_f32"):
         assert isinstance(x[k], (int, float)) and x[k] > 0, (x, k)
     assert abs(x["prefill_us"] - x["append_us"] - x["attend_us"]) <= 1e-3 * x["prefill_us"] + 1

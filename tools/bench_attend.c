@@ -4,9 +4,9 @@
  * query heads, head_dim 128) against context length, for each codec, next
  * to the memory system and to peers, all measured in the same run:
  *
- * - the streaming read bandwidth of one thread and of two (and of --threads
- *   N when N > 2): a vectorized sum over a buffer of at least 4x the
- *   last-level cache and at least 256 MiB, best of several passes;
+ * - the streaming read bandwidth of one thread and of two (and of each
+ *   --threads count above 2): a vectorized sum over a buffer of at least 4x
+ *   the last-level cache and at least 256 MiB, best of several passes;
  * - per codec and context: step_us (median; the last-level cache is flushed
  *   before every timed step, so the pages come from memory as they do when
  *   a model's other layers ran in between), bytes_read (kvq_cache_stats),
@@ -17,7 +17,9 @@
  *   pages) and llama.cpp:q8_0 / llama.cpp:q4_0 (ggml's CPU flash-attention
  *   path over a quantized KV cache), with the same fields;
  * - --prefill N: one append of N tokens and one causal attend of their N
- *   queries per codec (prefill_us) against the f32 cache.
+ *   queries per codec (prefill_us) against the f32 cache;
+ * - --threads 1,2: every row at each thread count (kvq's cfg.n_threads and
+ *   the baselines'), with speedup_vs_1t = the 1-thread step / this step.
  *
  * Uses only the public header. Exit status: 0 ok, 1 a row failed at run
  * time (its row says why, the others still run), 2 usage.
@@ -40,6 +42,7 @@
 #define BA_MAX_PREFILL ((size_t)1 << 16)
 #define BA_MAX_CTX 32
 #define BA_MAX_CODECS 32
+#define BA_MAX_THR 4 /* thread counts in one run */
 #define BA_TAIL 64       /* single-token appends timed at the end of a build */
 #define BA_BW_MIN ((size_t)256 << 20)
 #define BA_BW_ROUNDS_MIN 5 /* bandwidth: rounds of one pass per thread count, */
@@ -54,7 +57,7 @@ typedef struct {
     char *codecs[BA_MAX_CODECS];
     size_t ncod;
     int base[KVQP_ATT_KINDS];
-    size_t threads, prefill, reps;
+    size_t thr[BA_MAX_THR], nthr, prefill, reps;
     int json, warm;
     kvq_isa isa;
     char *codec_buf;
@@ -62,15 +65,17 @@ typedef struct {
 
 static void ba_usage(FILE *f) {
     fprintf(f,
-            "usage: kvq bench attend [--context LIST|none] [--codec LIST] [--threads N]\n"
+            "usage: kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
             "                        [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
             "                        [--isa scalar|avx2|avx512|auto] [--json]\n"
             "  --context LIST   context lengths, comma-separated, each 1..%zu\n"
             "                   (default %s); none: no decode rows\n"
             "  --codec LIST     kvq codecs for K and V (default %s);\n"
             "                   f32 and f16 are always measured first\n"
-            "  --threads N      1..64 attention threads of kvq's cache (cfg.n_threads) and of the\n"
-            "                   baselines; the floor uses the read bandwidth of N threads\n"
+            "  --threads LIST   1..64 attention threads of kvq's cache (cfg.n_threads) and of the\n"
+            "                   baselines (default 1); up to %d counts, e.g. 1,2: every row at\n"
+            "                   each, with the speedup over 1 thread; the floor uses the read\n"
+            "                   bandwidth of the row's thread count\n"
             "  --baselines L    of dense:f32, llama.cpp:q8_0, llama.cpp:q4_0 (default all)\n"
             "  --prefill N      0..%zu: also time one append of N tokens and one causal attend of\n"
             "                   their N queries per codec, against f32 (default 0: none)\n"
@@ -81,8 +86,8 @@ static void ba_usage(FILE *f) {
             "  --json           one JSON object on stdout\n"
             "One layer of %d KV heads, %d query heads, head_dim %d. Exit status: 0 ok, 1 a row\n"
             "failed at run time, 2 usage.\n",
-            BA_MAX_CONTEXT, BA_DEFAULT_CONTEXTS, BA_DEFAULT_CODECS, BA_MAX_PREFILL, BA_H, BA_QH,
-            BA_D);
+            BA_MAX_CONTEXT, BA_DEFAULT_CONTEXTS, BA_DEFAULT_CODECS, BA_MAX_THR, BA_MAX_PREFILL, BA_H,
+            BA_QH, BA_D);
 }
 
 static int ba_bad(const char *fmt, const char *a, const char *v) {
@@ -107,7 +112,7 @@ static int ba_add_codec(ba_opts *o, char *spec) {
 /* Returns 0 to go on, -1 after --help, or the exit status. */
 static int ba_parse(int argc, char **argv, ba_opts *o) {
     const char *ctx_list = BA_DEFAULT_CONTEXTS, *codec_list = BA_DEFAULT_CODECS, *base_list = "all";
-    o->threads = 1;
+    const char *thr_list = "1";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -143,15 +148,44 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
                 else
                     return ba_bad("%s must be scalar, avx2, avx512 or auto, got '%s'", a, v);
             }
-            else if (!strcmp(a, "--threads")) {
-                if (!kvqb_parse_size(v, 1, 64, &o->threads))
-                    return ba_bad("%s must be an integer in 1..64, got '%s'", a, v);
-            } else if (!strcmp(a, "--prefill")) {
+            else if (!strcmp(a, "--threads"))
+                thr_list = v;
+            else if (!strcmp(a, "--prefill")) {
                 if (!kvqb_parse_size(v, 0, BA_MAX_PREFILL, &o->prefill))
                     return ba_bad("%s must be an integer in 0..65536, got '%s'", a, v);
             } else if (!kvqb_parse_size(v, 1, 1000, &o->reps))
                 return ba_bad("%s must be an integer in 1..1000, got '%s'", a, v);
         }
+    }
+    /* thread counts: ascending, without repeats */
+    {
+        size_t n = strlen(thr_list);
+        char *buf = strdup(thr_list), *save = NULL;
+        if (!buf)
+            return 1;
+        int bad = !n || thr_list[0] == ',' || thr_list[n - 1] == ',' || strstr(thr_list, ",,");
+        for (char *tok = strtok_r(buf, ",", &save); tok && !bad; tok = strtok_r(NULL, ",", &save)) {
+            size_t t;
+            bad = !kvqb_parse_size(tok, 1, 64, &t);
+            size_t i = 0;
+            while (!bad && i < o->nthr && o->thr[i] < t)
+                i++;
+            if (bad || (i < o->nthr && o->thr[i] == t))
+                continue;
+            if (o->nthr == BA_MAX_THR) {
+                fprintf(stderr, "kvq bench attend: --threads: at most %d thread counts, got '%s'\n",
+                        BA_MAX_THR, thr_list);
+                free(buf);
+                return 2;
+            }
+            memmove(o->thr + i + 1, o->thr + i, (o->nthr - i) * sizeof o->thr[0]);
+            o->thr[i] = t;
+            o->nthr++;
+        }
+        free(buf);
+        if (bad)
+            return ba_bad("%s takes integers in 1..64 separated by commas, got '%s'", "--threads",
+                          thr_list);
     }
     /* contexts */
     if (strcmp(ctx_list, "none") != 0) {
@@ -281,8 +315,9 @@ static void ba_flush_run(void *arg) {
 typedef struct {
     char codec[96];
     int baseline; /* 0: a kvq codec */
-    size_t context;
+    size_t context, threads;
     double step_us, step_min_us, append_ns, floor_us, x_floor, ratio_f32, ratio_dense, check;
+    double speedup_1t; /* the same row at 1 thread over this one (0: none) */
     uint64_t bytes_read;
     int ok;
     char msg[200];
@@ -341,6 +376,7 @@ static kvq_status ba_cache(kvq_cache **c, const char *codec, size_t max_tokens, 
 static void ba_run_kvq(ba_env *e, const char *codec, size_t ctx, ba_row *r) {
     snprintf(r->codec, sizeof r->codec, "%s", codec);
     r->context = ctx;
+    r->threads = e->threads;
     kvq_cache *c = NULL;
     kvq_status st = ba_cache(&c, codec, ctx, e->threads, e->isa, r->msg, sizeof r->msg);
     if (st != KVQ_OK) {
@@ -403,6 +439,7 @@ static void ba_run_base(ba_env *e, kvqp_att_kind kind, size_t ctx, ba_row *r) {
     snprintf(r->codec, sizeof r->codec, "%s", kvqp_att_name(kind));
     r->baseline = 1;
     r->context = ctx;
+    r->threads = e->threads;
     kvqp_att *a = NULL;
     int rc = kvqp_att_create(&a, kind, e->K, e->V, e->ld, ctx, BA_H, BA_QH, BA_D, e->simd, e->pool,
                              (int)e->threads);
@@ -429,7 +466,7 @@ static void ba_run_base(ba_env *e, kvqp_att_kind kind, size_t ctx, ba_row *r) {
 /* ---- prefill ---- */
 typedef struct {
     char codec[96];
-    size_t tokens;
+    size_t tokens, threads;
     double prefill_us, append_us, attend_us, ratio_f32;
     int ok, reps;
     char msg[200];
@@ -440,6 +477,7 @@ static void ba_run_prefill(ba_env *e, const char *codec, size_t N, const float *
                            ba_prow *r) {
     snprintf(r->codec, sizeof r->codec, "%s", codec);
     r->tokens = N;
+    r->threads = e->threads;
     double tot[8], app[8], att[8], spent = 0;
     int reps = 0;
     if (reps_max > 8)
@@ -493,17 +531,19 @@ static void ba_run_prefill(ba_env *e, const char *codec, size_t N, const float *
 /* ---- output ---- */
 static void ba_print_row(const ba_row *r) {
     if (!r->ok) {
-        printf("  %-16s %8zu  error: %s\n", r->codec, r->context, r->msg);
+        printf("  %-16s %8zu %3zu  error: %s\n", r->codec, r->context, r->threads, r->msg);
         return;
     }
-    char app[32] = "-", dense[32] = "-";
+    char app[32] = "-", dense[32] = "-", sp[32] = "-";
     if (!r->baseline)
         snprintf(app, sizeof app, "%.1f", r->append_ns);
     if (r->ratio_dense > 0)
         snprintf(dense, sizeof dense, "%.3fx", r->ratio_dense);
-    printf("  %-16s %8zu %11.1f %11.1f %10.2f %10.1f %7.2fx %8.3fx %9s %12s\n", r->codec,
-           r->context, r->step_us, r->step_min_us, r->bytes_read / 1048576.0, r->floor_us,
-           r->x_floor, r->ratio_f32, dense, app);
+    if (r->speedup_1t > 0)
+        snprintf(sp, sizeof sp, "%.2fx", r->speedup_1t);
+    printf("  %-16s %8zu %3zu %11.1f %11.1f %9.2f %10.1f %7.2fx %7.3fx %9s %7s %11s\n", r->codec,
+           r->context, r->threads, r->step_us, r->step_min_us, r->bytes_read / 1048576.0,
+           r->floor_us, r->x_floor, r->ratio_f32, dense, sp, app);
 }
 
 static void ba_jnum(const char *key, double v) {
@@ -533,13 +573,17 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             return st == KVQ_ERR_NOMEM ? 1 : 2;
         }
     }
-    const size_t threads = o.threads;
+    const size_t max_thr = o.thr[o.nthr - 1];
+    char thr_str[64] = "";
+    for (size_t i = 0; i < o.nthr; i++)
+        snprintf(thr_str + strlen(thr_str), sizeof thr_str - strlen(thr_str), "%s%zu", i ? "," : "",
+                 o.thr[i]);
     ba_env e;
     memset(&e, 0, sizeof e);
-    e.threads = threads;
+    e.threads = o.thr[0];
     e.isa = o.isa;
     e.simd = kvqb_simd_best();
-    e.pool = kvqb_pool_create(threads > 2 ? (int)threads : 2);
+    e.pool = kvqb_pool_create(max_thr > 2 ? (int)max_thr : 2);
     char cpu[128], cpu_detail[256];
     kvqb_cpu_name(cpu, sizeof cpu);
     kvqb_cpu_detail(cpu_detail, sizeof cpu_detail);
@@ -560,21 +604,23 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         bw[i] = (float)(i & 7);
     /* rounds of one pass per thread count, alternating, so that both see
      * the same moments of a shared machine; the best pass of each */
-    double bw1 = 0, bw2 = 0, bwn = 0;
+    /* bwt[n]: n threads; 1 and 2 always, and every count of --threads */
+    double bwt[65] = {0};
     int bw_rounds = 0;
     kvqb_read_gbps(e.pool, 2, bw, bw_bytes, 1, e.simd); /* warm-up */
     for (double t0 = kvqb_now(); bw_rounds < BA_BW_ROUNDS_MIN ||
                                  (bw_rounds < BA_BW_ROUNDS_MAX && kvqb_now() - t0 < BA_BW_SECONDS);
-         bw_rounds++) {
-        double g1 = kvqb_read_gbps(NULL, 1, bw, bw_bytes, 1, e.simd);
-        double g2 = kvqb_read_gbps(e.pool, 2, bw, bw_bytes, 1, e.simd);
-        double gn = threads > 2 ? kvqb_read_gbps(e.pool, (int)threads, bw, bw_bytes, 1, e.simd) : 0;
-        bw1 = g1 > bw1 ? g1 : bw1;
-        bw2 = g2 > bw2 ? g2 : bw2;
-        bwn = gn > bwn ? gn : bwn;
-    }
-    if (threads <= 2)
-        bwn = threads == 2 ? bw2 : bw1;
+         bw_rounds++)
+        for (size_t n = 1; n <= max_thr || n <= 2; n++) {
+            int want = n <= 2;
+            for (size_t i = 0; i < o.nthr; i++)
+                want |= o.thr[i] == n;
+            if (!want)
+                continue;
+            double g = kvqb_read_gbps(n == 1 ? NULL : e.pool, (int)n, bw, bw_bytes, 1, e.simd);
+            bwt[n] = g > bwt[n] ? g : bwt[n];
+        }
+    const double bw1 = bwt[1], bw2 = bwt[2];
     free(bw);
 
     /* 2. data: K, V [H][maxT][d] (contiguous per KV head: the dense
@@ -588,8 +634,8 @@ int kvq_tool_bench_attend(int argc, char **argv) {
     float *ck = ba_alloc(1024 * HD * sizeof(float)), *cv = ba_alloc(1024 * HD * sizeof(float));
     size_t flush_bytes = 3 * llc_eff > ((size_t)64 << 20) ? 3 * llc_eff : (size_t)64 << 20;
     ba_flush fl = {o.warm ? NULL : ba_alloc(flush_bytes), flush_bytes / sizeof(float), e.simd, 0};
-    ba_row *rows = calloc(o.nctx * (o.ncod + KVQP_ATT_KINDS) + 1, sizeof *rows);
-    ba_prow *prows = calloc(o.ncod + 1, sizeof *prows);
+    ba_row *rows = calloc(o.nctx * o.nthr * (o.ncod + KVQP_ATT_KINDS) + 1, sizeof *rows);
+    ba_prow *prows = calloc(o.nthr * o.ncod + 1, sizeof *prows);
     if (!K || !V || !q || !out || !ck || !cv || (!o.warm && !fl.buf) || !rows || !prows) {
         fprintf(stderr, "kvq bench attend: out of memory for %zu tokens\n", maxT);
         rc = 1;
@@ -642,35 +688,41 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         printf("kvq bench attend: one decode step (one query per query head) over 1 layer of %d KV "
                "heads, %d query heads, head_dim %d\n",
                BA_H, BA_QH, BA_D);
-        printf("  cpu %s (%s)\n  kvq path %s%s | threads %zu (kvq cache n_threads; baselines too: "
+        printf("  cpu %s (%s)\n  kvq path %s%s | threads %s (kvq cache n_threads; baselines too: "
                "dense:f32 split over KV heads, llama.cpp over query heads)\n",
-               cpu, cpu_detail, kvq_path, o.isa == KVQ_ISA_AUTO ? " (auto)" : " (forced)", threads);
+               cpu, cpu_detail, kvq_path, o.isa == KVQ_ISA_AUTO ? " (auto)" : " (forced)", thr_str);
         printf("  read bandwidth (%s sum over %zu MiB, >= 4x the %zu MiB last-level cache%s, best of "
                "%d passes each): 1 thread %.1f GB/s, 2 threads %.1f GB/s",
                kvqb_simd_name(e.simd), bw_bytes >> 20, llc_eff >> 20, llc ? "" : " (assumed)",
                bw_rounds, bw1, bw2);
-        if (threads > 2)
-            printf(", %zu threads %.1f GB/s", threads, bwn);
-        printf("\n  floor = bytes read / %.1f GB/s (%zu thread%s); x floor = step / floor; step = "
-               "median of %d..%d timed steps%s\n",
-               bwn, threads, threads > 1 ? "s" : "", e.cfg.min_reps, e.cfg.reps,
+        for (size_t i = 0; i < o.nthr; i++)
+            if (o.thr[i] > 2)
+                printf(", %zu threads %.1f GB/s", o.thr[i], bwt[o.thr[i]]);
+        printf("\n  floor = bytes read / the read bandwidth of the row's thread count (thr); x floor "
+               "= step / floor; step = median of %d..%d timed steps%s\n",
+               e.cfg.min_reps, e.cfg.reps,
                o.warm ? " (warm: the cache is not flushed)"
                       : ", the last-level cache flushed before each (untimed)");
-        printf("  baselines (same run, written here from public descriptions): dense:f32 [%s], "
-               "llama.cpp:q8_0 [%s], llama.cpp:q4_0 [%s]\n",
-               bpath[0], bpath[1], bpath[2]);
         if (o.nctx)
-            printf("\n  %-16s %8s %11s %11s %10s %10s %8s %9s %9s %12s\n", "codec", "context",
-                   "step_us", "min_us", "MiB read", "floor_us", "x floor", "vs f32", "vs dense",
-                   "append ns/tok");
+            printf("  baselines (same run, written here from public descriptions): dense:f32 [%s], "
+                   "llama.cpp:q8_0 [%s], llama.cpp:q4_0 [%s]\n"
+                   "  vs f32, vs dense: step over kvq's f32 cache / the dense:f32 baseline at the "
+                   "same thread count; vs 1t: the 1-thread step over this one\n",
+                   bpath[0], bpath[1], bpath[2]);
+        if (o.nctx)
+            printf("\n  %-16s %8s %3s %11s %11s %9s %10s %8s %8s %9s %7s %11s\n", "codec",
+                   "context", "thr", "step_us", "min_us", "MiB read", "floor_us", "x floor",
+                   "vs f32", "vs dense", "vs 1t", "append ns/t");
         fflush(stdout);
     }
 
     /* 3. decode rows, per context: kvq f32, the dense baseline, the other
      * codecs, the llama.cpp baselines; printed when the context is done */
     size_t nrows = 0;
-    for (size_t ci = 0; ci < o.nctx; ci++) {
-        const size_t ctx = o.ctx[ci];
+    for (size_t gi = 0; gi < o.nctx * o.nthr; gi++) { /* contexts, then thread counts */
+        const size_t ctx = o.ctx[gi / o.nthr];
+        e.threads = o.thr[gi % o.nthr];
+        const double bwn = bwt[e.threads];
         ba_row *first = rows + nrows;
         size_t nr = 0;
         ba_run_kvq(&e, o.codecs[0], ctx, &first[nr++]);
@@ -695,6 +747,11 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             r->x_floor = r->floor_us > 0 ? r->step_us / r->floor_us : NAN;
             r->ratio_f32 = f32_us > 0 ? r->step_us / f32_us : NAN;
             r->ratio_dense = dense_us > 0 ? r->step_us / dense_us : NAN;
+            /* the same codec and context at 1 thread (measured first) */
+            for (size_t j = 0; j < nrows && o.thr[0] == 1 && r->threads > 1; j++)
+                if (rows[j].ok && rows[j].threads == 1 && rows[j].context == ctx &&
+                    !strcmp(rows[j].codec, r->codec))
+                    r->speedup_1t = rows[j].step_us / r->step_us;
         }
         /* kvq rows first, then the baselines (table and JSON) */
         ba_row tmp[BA_MAX_CODECS + KVQP_ATT_KINDS];
@@ -733,23 +790,27 @@ int kvq_tool_bench_attend(int argc, char **argv) {
                 qp[i] = (int32_t)i;
             if (!o.json)
                 printf("  prefill: one append of %zu tokens and one causal attend of their %zu "
-                       "queries (%zu thread%s), median of 1..3\n  %-16s %8s %12s %12s %12s %9s\n",
-                       N, N, threads, threads > 1 ? "s" : "", "codec", "tokens", "prefill_us",
-                       "append_us", "attend_us", "vs f32");
-            for (size_t k = 0; k < o.ncod; k++) {
-                ba_prow *r = &prows[nprow++];
-                ba_run_prefill(&e, o.codecs[k], N, Kc, Vc, Q, qp, O, o.reps ? o.reps : 3, r);
-                r->ratio_f32 = prows[0].ok && r->ok ? r->prefill_us / prows[0].prefill_us : NAN;
-                if (!r->ok)
-                    rc = 1;
-                if (o.json)
-                    continue;
-                if (r->ok)
-                    printf("  %-16s %8zu %12.0f %12.0f %12.0f %8.3fx\n", r->codec, N,
-                           r->prefill_us, r->append_us, r->attend_us, r->ratio_f32);
-                else
-                    printf("  %-16s %8zu  error: %s\n", r->codec, N, r->msg);
-                fflush(stdout);
+                       "queries, median of 1..3\n  %-16s %8s %3s %12s %12s %12s %9s\n",
+                       N, N, "codec", "tokens", "thr", "prefill_us", "append_us", "attend_us",
+                       "vs f32");
+            for (size_t ti = 0; ti < o.nthr; ti++) {
+                e.threads = o.thr[ti];
+                const ba_prow *f32 = &prows[nprow];
+                for (size_t k = 0; k < o.ncod; k++) {
+                    ba_prow *r = &prows[nprow++];
+                    ba_run_prefill(&e, o.codecs[k], N, Kc, Vc, Q, qp, O, o.reps ? o.reps : 3, r);
+                    r->ratio_f32 = f32->ok && r->ok ? r->prefill_us / f32->prefill_us : NAN;
+                    if (!r->ok)
+                        rc = 1;
+                    if (o.json)
+                        continue;
+                    if (r->ok)
+                        printf("  %-16s %8zu %3zu %12.0f %12.0f %12.0f %8.3fx\n", r->codec, N,
+                               e.threads, r->prefill_us, r->append_us, r->attend_us, r->ratio_f32);
+                    else
+                        printf("  %-16s %8zu %3zu  error: %s\n", r->codec, N, e.threads, r->msg);
+                    fflush(stdout);
+                }
             }
         }
         free(Kc), free(Vc), free(Q), free(O), free(qp);
@@ -766,18 +827,20 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         printf(", \"isa_forced\": %s", o.isa == KVQ_ISA_AUTO ? "false" : "true");
         printf(", \"bench_simd\": ");
         kvqb_json_str(stdout, kvqb_simd_name(e.simd));
-        printf(", \"threads\": %zu, \"baseline_threads\": %zu, \"kv_heads\": %d, \"q_heads\": %d, "
-               "\"head_dim\": %d, \"llc_bytes\": %zu, \"bandwidth_buffer_bytes\": %zu",
-               threads, threads, BA_H, BA_QH, BA_D, llc, bw_bytes);
+        printf(", \"threads\": %zu, \"baseline_threads\": %zu, \"thread_counts\": [%s], "
+               "\"kv_heads\": %d, \"q_heads\": %d, \"head_dim\": %d, \"llc_bytes\": %zu, "
+               "\"bandwidth_buffer_bytes\": %zu",
+               max_thr, max_thr, thr_str, BA_H, BA_QH, BA_D, llc, bw_bytes);
         printf(", \"bandwidth_passes\": %d", bw_rounds);
         ba_jnum("read_gbps_1t", bw1);
         ba_jnum("read_gbps_2t", bw2);
-        if (threads > 2) {
-            char key[32];
-            snprintf(key, sizeof key, "read_gbps_%zut", threads);
-            ba_jnum(key, bwn);
-        }
-        ba_jnum("floor_gbps", bwn);
+        for (size_t i = 0; i < o.nthr; i++)
+            if (o.thr[i] > 2) {
+                char key[32];
+                snprintf(key, sizeof key, "read_gbps_%zut", o.thr[i]);
+                ba_jnum(key, bwt[o.thr[i]]);
+            }
+        ba_jnum("floor_gbps", bwt[max_thr]); /* of "threads"; each row has its own floor */
         printf(", \"cold_cache\": %s, \"baseline_paths\": {", o.warm ? "false" : "true");
         for (int k = 0; k < KVQP_ATT_KINDS; k++) {
             printf("%s\"%s\": ", k ? ", " : "", kvqp_att_name((kvqp_att_kind)k));
@@ -788,8 +851,8 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             const ba_row *r = &rows[i];
             printf("%s\n  {\"codec\": ", i ? "," : "");
             kvqb_json_str(stdout, r->codec);
-            printf(", \"kind\": \"%s\", \"context\": %zu", r->baseline ? "baseline" : "kvq",
-                   r->context);
+            printf(", \"kind\": \"%s\", \"context\": %zu, \"threads\": %zu",
+                   r->baseline ? "baseline" : "kvq", r->context, r->threads);
             if (!r->ok) {
                 printf(", \"error\": ");
                 kvqb_json_str(stdout, r->msg);
@@ -804,6 +867,8 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             ba_jnum("x_floor_min", r->floor_us > 0 ? r->step_min_us / r->floor_us : NAN);
             ba_jnum("ratio_vs_f32", r->ratio_f32);
             ba_jnum("ratio_vs_dense", r->ratio_dense);
+            if (r->speedup_1t > 0)
+                ba_jnum("speedup_vs_1t", r->speedup_1t);
             if (r->baseline)
                 ba_jnum("check_rel_err", r->check);
             else
@@ -815,7 +880,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             const ba_prow *r = &prows[i];
             printf("%s\n  {\"codec\": ", i ? "," : "");
             kvqb_json_str(stdout, r->codec);
-            printf(", \"tokens\": %zu", r->tokens);
+            printf(", \"tokens\": %zu, \"threads\": %zu", r->tokens, r->threads);
             if (!r->ok) {
                 printf(", \"error\": ");
                 kvqb_json_str(stdout, r->msg);
