@@ -43,6 +43,7 @@ static void kvq__read_token(const kvq_cache *c, const kvq__layer *ly, size_t slo
     const kvq__page *pg = &ly->pages[p];
     const kvq__head *hd = kvq__page_heads(ly, pg) + h;
     int pend = KVQ__STATE(ly->state[slot]) == KVQ__PEND;
+    uint8_t tmp[4 * KVQ__MAX_HEAD_DIM];
     int kst = hd->kchan_bits ? !pg->encoded : pend && hd->kstage;
     if (kst && k) {
         c->f16->k.decode(c->f16, k, (const uint8_t *)(kvq__stage_k(pg, hd) + i * d), 1);
@@ -56,13 +57,13 @@ static void kvq__read_token(const kvq_cache *c, const kvq__layer *ly, size_t slo
         if (hd->kchan_bits)
             kvq__chan_decode_row(blk + hd->k_off, d, c->P, hd->kchan_bits, i, k);
         else
-            hd->kc->k.decode(hd->kc, k, blk + hd->k_off + i * hd->kbytes, 1);
+            kvq__slot_decode(hd->kc, hd->ktiled, KVQ__ROLE_K, c->P, blk + hd->k_off, i, k, tmp);
         if (ly->center)
             for (size_t t = 0; t < d; t++)
                 k[t] += ly->center[h * d + t];
     }
     if (v)
-        hd->vc->k.decode(hd->vc, v, blk + hd->v_off + i * hd->vbytes, 1);
+        kvq__slot_decode(hd->vc, hd->vtiled, KVQ__ROLE_V, c->P, blk + hd->v_off, i, v, tmp);
 }
 
 kvq_status kvq_cache_get_kv(const kvq_cache *c, size_t layer, int kv_head, size_t first,
@@ -135,12 +136,15 @@ static void kvq__layer_stats(const kvq_cache *c, const kvq__layer *ly, kvq_stats
     double per_tok = (double)ly->block_bytes / (double)c->P;
     double vals = (double)c->H * (double)c->d * 2.0;
     st->asymptotic_bits_per_value = per_tok * 8.0 / vals;
-    double fixed = (double)ly->payload_bytes - per_tok * (double)ly->n_tokens;
+    for (size_t p = 0; p < ly->n_pages; p++)
+        if (ly->pages[p].tier == KVQ__TIER_COLD && !ly->pages[p].block)
+            st->tokens_cold += ly->pages[p].n_valid;
+    double fixed = (double)ly->payload_bytes - per_tok * (double)(ly->n_tokens - st->tokens_cold);
     st->fixed_bytes = fixed > 0 ? (uint64_t)(fixed + 0.5) : 0;
 }
 
 static void kvq__finish_stats(const kvq_cache *c, kvq_stats *st) {
-    double vals = (double)st->tokens * (double)c->H * (double)c->d * 2.0;
+    double vals = (double)(st->tokens - st->tokens_cold) * (double)c->H * (double)c->d * 2.0;
     st->bits_per_value = vals > 0 ? (double)st->payload_bytes * 8.0 / vals : 0.0;
     st->total_bits_per_value = vals > 0 ? (double)st->stored_bytes * 8.0 / vals : 0.0;
     double slots = (double)st->pages * (double)c->P;
@@ -172,6 +176,7 @@ kvq_status kvq_cache_stats(const kvq_cache *c, int layer, kvq_stats *st) {
             st->pages += s.pages;
             st->free_slots += s.free_slots;
             st->fixed_bytes += s.fixed_bytes;
+            st->tokens_cold += s.tokens_cold;
             st->asymptotic_bits_per_value += s.asymptotic_bits_per_value / (double)c->L;
         }
         st->peak_stored_bytes = c->total_peak;
@@ -188,7 +193,7 @@ static size_t kvq__stats_obj(char *dst, size_t cap, const kvq_stats *s) {
                      "\"bytes_read\": %llu, \"reencodes\": %llu, \"pages\": %llu, "
                      "\"free_slots\": %llu, \"bits_per_value\": %.6g, \"total_bits_per_value\": "
                      "%.6g, \"fragmentation\": %.6g, \"asymptotic_bits_per_value\": %.6g, "
-                     "\"fixed_bytes\": %llu}",
+                     "\"fixed_bytes\": %llu, \"tokens_cold\": %llu}",
                      (unsigned long long)s->tokens, (unsigned long long)s->tokens_appended,
                      (unsigned long long)s->tokens_evicted, (unsigned long long)s->payload_bytes,
                      (unsigned long long)s->metadata_bytes,
@@ -198,7 +203,7 @@ static size_t kvq__stats_obj(char *dst, size_t cap, const kvq_stats *s) {
                      (unsigned long long)s->reencodes, (unsigned long long)s->pages,
                      (unsigned long long)s->free_slots, s->bits_per_value, s->total_bits_per_value,
                      s->fragmentation, s->asymptotic_bits_per_value,
-                     (unsigned long long)s->fixed_bytes);
+                     (unsigned long long)s->fixed_bytes, (unsigned long long)s->tokens_cold);
     return n < 0 ? 0 : (size_t)n;
 }
 

@@ -26,11 +26,37 @@
  *                            for t < d; NULL when the domain is the identity
  *                            (then acc is added directly).
  * All kernels are thread-safe: they only read the codec and use the stack.
+ *
+ * Tiled pages (src/codec/tile.c). The cache stores a page of P vectors of one
+ * codec either as P rows of c->bytes (the row layout: encode's output as is)
+ * or, where the codec defines one for (role, P), in a tiled layout of the
+ * same P * c->bytes bytes in which the attention kernels find the tokens of
+ * the page in SIMD lanes (keys: a token per lane, the sum runs over
+ * dimensions; values: a dimension per lane, the sum runs over tokens). The
+ * layout depends only on the codec's parameters, the role and P, never on
+ * the CPU path, so pages and records move between machines unchanged.
+ *   c->tiled(c, role, P)             nonzero: (role, P) uses the tiled layout
+ *   c->tput(c, role, P, page, i, row) slot i of a tiled page <- one encoded row
+ *   c->tget(c, role, P, page, i, row) slot i of a tiled page -> one encoded row
+ * Tiled kernels (c->k; NULL when the codec has none on its path: the cache
+ * then gathers the page's rows and calls score/accum):
+ *   tprep(c, qp, q)            one query -> c->tqp_bytes of prepared query
+ *                              for tscore (64-byte aligned)
+ *   tscore(c, out, ostride, qp, nq, page, P)
+ *                              as score over the P keys of a tiled K page
+ *   taccum(c, acc, astride, w, wstride, nq, page, P)
+ *                              as accum over the P values of a tiled V page,
+ *                              in the same accumulation domain; it may round
+ *                              the weights (per row and page) within the bound
+ *                              its family documents.
+ * The scalar reference of a tiled kernel is tget + ref.score / ref.accum.
  */
 #ifndef KVQ_CODEC_IMPL_H
 #define KVQ_CODEC_IMPL_H
 
 #include "../common/common.h"
+
+enum { KVQ__ROLE_K = 0, KVQ__ROLE_V = 1 };
 
 typedef struct kvq__kernels {
     void (*encode)(const kvq_codec *c, uint8_t *dst, const float *src, size_t n);
@@ -41,6 +67,12 @@ typedef struct kvq__kernels {
     void (*accum)(const kvq_codec *c, float *acc, size_t astride, const float *w, size_t wstride,
                   size_t nq, const uint8_t *vals, size_t n);
     void (*finish)(const kvq_codec *c, float *out, const float *acc);
+    /* tiled pages (see above); NULL when absent */
+    void (*tprep)(const kvq_codec *c, void *qp, const float *q);
+    void (*tscore)(const kvq_codec *c, float *out, size_t ostride, const void *qp, size_t nq,
+                   const uint8_t *page, size_t P);
+    void (*taccum)(const kvq_codec *c, float *acc, size_t astride, const float *w, size_t wstride,
+                   size_t nq, const uint8_t *page, size_t P);
 } kvq__kernels;
 
 typedef enum {
@@ -70,7 +102,14 @@ struct kvq_codec {
     size_t bytes;    /* encoded bytes per vector */
     size_t qp_bytes; /* prepared query size in bytes (multiple of 64) */
     size_t acc_len;  /* floats per accumulation row (>= d) */
+    size_t tqp_bytes; /* prepared query of tscore (multiple of 64; 0 without tprep) */
     kvq_isa isa;     /* path the kernels were chosen for */
+    /* tiled page layout (see above); tiled NULL: the family has none */
+    int (*tiled)(const kvq_codec *c, int role, size_t P);
+    void (*tput)(const kvq_codec *c, int role, size_t P, uint8_t *page, size_t i,
+                 const uint8_t *row);
+    void (*tget)(const kvq_codec *c, int role, size_t P, const uint8_t *page, size_t i,
+                 uint8_t *row);
     char spec[96];   /* canonical spec */
 
     kvq__kernels ref; /* the scalar reference kernels */
@@ -114,6 +153,26 @@ static inline void kvq__codec_prep(const kvq_codec *c, void *qp, const float *q,
     for (size_t i = 0; i < nq; i++)
         c->k.prep(c, (uint8_t *)qp + i * c->qp_bytes, q + i * c->d);
 }
+
+/* Whether (role, P) of codec c uses the tiled layout. */
+static inline int kvq__tiled(const kvq_codec *c, int role, size_t P) {
+    return c && c->tiled && c->tiled(c, role, P);
+}
+
+/* tile.c: one slot of a page area of P vectors in the layout `tiled` says:
+ * encode x into slot i (tmp: c->bytes of scratch) / decode slot i. */
+void kvq__slot_encode(const kvq_codec *c, int tiled, int role, size_t P, uint8_t *area, size_t i,
+                      const float *x, uint8_t *tmp);
+void kvq__slot_decode(const kvq_codec *c, int tiled, int role, size_t P, const uint8_t *area,
+                      size_t i, float *x, uint8_t *tmp);
+/* The reference of the tiled kernels: rows of the page gathered (tget) into
+ * rows (P * c->bytes) then the row kernels of `k` (c->ref or c->k). */
+void kvq__tile_gather(const kvq_codec *c, int role, size_t P, const uint8_t *page, uint8_t *rows);
+void kvq__tile_score_rows(const kvq_codec *c, const kvq__kernels *k, float *out, size_t ostride,
+                          const void *qp, size_t nq, const uint8_t *page, size_t P, uint8_t *rows);
+void kvq__tile_accum_rows(const kvq_codec *c, const kvq__kernels *k, float *acc, size_t astride,
+                          const float *w, size_t wstride, size_t nq, const uint8_t *page, size_t P,
+                          uint8_t *rows);
 
 /* Round up to a multiple of 64. */
 static inline size_t kvq__round64(size_t x) { return (x + 63) & ~(size_t)63; }

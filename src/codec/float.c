@@ -71,6 +71,32 @@ static void kvq__float_accum(const kvq_codec *c, float *acc, size_t astride, con
     }
 }
 
+/* Tiled layout (codec_impl.h): keys of a page of P tokens, P a multiple of
+ * 16, are stored dimension-major, [d][P] values, so a key score is a sum of
+ * broadcast query values times vectors of 16 (or 8) tokens: no horizontal
+ * sum per key. Values keep the row layout (their accumulation is already a
+ * sum of broadcast weights times rows). */
+static int kvq__float_tiled(const kvq_codec *c, int role, size_t P) {
+    (void)c;
+    return role == KVQ__ROLE_K && P % 16 == 0;
+}
+
+static void kvq__float_tput(const kvq_codec *c, int role, size_t P, uint8_t *page, size_t i,
+                            const uint8_t *row) {
+    (void)role;
+    size_t es = c->bytes / c->d;
+    for (size_t t = 0; t < c->d; t++)
+        memcpy(page + (t * P + i) * es, row + t * es, es);
+}
+
+static void kvq__float_tget(const kvq_codec *c, int role, size_t P, const uint8_t *page, size_t i,
+                            uint8_t *row) {
+    (void)role;
+    size_t es = c->bytes / c->d;
+    for (size_t t = 0; t < c->d; t++)
+        memcpy(row + t * es, page + (t * P + i) * es, es);
+}
+
 static kvq_status kvq__float_init(kvq_codec *c, char *err, size_t err_size) {
     (void)err;
     (void)err_size;
@@ -83,6 +109,9 @@ static kvq_status kvq__float_init(kvq_codec *c, char *err, size_t err_size) {
     c->ref.score = kvq__float_score;
     c->ref.accum = kvq__float_accum;
     c->ref.finish = NULL;
+    c->tiled = kvq__float_tiled;
+    c->tput = kvq__float_tput;
+    c->tget = kvq__float_tget;
     return KVQ_OK;
 }
 

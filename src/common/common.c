@@ -195,6 +195,7 @@ double kvq__rng_gauss(kvq__rng *r) {
 /* ---- CPU detection ---- */
 static pthread_once_t kvq__cpu_once = PTHREAD_ONCE_INIT;
 static int kvq__avx2_ok, kvq__avx512_ok, kvq__sse42_ok;
+static unsigned kvq__x512_feat;
 
 #ifdef KVQ__X86
 static uint64_t kvq__xgetbv0(void) {
@@ -222,6 +223,8 @@ static void kvq__cpu_detect(void) {
     kvq__avx2_ok = avx2 && fma && f16c;
     int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
     kvq__avx512_ok = kvq__avx2_ok && f && dq && bw && vl && (xcr0 & 0xe6) == 0xe6;
+    if (kvq__avx512_ok)
+        kvq__x512_feat = (((c >> 11) & 1) ? KVQ__X512_VNNI : 0u) | (((c >> 1) & 1) ? KVQ__X512_VBMI : 0u);
 #endif
 }
 
@@ -234,6 +237,11 @@ int kvq__cpu_has_avx512(void) {
     return kvq__avx512_ok;
 }
 
+unsigned kvq__cpu_avx512_features(void) {
+    pthread_once(&kvq__cpu_once, kvq__cpu_detect);
+    return kvq__x512_feat;
+}
+
 int kvq_cpu_supports(kvq_isa isa) {
     switch (isa) {
     case KVQ_ISA_AUTO:
@@ -242,12 +250,14 @@ int kvq_cpu_supports(kvq_isa isa) {
     case KVQ_ISA_AVX2:
         return kvq__cpu_has_avx2();
     case KVQ_ISA_AVX512:
-        return 0; /* no AVX-512 kernels are built yet */
+        return kvq__cpu_has_avx512();
     }
     return 0;
 }
 
-kvq_isa kvq_cpu_best_isa(void) { return kvq__cpu_has_avx2() ? KVQ_ISA_AVX2 : KVQ_ISA_SCALAR; }
+kvq_isa kvq_cpu_best_isa(void) {
+    return kvq__cpu_has_avx512() ? KVQ_ISA_AVX512 : kvq__cpu_has_avx2() ? KVQ_ISA_AVX2 : KVQ_ISA_SCALAR;
+}
 
 const char *kvq_isa_name(kvq_isa isa) {
     switch (isa) {

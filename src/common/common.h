@@ -145,6 +145,10 @@ int kvq__all_finite(const float *x, size_t n);
 /* ---- CPU ---- */
 int kvq__cpu_has_avx2(void);   /* AVX2 + FMA + F16C, OS-enabled */
 int kvq__cpu_has_avx512(void); /* F + BW + VL + DQ, OS-enabled */
+/* AVX-512 extensions beside F/BW/VL/DQ (0 without AVX-512) */
+#define KVQ__X512_VNNI 1u /* vpdpbusd */
+#define KVQ__X512_VBMI 2u /* vpermb */
+unsigned kvq__cpu_avx512_features(void);
 
 /* ---- CRC32C (Castagnoli), slicing-by-8 table built on first use ---- */
 uint32_t kvq__crc32c(uint32_t crc, const void *data, size_t size);

@@ -25,5 +25,15 @@ void kvq__kernels_select(kvq_codec *c) {
         kvq__nuq_avx2_select(c);
         break;
     }
+    if (c->isa != KVQ_ISA_AVX512)
+        return;
+    unsigned feat = kvq__cpu_avx512_features();
+    switch (c->family) {
+    case KVQ__FAM_FLOAT:
+        kvq__float_avx512_select(c, feat);
+        break;
+    default:
+        break;
+    }
 #endif
 }

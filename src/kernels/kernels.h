@@ -14,6 +14,16 @@ void kvq__float_avx2_select(kvq_codec *c);
 void kvq__int_avx2_select(kvq_codec *c);
 void kvq__tq_avx2_select(kvq_codec *c);
 void kvq__nuq_avx2_select(kvq_codec *c);
+/* AVX-512 selectors (x86/<family>_avx512.c, see simd_avx512.h): run after the AVX2
+ * one of the family, override what they have kernels for; feat is the set
+ * of KVQ__X512_* extensions they may use. The _simde twins are the same
+ * sources built through SIMDe, linked into the tests only. */
+void kvq__float_avx512_select(kvq_codec *c, unsigned feat);
+void kvq__float_avx512_select_simde(kvq_codec *c, unsigned feat);
+void kvq__int_avx512_select(kvq_codec *c, unsigned feat);
+void kvq__int_avx512_select_simde(kvq_codec *c, unsigned feat);
+void kvq__tq_avx512_select(kvq_codec *c, unsigned feat);
+void kvq__tq_avx512_select_simde(kvq_codec *c, unsigned feat);
 
 /* x[i] = exp(x[i] - m) (0 for -inf), returns the sum. */
 typedef float (*kvq__exp_block_fn)(float *x, size_t n, float m);

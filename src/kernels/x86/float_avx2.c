@@ -137,7 +137,52 @@ static void kvq__float_accum_avx2(const kvq_codec *c, float *acc, size_t astride
     }
 }
 
+/* Tiled keys ([d][P], P a multiple of 16; codec_impl.h): 16 tokens x 4
+ * query rows in 8 accumulators, broadcast query values, no horizontal sum. */
+static void kvq__float_tscore_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                                   size_t nq, const uint8_t *page, size_t P) {
+    const float *q = (const float *)qp;
+    const size_t qs = c->tqp_bytes / sizeof(float), d = c->d, es = c->bytes / c->d;
+    const int kind = c->kind;
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        size_t g = KVQ__MIN(4, nq - i0);
+        const float *q0 = q + i0 * qs;
+        const float *q1 = q0 + (g > 1 ? qs : 0), *q2 = q0 + (g > 2 ? 2 * qs : 0),
+                    *q3 = q0 + (g > 3 ? 3 * qs : 0);
+        for (size_t tb = 0; tb < P; tb += 16) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+                   b3 = a0;
+            for (size_t t = 0; t < d; t++) {
+                const uint8_t *k = page + (t * P + tb) * es;
+                __m256 x = kvq__fload(kind, k, 0), y = kvq__fload(kind, k, 8);
+                __m256 s0 = _mm256_broadcast_ss(q0 + t), s1 = _mm256_broadcast_ss(q1 + t);
+                __m256 s2 = _mm256_broadcast_ss(q2 + t), s3 = _mm256_broadcast_ss(q3 + t);
+                a0 = _mm256_fmadd_ps(s0, x, a0);
+                b0 = _mm256_fmadd_ps(s0, y, b0);
+                a1 = _mm256_fmadd_ps(s1, x, a1);
+                b1 = _mm256_fmadd_ps(s1, y, b1);
+                a2 = _mm256_fmadd_ps(s2, x, a2);
+                b2 = _mm256_fmadd_ps(s2, y, b2);
+                a3 = _mm256_fmadd_ps(s3, x, a3);
+                b3 = _mm256_fmadd_ps(s3, y, b3);
+            }
+            __m256 ra[4] = {a0, a1, a2, a3}, rb[4] = {b0, b1, b2, b3};
+            for (size_t i = 0; i < g; i++) {
+                _mm256_storeu_ps(out + (i0 + i) * ostride + tb, ra[i]);
+                _mm256_storeu_ps(out + (i0 + i) * ostride + tb + 8, rb[i]);
+            }
+        }
+    }
+}
+
+static void kvq__float_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
+    memcpy(qp, q, c->d * sizeof(float));
+}
+
 void kvq__float_avx2_select(kvq_codec *c) {
+    c->k.tprep = kvq__float_tprep_avx2;
+    c->k.tscore = kvq__float_tscore_avx2;
+    c->tqp_bytes = kvq__round64(c->d * sizeof(float));
     c->k.encode = kvq__float_encode_avx2;
     c->k.decode = kvq__float_decode_avx2;
     if (c->d % 8 == 0) {

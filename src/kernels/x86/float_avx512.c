@@ -1,0 +1,173 @@
+/*
+ * float_avx512.c - AVX-512 kernels of f32/f16/bf16 (simd_avx512.h says how
+ * this file is built natively and through SIMDe):
+ *  - tscore over a tiled key page ([d][P] values, P a multiple of 16): for
+ *    each block of 16 tokens and 4 query rows, 8 accumulators (4 rows x even
+ *    and odd dimensions) of broadcast query value times 16 tokens' values;
+ *    no horizontal sum per key.
+ *  - accum over value rows: strips of 64 dimensions x 4 weight rows in 16
+ *    registers, each value row loaded once per strip.
+ * Results differ from the reference only by the order of the float sums:
+ * each is within gamma_d * sum |q_t k_t| (score) or gamma_n * sum |w v|
+ * (accum) of exact, gamma_n = n u / (1 - n u), u = 2^-24.
+ */
+#include "../kernels.h"
+#include "simd_avx512.h"
+
+/* Software prefetch distances inside a page's area: the kernels do enough
+ * arithmetic per line that the hardware prefetchers alone leave DRAM
+ * streams at half speed (measured on Zen 4); the attention driver fetches
+ * the start of the next area itself. */
+#define KVQ__PF_DIMS 32
+#define KVQ__PF_BYTES 2048
+KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__fload16(int kind, const uint8_t *p) {
+    if (kind == KVQ__F32)
+        return _mm512_loadu_ps((const void *)p);
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    if (kind == KVQ__F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__tscore_block(int kind, size_t es, size_t d, size_t P, const uint8_t *page, size_t tb,
+                  const float *q0, const float *q1, const float *q2, const float *q3, __m512 *r) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    const uint8_t *k = page + tb * es;
+    size_t t = 0;
+    for (; t + 2 <= d; t += 2) {
+        if (t + KVQ__PF_DIMS + 1 < d) { /* stay inside the page's area */
+            _mm_prefetch((const char *)(k + (t + KVQ__PF_DIMS) * P * es), _MM_HINT_T0);
+            _mm_prefetch((const char *)(k + (t + 1 + KVQ__PF_DIMS) * P * es), _MM_HINT_T0);
+        }
+        __m512 x = kvq__fload16(kind, k + t * P * es), y = kvq__fload16(kind, k + (t + 1) * P * es);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[t]), x, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[t]), x, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[t]), x, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[t]), x, a3);
+        b0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[t + 1]), y, b0);
+        b1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[t + 1]), y, b1);
+        b2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[t + 1]), y, b2);
+        b3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[t + 1]), y, b3);
+    }
+    if (t < d) {
+        __m512 x = kvq__fload16(kind, k + t * P * es);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[t]), x, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[t]), x, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[t]), x, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[t]), x, a3);
+    }
+    r[0] = _mm512_add_ps(a0, b0);
+    r[1] = _mm512_add_ps(a1, b1);
+    r[2] = _mm512_add_ps(a2, b2);
+    r[3] = _mm512_add_ps(a3, b3);
+}
+
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__float_tscore_k(const int kind, const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                    size_t nq, const uint8_t *page, size_t P) {
+    const float *q = (const float *)qp;
+    const size_t qs = c->tqp_bytes / sizeof(float), d = c->d, es = c->bytes / c->d;
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        size_t g = KVQ__MIN(4, nq - i0);
+        const float *q0 = q + i0 * qs;
+        const float *q1 = q0 + (g > 1 ? qs : 0), *q2 = q0 + (g > 2 ? 2 * qs : 0),
+                    *q3 = q0 + (g > 3 ? 3 * qs : 0);
+        for (size_t tb = 0; tb < P; tb += 16) {
+            __m512 r[4];
+            kvq__tscore_block(kind, es, d, P, page, tb, q0, q1, q2, q3, r);
+            for (size_t i = 0; i < g; i++)
+                _mm512_storeu_ps(out + (i0 + i) * ostride + tb, r[i]);
+        }
+    }
+}
+
+KVQ__T512 static void kvq__float_tscore_avx512(const kvq_codec *c, float *out, size_t ostride,
+                                               const void *qp, size_t nq, const uint8_t *page,
+                                               size_t P) {
+    if (c->kind == KVQ__F32)
+        kvq__float_tscore_k(KVQ__F32, c, out, ostride, qp, nq, page, P);
+    else if (c->kind == KVQ__F16)
+        kvq__float_tscore_k(KVQ__F16, c, out, ostride, qp, nq, page, P);
+    else
+        kvq__float_tscore_k(KVQ__BF16, c, out, ostride, qp, nq, page, P);
+}
+
+/* acc[r][s..s+16*NS) += sum_j w[r][j] v_j[s..] for 2 rows and NS strips of
+ * 16 (constants at each call: the 2 x NS accumulators stay in registers).
+ * With NS = d / 16 <= 8 a row is read in one sequential pass. */
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__accum_strip(const int kind, const int NS, float *const *a, const float *const *wr, size_t g,
+                 const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n) {
+    __m512 x0[8], x1[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < NS; k++)
+        x0[k] = x1[k] = _mm512_setzero_ps();
+    for (size_t j = 0; j < n; j++) {
+        const uint8_t *v = vals + j * vb + s * es;
+        if ((j + 1) * vb + KVQ__PF_BYTES <= n * vb) /* stay inside the page's area */
+            for (size_t o = 0; o < (size_t)NS * 16 * es; o += 64)
+                _mm_prefetch((const char *)(v + KVQ__PF_BYTES + o), _MM_HINT_T0);
+        __m512 b0 = _mm512_set1_ps(wr[0][j]), b1 = _mm512_set1_ps(wr[1][j]);
+#pragma GCC unroll 8
+        for (int k = 0; k < NS; k++) {
+            __m512 vv = kvq__fload16(kind, v + 16 * k * es);
+            x0[k] = _mm512_fmadd_ps(b0, vv, x0[k]);
+            x1[k] = _mm512_fmadd_ps(b1, vv, x1[k]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < NS; k++) {
+        float *p = a[0] + s + 16 * k;
+        _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), x0[k]));
+        if (g > 1) {
+            p = a[1] + s + 16 * k;
+            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), x1[k]));
+        }
+    }
+}
+
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astride, const float *w,
+                   size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
+    const size_t d = c->d, vb = c->bytes, es = c->bytes / c->d;
+    for (size_t i0 = 0; i0 < nq; i0 += 2) {
+        size_t g = KVQ__MIN(2, nq - i0);
+        const float *w0 = w + i0 * wstride;
+        const float *wr[2] = {w0, g > 1 ? w0 + wstride : w0};
+        float *a[2] = {acc + i0 * astride, acc + (i0 + 1) * astride};
+        size_t s = 0;
+        if (d == 128) {
+            kvq__accum_strip(kind, 8, a, wr, g, vals, vb, es, 0, n);
+            continue;
+        }
+        for (; s + 64 <= d; s += 64)
+            kvq__accum_strip(kind, 4, a, wr, g, vals, vb, es, s, n);
+        for (; s < d; s += 16)
+            kvq__accum_strip(kind, 1, a, wr, g, vals, vb, es, s, n);
+    }
+}
+
+KVQ__T512 static void kvq__float_accum_avx512(const kvq_codec *c, float *acc, size_t astride,
+                                              const float *w, size_t wstride, size_t nq,
+                                              const uint8_t *vals, size_t n) {
+    if (c->kind == KVQ__F32)
+        kvq__float_accum_k(KVQ__F32, c, acc, astride, w, wstride, nq, vals, n);
+    else if (c->kind == KVQ__F16)
+        kvq__float_accum_k(KVQ__F16, c, acc, astride, w, wstride, nq, vals, n);
+    else
+        kvq__float_accum_k(KVQ__BF16, c, acc, astride, w, wstride, nq, vals, n);
+}
+
+static void kvq__float_tprep512(const kvq_codec *c, void *qp, const float *q) {
+    memcpy(qp, q, c->d * sizeof(float));
+}
+
+void KVQ__SEL512(kvq__float_avx512_select)(kvq_codec *c, unsigned feat) {
+    (void)feat;
+    if (c->d % 16 == 0)
+        c->k.accum = kvq__float_accum_avx512;
+    c->k.tprep = kvq__float_tprep512;
+    c->k.tscore = kvq__float_tscore_avx512;
+    c->tqp_bytes = kvq__round64(c->d * sizeof(float));
+}
