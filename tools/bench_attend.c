@@ -24,8 +24,8 @@
  * Uses only the public header. Exit status: 0 ok, 1 a row failed at run
  * time (its row says why, the others still run), 2 usage.
  */
-#include "kvq.h"
 #include "benchlib.h"
+#include "kvq.h"
 #include "peers.h"
 #include "tool.h"
 
@@ -43,9 +43,9 @@
 #define BA_MAX_CTX 32
 #define BA_MAX_CODECS 32
 #define BA_MAX_THR 4 /* thread counts in one run */
-#define BA_TAIL 64       /* single-token appends timed at the end of a build */
+#define BA_TAIL 64   /* single-token appends timed at the end of a build */
 #define BA_BW_MIN ((size_t)256 << 20)
-#define BA_BW_ROUNDS_MIN 5 /* bandwidth: rounds of one pass per thread count, */
+#define BA_BW_ROUNDS_MIN 5  /* bandwidth: rounds of one pass per thread count, */
 #define BA_BW_ROUNDS_MAX 60 /* as many as fit in BA_BW_SECONDS */
 #define BA_BW_SECONDS 1.0
 #define BA_DEFAULT_CONTEXTS "1024,4096,16384,32768"
@@ -64,30 +64,31 @@ typedef struct {
 } ba_opts;
 
 static void ba_usage(FILE *f) {
-    fprintf(f,
-            "usage: kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
-            "                        [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
-            "                        [--isa scalar|avx2|avx512|auto] [--json]\n"
-            "  --context LIST   context lengths, comma-separated, each 1..%zu\n"
-            "                   (default %s); none: no decode rows\n"
-            "  --codec LIST     kvq codecs for K and V (default %s);\n"
-            "                   f32 and f16 are always measured first\n"
-            "  --threads LIST   1..64 attention threads of kvq's cache (cfg.n_threads) and of the\n"
-            "                   baselines (default 1); up to %d counts, e.g. 1,2: every row at\n"
-            "                   each, with the speedup over 1 thread; the floor uses the read\n"
-            "                   bandwidth of the row's thread count\n"
-            "  --baselines L    of dense:f32, llama.cpp:q8_0, llama.cpp:q4_0 (default all)\n"
-            "  --prefill N      0..%zu: also time one append of N tokens and one causal attend of\n"
-            "                   their N queries per codec, against f32 (default 0: none)\n"
-            "  --reps N         1..1000 timed steps per row (default 5..9 within 0.5 s)\n"
-            "  --warm           do not flush the last-level cache before each timed step\n"
-            "  --isa P          kvq's kernel path (cfg.isa; default auto: the best one); the\n"
-            "                   baselines always use the best SIMD level of this CPU\n"
-            "  --json           one JSON object on stdout\n"
-            "One layer of %d KV heads, %d query heads, head_dim %d. Exit status: 0 ok, 1 a row\n"
-            "failed at run time, 2 usage.\n",
-            BA_MAX_CONTEXT, BA_DEFAULT_CONTEXTS, BA_DEFAULT_CODECS, BA_MAX_THR, BA_MAX_PREFILL, BA_H,
-            BA_QH, BA_D);
+    fprintf(
+        f,
+        "usage: kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
+        "                        [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
+        "                        [--isa scalar|avx2|avx512|auto] [--json]\n"
+        "  --context LIST   context lengths, comma-separated, each 1..%zu\n"
+        "                   (default %s); none: no decode rows\n"
+        "  --codec LIST     kvq codecs for K and V (default %s);\n"
+        "                   f32 and f16 are always measured first\n"
+        "  --threads LIST   1..64 attention threads of kvq's cache (cfg.n_threads) and of the\n"
+        "                   baselines (default 1); up to %d counts, e.g. 1,2: every row at\n"
+        "                   each, with the speedup over 1 thread; the floor uses the read\n"
+        "                   bandwidth of the row's thread count\n"
+        "  --baselines L    of dense:f32, llama.cpp:q8_0, llama.cpp:q4_0 (default all)\n"
+        "  --prefill N      0..%zu: also time one append of N tokens and one causal attend of\n"
+        "                   their N queries per codec, against f32 (default 0: none)\n"
+        "  --reps N         1..1000 timed steps per row (default 5..9 within 0.5 s)\n"
+        "  --warm           do not flush the last-level cache before each timed step\n"
+        "  --isa P          kvq's kernel path (cfg.isa; default auto: the best one); the\n"
+        "                   baselines always use the best SIMD level of this CPU\n"
+        "  --json           one JSON object on stdout\n"
+        "One layer of %d KV heads, %d query heads, head_dim %d. Exit status: 0 ok, 1 a row\n"
+        "failed at run time, 2 usage.\n",
+        BA_MAX_CONTEXT, BA_DEFAULT_CONTEXTS, BA_DEFAULT_CODECS, BA_MAX_THR, BA_MAX_PREFILL, BA_H,
+        BA_QH, BA_D);
 }
 
 static int ba_bad(const char *fmt, const char *a, const char *v) {
@@ -147,8 +148,7 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
                     o->isa = KVQ_ISA_AUTO;
                 else
                     return ba_bad("%s must be scalar, avx2, avx512 or auto, got '%s'", a, v);
-            }
-            else if (!strcmp(a, "--threads"))
+            } else if (!strcmp(a, "--threads"))
                 thr_list = v;
             else if (!strcmp(a, "--prefill")) {
                 if (!kvqb_parse_size(v, 0, BA_MAX_PREFILL, &o->prefill))
@@ -278,7 +278,8 @@ static uint64_t ba_rand(uint64_t *s) {
 /* n N(0,1) values (Box-Muller, both outputs). */
 static void ba_gauss(uint64_t *s, float *x, size_t n) {
     for (size_t i = 0; i < n; i += 2) {
-        double u = ((double)(ba_rand(s) >> 11) + 0.5) * 0x1.0p-53, v = (double)(ba_rand(s) >> 11) * 0x1.0p-53;
+        double u = ((double)(ba_rand(s) >> 11) + 0.5) * 0x1.0p-53,
+               v = (double)(ba_rand(s) >> 11) * 0x1.0p-53;
         double m = sqrt(-2 * log(u));
         x[i] = (float)(m * cos(6.283185307179586 * v));
         if (i + 1 < n)
@@ -290,7 +291,8 @@ static void ba_gauss(uint64_t *s, float *x, size_t n) {
 static void ba_gather(float *dst, const float *src, size_t ld, size_t t0, size_t m) {
     for (size_t t = 0; t < m; t++)
         for (size_t h = 0; h < BA_H; h++)
-            memcpy(dst + (t * BA_H + h) * BA_D, src + (h * ld + t0 + t) * BA_D, BA_D * sizeof(float));
+            memcpy(dst + (t * BA_H + h) * BA_D, src + (h * ld + t0 + t) * BA_D,
+                   BA_D * sizeof(float));
 }
 
 static void *ba_alloc(size_t bytes) {
@@ -333,7 +335,8 @@ typedef struct {
 
 static int ba_kstep(void *arg) {
     ba_kctx *x = (ba_kctx *)arg;
-    return kvq_cache_attend(x->c, 0, x->q, &x->qpos, 1, x->out, x->out_cap, NULL, 0) == KVQ_OK ? 0 : 1;
+    return kvq_cache_attend(x->c, 0, x->q, &x->qpos, 1, x->out, x->out_cap, NULL, 0) == KVQ_OK ? 0
+                                                                                               : 1;
 }
 
 typedef struct {
@@ -419,7 +422,8 @@ static void ba_run_kvq(ba_env *e, const char *codec, size_t ctx, ba_row *r) {
     for (size_t i = 0; i < BA_QH * BA_D; i++)
         finite &= isfinite(e->out[i]) != 0;
     if (rc || !finite)
-        snprintf(r->msg, sizeof r->msg, "attention %s", rc ? "failed" : "produced non-finite output");
+        snprintf(r->msg, sizeof r->msg, "attention %s",
+                 rc ? "failed" : "produced non-finite output");
     else {
         r->step_us = bs.median_s * 1e6;
         r->step_min_us = bs.min_s * 1e6;
@@ -630,7 +634,8 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         maxT = o.ctx[i] > maxT ? o.ctx[i] : maxT;
     const size_t HD = BA_H * BA_D;
     float *K = ba_alloc(maxT * HD * sizeof(float)), *V = ba_alloc(maxT * HD * sizeof(float));
-    float *q = ba_alloc(BA_QH * BA_D * sizeof(float)), *out = ba_alloc(BA_QH * BA_D * sizeof(float));
+    float *q = ba_alloc(BA_QH * BA_D * sizeof(float)),
+          *out = ba_alloc(BA_QH * BA_D * sizeof(float));
     float *ck = ba_alloc(1024 * HD * sizeof(float)), *cv = ba_alloc(1024 * HD * sizeof(float));
     size_t flush_bytes = 3 * llc_eff > ((size_t)64 << 20) ? 3 * llc_eff : (size_t)64 << 20;
     ba_flush fl = {o.warm ? NULL : ba_alloc(flush_bytes), flush_bytes / sizeof(float), e.simd, 0};
@@ -691,18 +696,20 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         printf("  cpu %s (%s)\n  kvq path %s%s | threads %s (kvq cache n_threads; baselines too: "
                "dense:f32 split over KV heads, llama.cpp over query heads)\n",
                cpu, cpu_detail, kvq_path, o.isa == KVQ_ISA_AUTO ? " (auto)" : " (forced)", thr_str);
-        printf("  read bandwidth (%s sum over %zu MiB, >= 4x the %zu MiB last-level cache%s, best of "
-               "%d passes each): 1 thread %.1f GB/s, 2 threads %.1f GB/s",
-               kvqb_simd_name(e.simd), bw_bytes >> 20, llc_eff >> 20, llc ? "" : " (assumed)",
-               bw_rounds, bw1, bw2);
+        printf(
+            "  read bandwidth (%s sum over %zu MiB, >= 4x the %zu MiB last-level cache%s, best of "
+            "%d passes each): 1 thread %.1f GB/s, 2 threads %.1f GB/s",
+            kvqb_simd_name(e.simd), bw_bytes >> 20, llc_eff >> 20, llc ? "" : " (assumed)",
+            bw_rounds, bw1, bw2);
         for (size_t i = 0; i < o.nthr; i++)
             if (o.thr[i] > 2)
                 printf(", %zu threads %.1f GB/s", o.thr[i], bwt[o.thr[i]]);
-        printf("\n  floor = bytes read / the read bandwidth of the row's thread count (thr); x floor "
-               "= step / floor; step = median of %d..%d timed steps%s\n",
-               e.cfg.min_reps, e.cfg.reps,
-               o.warm ? " (warm: the cache is not flushed)"
-                      : ", the last-level cache flushed before each (untimed)");
+        printf(
+            "\n  floor = bytes read / the read bandwidth of the row's thread count (thr); x floor "
+            "= step / floor; step = median of %d..%d timed steps%s\n",
+            e.cfg.min_reps, e.cfg.reps,
+            o.warm ? " (warm: the cache is not flushed)"
+                   : ", the last-level cache flushed before each (untimed)");
         if (o.nctx)
             printf("  baselines (same run, written here from public descriptions): dense:f32 [%s], "
                    "llama.cpp:q8_0 [%s], llama.cpp:q4_0 [%s]\n"

@@ -163,8 +163,8 @@ TGT512 static inline __m512 dn_pair_pd(__m512 x, __m512 y) {
  * 128-bit lanes. 45 instructions for 16 sums. */
 TGT512 static inline __m512 dn_reduce16(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4,
                                         __m512 a5, __m512 a6, __m512 a7, __m512 a8, __m512 a9,
-                                        __m512 a10, __m512 a11, __m512 a12, __m512 a13,
-                                        __m512 a14, __m512 a15) {
+                                        __m512 a10, __m512 a11, __m512 a12, __m512 a13, __m512 a14,
+                                        __m512 a15) {
     __m512 c0 = dn_pair_pd(dn_pair_ps(a0, a1), dn_pair_ps(a2, a3));
     __m512 c1 = dn_pair_pd(dn_pair_ps(a4, a5), dn_pair_ps(a6, a7));
     __m512 c2 = dn_pair_pd(dn_pair_ps(a8, a9), dn_pair_ps(a10, a11));
@@ -221,8 +221,8 @@ TGT512 static void dn_scores_512(const float *K, size_t T, size_t d, const float
                 a15 = _mm512_fmadd_ps(y, x3, a15);
             }
             /* lane 4i+j: query g+i, key t+j */
-            __m512 r = dn_reduce16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13,
-                                   a14, a15);
+            __m512 r =
+                dn_reduce16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15);
             _mm_storeu_ps(s + (g + 0) * T + t, _mm512_extractf32x4_ps(r, 0));
             _mm_storeu_ps(s + (g + 1) * T + t, _mm512_extractf32x4_ps(r, 1));
             _mm_storeu_ps(s + (g + 2) * T + t, _mm512_extractf32x4_ps(r, 2));
@@ -338,7 +338,8 @@ TGT2 static inline __m256 dn_exp256(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
@@ -444,7 +445,8 @@ TGT2 static void dn_wsum_256(const float *V, size_t T, size_t d, const float *p,
                     if (g == 0 && c == 0 && t + KVQA_PF < T) /* the row KVQA_PF ahead */
                         for (size_t j = 0; j < d; j += 16)
                             _mm_prefetch((const char *)(V + (t + KVQA_PF) * d + j), _MM_HINT_T0);
-                    __m256 x0 = _mm256_loadu_ps(V + t * d + c), x1 = _mm256_loadu_ps(V + t * d + c + 8);
+                    __m256 x0 = _mm256_loadu_ps(V + t * d + c),
+                           x1 = _mm256_loadu_ps(V + t * d + c + 8);
                     __m256 w = _mm256_broadcast_ss(p0 + t);
                     a0 = _mm256_fmadd_ps(w, x0, a0);
                     a1 = _mm256_fmadd_ps(w, x1, a1);
@@ -586,46 +588,43 @@ static void ll_scale_c(float *y, float v, size_t d) {
 /* sum of the int8 products x_j y_j, 4 at a time into 8 int32 lanes, as
  * floats: |x| times y with x's sign (maddubs takes unsigned x signed). */
 #define LL_MULSUM_AVX2(x, y)                                                                       \
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(                                                          \
-        _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)), _mm256_set1_epi16(1)))
+    _mm256_cvtepi32_ps(                                                                            \
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)),    \
+                          _mm256_set1_epi16(1)))
 #define LL_MULSUM_VNNI(x, y)                                                                       \
-    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x),        \
+    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x),         \
                                            _mm256_sign_epi8(y, x)))
 /* 32 nibbles: low nibbles are values 0..15, high nibbles 16..31; minus 8 */
 #define LL_Q4_BYTES(p)                                                                             \
-    _mm256_sub_epi8(                                                                               \
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(p)), 4), \
-                                          _mm_loadu_si128((const __m128i *)(p))),                  \
-                         _mm256_set1_epi8(15)),                                                    \
-        _mm256_set1_epi8(8))
+    _mm256_sub_epi8(_mm256_and_si256(                                                              \
+                        _mm256_set_m128i(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(p)), 4), \
+                                         _mm_loadu_si128((const __m128i *)(p))),                   \
+                        _mm256_set1_epi8(15)),                                                     \
+                    _mm256_set1_epi8(8))
 
-#define LL_DOT_BODY(XB, LOADX, MULSUM)                                                             \
-    __m256 acc = _mm256_setzero_ps();                                                              \
-    for (size_t b = 0; b < nb; b++, x += XB, y += KVQA_Q8_BYTES) {                                 \
-        uint16_t hx, hy;                                                                           \
-        memcpy(&hx, x, 2);                                                                         \
-        memcpy(&hy, y, 2);                                                                         \
-        __m256 dd = _mm256_set1_ps(_cvtsh_ss(hx) * _cvtsh_ss(hy));                                 \
-        __m256i qx = LOADX(x + 2);                                                                 \
-        __m256i qy = _mm256_loadu_si256((const __m256i *)(const void *)(y + 2));                   \
-        acc = _mm256_fmadd_ps(dd, MULSUM(qx, qy), acc);                                            \
-    }                                                                                              \
-    return dn_hsum256(acc);
+/* q_x . q_y over nb blocks (x: q8_0 or q4_0 rows, y: the q8_0 query), as
+ * ggml's vec_dot: per block d_x d_y times the int32 sum, FMA into 8 lanes. */
+#define LL_DOT_FN(NAME, TGT, XB, LOADX, MULSUM)                                                    \
+    TGT static float NAME(const uint8_t *x, const uint8_t *y, size_t nb) {                         \
+        __m256 acc = _mm256_setzero_ps();                                                          \
+        for (size_t b = 0; b < nb; b++, x += XB, y += KVQA_Q8_BYTES) {                             \
+            uint16_t hx, hy;                                                                       \
+            memcpy(&hx, x, 2);                                                                     \
+            memcpy(&hy, y, 2);                                                                     \
+            __m256 dd = _mm256_set1_ps(_cvtsh_ss(hx) * _cvtsh_ss(hy));                             \
+            __m256i qx = LOADX(x + 2);                                                             \
+            __m256i qy = _mm256_loadu_si256((const __m256i *)(const void *)(y + 2));               \
+            acc = _mm256_fmadd_ps(dd, MULSUM(qx, qy), acc);                                        \
+        }                                                                                          \
+        return dn_hsum256(acc);                                                                    \
+    }
 
 #define LL_LOAD8(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
 
-TGT2 static float ll_dot_q8_avx2(const uint8_t *x, const uint8_t *y, size_t nb) {
-    LL_DOT_BODY(KVQA_Q8_BYTES, LL_LOAD8, LL_MULSUM_AVX2)
-}
-TGT2 static float ll_dot_q4_avx2(const uint8_t *x, const uint8_t *y, size_t nb) {
-    LL_DOT_BODY(KVQA_Q4_BYTES, LL_Q4_BYTES, LL_MULSUM_AVX2)
-}
-TGTVNNI static float ll_dot_q8_vnni(const uint8_t *x, const uint8_t *y, size_t nb) {
-    LL_DOT_BODY(KVQA_Q8_BYTES, LL_LOAD8, LL_MULSUM_VNNI)
-}
-TGTVNNI static float ll_dot_q4_vnni(const uint8_t *x, const uint8_t *y, size_t nb) {
-    LL_DOT_BODY(KVQA_Q4_BYTES, LL_Q4_BYTES, LL_MULSUM_VNNI)
-}
+LL_DOT_FN(ll_dot_q8_avx2, TGT2, KVQA_Q8_BYTES, LL_LOAD8, LL_MULSUM_AVX2)
+LL_DOT_FN(ll_dot_q4_avx2, TGT2, KVQA_Q4_BYTES, LL_Q4_BYTES, LL_MULSUM_AVX2)
+LL_DOT_FN(ll_dot_q8_vnni, TGTVNNI, KVQA_Q8_BYTES, LL_LOAD8, LL_MULSUM_VNNI)
+LL_DOT_FN(ll_dot_q4_vnni, TGTVNNI, KVQA_Q4_BYTES, LL_Q4_BYTES, LL_MULSUM_VNNI)
 
 TGT2 static void ll_deq_q8_avx2(const uint8_t *x, float *y, size_t nb) {
     for (size_t b = 0; b < nb; b++, x += KVQA_Q8_BYTES, y += KVQA_QK) {
@@ -633,7 +632,8 @@ TGT2 static void ll_deq_q8_avx2(const uint8_t *x, float *y, size_t nb) {
         memcpy(&h, x, 2);
         __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
         for (int j = 0; j < KVQA_QK; j += 8) {
-            __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(x + 2 + j)));
+            __m256i v =
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(x + 2 + j)));
             _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(v), d));
         }
     }
@@ -647,9 +647,13 @@ TGT2 static void ll_deq_q4_avx2(const uint8_t *x, float *y, size_t nb) {
         __m256i q = LL_Q4_BYTES(x + 2); /* values 0..31 in order, minus 8 */
         __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
         _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
-        _mm256_storeu_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
+        _mm256_storeu_ps(
+            y + 8,
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
         _mm256_storeu_ps(y + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
-        _mm256_storeu_ps(y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
+        _mm256_storeu_ps(
+            y + 24,
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
     }
 }
 
@@ -684,9 +688,10 @@ TGT512 static void ll_deq_q4_512(const uint8_t *x, float *y, size_t nb) {
         memcpy(&h, x, 2);
         __m512 d = _mm512_set1_ps(kvq_f16_to_f32(h));
         __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(x + 2));
-        __m512i lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(raw, m)), _mm512_set1_epi32(8));
-        __m512i hi = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), m)),
-                                      _mm512_set1_epi32(8));
+        __m512i lo =
+            _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(raw, m)), _mm512_set1_epi32(8));
+        __m512i hi = _mm512_sub_epi32(
+            _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), m)), _mm512_set1_epi32(8));
         _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
         _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
     }
@@ -775,7 +780,8 @@ int kvqp_att_create(kvqp_att **out, kvqp_att_kind kind, const float *K, const fl
     if (!a)
         return -1;
     a->kind = kind;
-    a->T = T, a->H = H, a->QH = QH, a->G = QH / H, a->Gp = (QH / H + 3) / 4 * 4, a->d = d, a->ld = ld;
+    a->T = T, a->H = H, a->QH = QH, a->G = QH / H, a->Gp = (QH / H + 3) / 4 * 4, a->d = d,
+    a->ld = ld;
     a->pool = pool;
     a->n_threads = n_threads;
 #ifndef KVQA_X86
@@ -788,7 +794,9 @@ int kvqp_att_create(kvqp_att **out, kvqp_att_kind kind, const float *K, const fl
                   : simd >= KVQB_SIMD_AVX2 && d % 16 == 0  ? 1
                                                            : 0;
         snprintf(a->path_name, sizeof a->path_name, "%s",
-                 a->path == 2 ? "avx512" : a->path == 1 ? "avx2" : "scalar");
+                 a->path == 2   ? "avx512"
+                 : a->path == 1 ? "avx2"
+                                : "scalar");
         scratch_floats = a->Gp * T + 2 * a->Gp * d;
     } else {
         const int q4 = kind == KVQP_LLAMA_Q4_0;
@@ -822,7 +830,8 @@ int kvqp_att_create(kvqp_att **out, kvqp_att_kind kind, const float *K, const fl
 #ifdef KVQA_X86
         if (simd >= KVQB_SIMD_AVX2) {
             int vnni = kvqb_has_vnni();
-            a->dot = q4 ? (vnni ? ll_dot_q4_vnni : ll_dot_q4_avx2) : (vnni ? ll_dot_q8_vnni : ll_dot_q8_avx2);
+            a->dot = q4 ? (vnni ? ll_dot_q4_vnni : ll_dot_q4_avx2)
+                        : (vnni ? ll_dot_q8_vnni : ll_dot_q8_avx2);
             a->deq = q4 ? ll_deq_q4_avx2 : ll_deq_q8_avx2;
             a->mad = ll_mad_avx2;
             a->scale = ll_scale_avx2;
