@@ -33,12 +33,12 @@ KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__tscore_block(int kind, size_t es, size_t d, size_t P, const uint8_t *page, size_t tb,
                   const float *q0, const float *q1, const float *q2, const float *q3, __m512 *r) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    const uint8_t *k = page + tb * es;
+    const uint8_t *k = page + tb * es, *nx = kvq__pf_next ? kvq__pf_next + tb * es : NULL;
     size_t t = 0;
     for (; t + 2 <= d; t += 2) {
-        if (t + KVQ__PF_DIMS + 1 < d) { /* stay inside the page's area */
-            _mm_prefetch((const char *)(k + (t + KVQ__PF_DIMS) * P * es), _MM_HINT_T0);
-            _mm_prefetch((const char *)(k + (t + 1 + KVQ__PF_DIMS) * P * es), _MM_HINT_T0);
+        if (nx) { /* the same lines of the next page */
+            _mm_prefetch((const char *)(nx + t * P * es), _MM_HINT_T0);
+            _mm_prefetch((const char *)(nx + (t + 1) * P * es), _MM_HINT_T0);
         }
         __m512 x = kvq__fload16(kind, k + t * P * es), y = kvq__fload16(kind, k + (t + 1) * P * es);
         a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[t]), x, a0);
@@ -106,9 +106,9 @@ kvq__accum_strip(const int kind, const int NS, float *const *a, const float *con
         x0[k] = x1[k] = x2[k] = x3[k] = _mm512_setzero_ps();
     for (size_t j = 0; j < n; j++) {
         const uint8_t *v = vals + j * vb + s * es;
-        if (pf && (j + 1) * vb + KVQ__PF_BYTES <= n * vb) /* stay inside the page's area */
+        if (pf && kvq__pf_next) /* the same row of the next page */
             for (size_t o = 0; o < vb; o += 64)
-                _mm_prefetch((const char *)(vals + j * vb + KVQ__PF_BYTES + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(kvq__pf_next + j * vb + o), _MM_HINT_T0);
         __m512 b0 = _mm512_set1_ps(wr[0][j]), b1 = _mm512_set1_ps(wr[1][j]);
         __m512 b2 = _mm512_set1_ps(wr[2][j]), b3 = _mm512_set1_ps(wr[3][j]);
 #pragma GCC unroll 6
@@ -174,4 +174,5 @@ void KVQ__SEL512(kvq__float_avx512_select)(kvq_codec *c, unsigned feat) {
     c->k.tprep = kvq__float_tprep512;
     c->k.tscore = kvq__float_tscore_avx512;
     c->tqp_bytes = kvq__round64(c->d * sizeof(float));
+    c->pf_self = c->d % 16 == 0; /* tscore always; accum with d % 16 == 0 */
 }
