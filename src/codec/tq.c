@@ -279,6 +279,93 @@ static void kvq__tq_finish(const kvq_codec *c, float *out, const float *acc) {
     kvq__tq_unrotate_add(t, d, out, z);
 }
 
+/* ---- tiled pages ---- */
+
+static int kvq__tq_tiled(const kvq_codec *c, int role, size_t P) {
+    (void)role;
+    return kvq__tq_tiled_ok(c, (const kvq__tq *)c->state, P);
+}
+
+/* Unit and slot of (token i, dimension j) in a tiled page (tq_impl.h). */
+static inline void kvq__tq_tslot(const kvq_codec *c, int role, size_t i, size_t j, size_t *u,
+                                 unsigned *s) {
+    if (role == KVQ__ROLE_K) {
+        *u = (i / 16) * (c->d / 4) + j / 4;
+        *s = (unsigned)(4 * (i % 16) + j % 4);
+    } else {
+        *u = (i / 4) * (c->d / 16) + j / 16;
+        *s = (unsigned)(4 * (j % 16) + i % 4);
+    }
+}
+
+/* Field of slot s in a plane of f-bit fields. */
+static inline unsigned kvq__tq_tfield(const uint8_t *pl, unsigned s, unsigned f) {
+    unsigned w = 8 * f;
+    return (pl[s % w] >> (f * (s / w))) & ((1u << f) - 1u);
+}
+
+static inline void kvq__tq_tsetf(uint8_t *pl, unsigned s, unsigned f, unsigned v) {
+    unsigned w = 8 * f, sh = f * (s / w);
+    pl[s % w] = (uint8_t)((pl[s % w] & ~(((1u << f) - 1u) << sh)) | (v << sh));
+}
+
+static void kvq__tq_tput(const kvq_codec *c, int role, size_t P, uint8_t *page, size_t i,
+                         const uint8_t *row) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const int kb = t->kb;
+    const size_t ub = 8 * (size_t)kb;
+    uint8_t *units = page + P * t->nb;
+    memcpy(page + i * t->nb, row, t->nb);
+    for (size_t j = 0; j < c->d; j++) {
+        unsigned v = kvq__tq_get_idx(row + t->off_idx, j, kb), s;
+        size_t u;
+        kvq__tq_tslot(c, role, i, j, &u, &s);
+        uint8_t *pl = units + u * ub;
+        if (kb == 3) {
+            kvq__tq_tsetf(pl, s, 2, v & 3u);
+            kvq__tq_tsetf(pl + 16, s, 1, v >> 2);
+        } else {
+            kvq__tq_tsetf(pl, s, (unsigned)kb, v);
+        }
+    }
+}
+
+static void kvq__tq_tget(const kvq_codec *c, int role, size_t P, const uint8_t *page, size_t i,
+                         uint8_t *row) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const int kb = t->kb;
+    const size_t ub = 8 * (size_t)kb;
+    const uint8_t *units = page + P * t->nb;
+    uint8_t *ix = row + t->off_idx;
+    memcpy(row, page + i * t->nb, t->nb);
+    memset(ix, 0, t->idx_bytes);
+    for (size_t j = 0; j < c->d; j++) {
+        unsigned v, s;
+        size_t u;
+        kvq__tq_tslot(c, role, i, j, &u, &s);
+        const uint8_t *pl = units + u * ub;
+        if (kb == 3)
+            v = kvq__tq_tfield(pl, s, 2) | kvq__tq_tfield(pl + 16, s, 1) << 2;
+        else
+            v = kvq__tq_tfield(pl, s, (unsigned)kb);
+        size_t bit = j * (size_t)kb;
+        ix[bit >> 3] |= (uint8_t)(v << (bit & 7));
+        if ((bit & 7) + (size_t)kb > 8)
+            ix[(bit >> 3) + 1] |= (uint8_t)(v >> (8 - (bit & 7)));
+    }
+}
+
+void kvq__tq_taccum_exact(const kvq_codec *c, float *acc, const float *w, const uint8_t *page,
+                          size_t P, size_t k0, size_t n) {
+    uint8_t row[KVQ__MAX_HEAD_DIM + 8]; /* >= c->bytes of a tq codec (no sketch) */
+    for (size_t k = k0; k < k0 + n; k++) {
+        if (w[k] == 0.0f)
+            continue;
+        kvq__tq_tget(c, KVQ__ROLE_V, P, page, k, row);
+        c->ref.accum(c, acc, 0, w + k, 0, 1, row, 1);
+    }
+}
+
 static void kvq__tq_destroy(kvq_codec *c) {
     kvq__tq *t = (kvq__tq *)c->state;
     if (!t)
@@ -380,6 +467,16 @@ static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
             t->c16hi[l] = (uint8_t)(u >> 8);
         }
     }
+    { /* int8 codebook of the tiled kernels; cent[levels-1] is the largest magnitude */
+        double cm = fabs((double)t->cent[t->levels - 1]);
+        t->c8_scale = cm > 0.0 ? (float)(cm / 127.0) : 1.0f;
+        for (int l = 0; l < 16; l++) {
+            long v = l < t->levels ? lround((double)t->cent[l] / (double)t->c8_scale) : 0;
+            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            t->c8[l] = (int8_t)v;
+            t->c8u[l] = (uint8_t)(v + 128);
+        }
+    }
     kvq_status st = kvq__tq_rotation_init(&c->alloc, t, d, c->seed);
     if (st != KVQ_OK) {
         if (err && err_size)
@@ -398,6 +495,11 @@ static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
     c->ref.score = kvq__tq_score;
     c->ref.accum = kvq__tq_accum;
     c->ref.finish = kvq__tq_finish;
+    if (!t->sketch) {
+        c->tiled = kvq__tq_tiled;
+        c->tput = kvq__tq_tput;
+        c->tget = kvq__tq_tget;
+    }
     return KVQ_OK;
 }
 
