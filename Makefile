@@ -1,17 +1,36 @@
 # kvq - GNU Makefile. Targets:
 #   make            build/libkvq.a, build/libkvq.so, build/kvq
-#   make check      every test, in a normal build and in an ASan+UBSan build
+#   make examples   the example programs $(BUILD)/examples/<name> (examples/*.c)
+#   make check      every suite (tests, examples, install, Python, ASan+UBSan, TSan,
+#                   valgrind), each logged to $(BUILD)/check-logs/<suite>.log, then one
+#                   summary line; it fails when any suite failed
 #   make bench      the benchmarks (kvq bench ...)
 #   make demo       the main job, printed as a table
-#   make install PREFIX=/usr/local [DESTDIR=...]
+#   make install PREFIX=/usr/local [DESTDIR=...]   headers, libraries, kvq, kvq.pc, kvq.1
+#   make uninstall PREFIX=/usr/local [DESTDIR=...] removes what install put there
 #   make fuzz       libFuzzer targets $(BUILD)/fuzz_<target> (clang); make fuzz-long FUZZ_SECONDS=N
 # BUILD=dir selects the build folder (helpers and sanitizer builds use their own).
 # SAN=1 builds with AddressSanitizer + UndefinedBehaviorSanitizer.
 # HIREDIS=0 builds without the Redis store even when pkg-config finds hiredis.
+# The build runs JOBS jobs at once (default: the number of CPUs) unless the
+# command line gives -j: make -j1 or make JOBS=1 builds one thing at a time.
+
+JOBS ?= $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+ifeq ($(MAKELEVEL),0)
+  ifeq ($(filter -j% j%,$(MAKEFLAGS)),)
+    ifeq ($(filter clean,$(MAKECMDGOALS)),)
+      MAKEFLAGS += -j$(JOBS)
+    endif
+  endif
+endif
 
 CC       ?= cc
 BUILD    ?= build
 PREFIX   ?= /usr/local
+BINDIR   ?= $(PREFIX)/bin
+LIBDIR   ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR   ?= $(PREFIX)/share/man
 DATA     ?= ../shared/data
 PYTHON   ?= /usr/bin/python3
 
@@ -53,8 +72,14 @@ TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_HELP := $(filter-out $(TEST_SRC) tests/inspect_demo.c,$(wildcard tests/*.c))
+EX_SRC   := $(sort $(wildcard examples/*.c))
+EX_BIN   := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 
-.PHONY: all check check-run check-run-inner check-san check-tsan tsan check-valgrind bench demo install clean python-test fuzz fuzz-long fuzz-corpus
+VERSION  := $(shell sed -n 's/^\#define KVQ_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' include/kvq.h | paste -sd. -)
+SOMAJOR  := $(firstword $(subst ., ,$(VERSION)))
+
+.PHONY: all check check-run check-run-inner check-san check-tsan tsan check-valgrind bench demo \
+        install uninstall clean python-test fuzz fuzz-long fuzz-corpus examples check-examples
 
 all: $(BUILD)/libkvq.a $(BUILD)/libkvq.so $(BUILD)/kvq
 
@@ -73,7 +98,7 @@ $(BUILD)/libkvq.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/libkvq.so: $(LIB_OBJ)
-	$(CC) -shared $(SANFLAGS) -Wl,-soname,libkvq.so.0 -o $@ $^ $(LDLIBS)
+	$(CC) -shared $(SANFLAGS) -Wl,-soname,libkvq.so.$(SOMAJOR) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/kvq: $(TOOL_OBJ) $(BUILD)/libkvq.a
 	$(CC) $(SANFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
@@ -81,6 +106,20 @@ $(BUILD)/kvq: $(TOOL_OBJ) $(BUILD)/libkvq.a
 $(BUILD)/tests/%: tests/%.c $(TEST_HELP) tests/testutil.h $(BUILD)/libkvq.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Isrc -o $@ $< $(TEST_HELP) $(BUILD)/libkvq.a $(LDLIBS)
+
+# The examples see only the public header (no -Isrc, no _GNU_SOURCE: each
+# says what it needs), as a program built against an installed kvq does.
+EX_CFLAGS := -std=c11 -Iinclude -g $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS)
+$(BUILD)/examples/%: examples/%.c include/kvq.h $(BUILD)/libkvq.a
+	@mkdir -p $(dir $@)
+	$(CC) $(EX_CFLAGS) -o $@ $< $(BUILD)/libkvq.a $(LDLIBS)
+
+examples: $(EX_BIN)
+
+# Runs every example (each checks what it shows) and compares the README's
+# C block with the example it must be (tests/examples_test.sh).
+check-examples: $(EX_BIN)
+	@sh tests/examples_test.sh $(BUILD)
 
 # Runs every test binary of $(BUILD); fails at the end if any failed.
 # Every test of one build, with a private redis-server when one is installed
@@ -103,12 +142,24 @@ check-run-inner:
 check-san:
 	$(MAKE) BUILD=build-san SAN=1 check-run
 
+# Every suite runs, even after one failed; each one's output is shown and
+# logged (tests/check_suite.sh), and tests/check_summary.sh ends with one
+# line of every suite's passed/failed/skipped counts and fails if any
+# suite failed. Another suite: a line here and its name in CHECK_SUITES.
+CHECK_LOGS   := $(BUILD)/check-logs
+CHECK_SUITES := tests examples install python asan asan-examples tsan valgrind
+RUN_SUITE    := sh tests/check_suite.sh $(CHECK_LOGS)
 check: all
-	$(MAKE) check-run
-	$(MAKE) python-test
-	$(MAKE) check-san
-	$(MAKE) check-tsan
-	$(MAKE) check-valgrind
+	@rm -rf $(CHECK_LOGS)
+	@$(RUN_SUITE) tests $(MAKE) --no-print-directory check-run
+	@$(RUN_SUITE) examples $(MAKE) --no-print-directory check-examples
+	@$(RUN_SUITE) install sh tests/install_test.sh $(MAKE) $(BUILD)
+	@$(RUN_SUITE) python $(MAKE) --no-print-directory python-test
+	@$(RUN_SUITE) asan $(MAKE) --no-print-directory check-san
+	@$(RUN_SUITE) asan-examples $(MAKE) --no-print-directory BUILD=build-san SAN=1 check-examples
+	@$(RUN_SUITE) tsan $(MAKE) --no-print-directory check-tsan
+	@$(RUN_SUITE) valgrind $(MAKE) --no-print-directory check-valgrind
+	@sh tests/check_summary.sh $(CHECK_LOGS) $(CHECK_SUITES)
 
 # ThreadSanitizer over the tests that run attention on worker threads.
 TSAN_TESTS := test_cache test_tier
@@ -122,7 +173,7 @@ check-valgrind: $(BUILD)/tests/test_cache $(BUILD)/tests/test_tier
 	@if command -v valgrind >/dev/null 2>&1; then \
 	  for t in test_cache test_tier; do echo "== valgrind $$t"; \
 	    valgrind -q --error-exitcode=9 --leak-check=full $(BUILD)/tests/$$t --data $(DATA) || exit 1; done; \
-	else echo "valgrind not installed: skipping the valgrind run"; fi
+	else echo "SKIP suite: valgrind is not installed"; fi
 
 # libFuzzer targets (clang, ASan+UBSan), one per reader of untrusted bytes:
 # page records, store segments, model checkpoints, tokenizers, codec state
@@ -192,7 +243,7 @@ SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,sr
 SIMDE_OBJ     := $(SIMDE_KERNELS:src/kernels/x86/%.c=$(BUILD)/simde/%.o)
 $(BUILD)/simde/%.o: src/kernels/x86/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -DKVQ_SIMDE -Wno-unused-function -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -DKVQ_SIMDE -Wno-unused-function -Wno-psabi -MMD -MP -c $< -o $@
 -include $(SIMDE_OBJ:.o=.d)
 
 $(BUILD)/tests/test_tile%: tests/test_tile%.c $(TEST_HELP) tests/testutil.h $(SIMDE_OBJ) $(BUILD)/libkvq.a
@@ -221,16 +272,45 @@ bench: all
 demo: all
 	$(BUILD)/kvq simulate --k-codec int8 --v-codec tq3 --policy utility --budget 1024
 
+# The kvq binary is linked statically against libkvq.a, so it runs from
+# any prefix without libkvq.so; programs linked with -lkvq use libkvq.so
+# (soname libkvq.so.$(SOMAJOR)), and install says what the loader needs.
+INSTALLED := $(INCLUDEDIR)/kvq.h $(LIBDIR)/libkvq.a $(LIBDIR)/libkvq.so.$(VERSION) \
+             $(LIBDIR)/libkvq.so.$(SOMAJOR) $(LIBDIR)/libkvq.so $(BINDIR)/kvq \
+             $(LIBDIR)/pkgconfig/kvq.pc $(MANDIR)/man1/kvq.1
 install: all
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 644 include/kvq.h $(DESTDIR)$(PREFIX)/include/kvq.h
-	install -m 644 $(BUILD)/libkvq.a $(DESTDIR)$(PREFIX)/lib/libkvq.a
-	install -m 755 $(BUILD)/libkvq.so $(DESTDIR)$(PREFIX)/lib/libkvq.so.0
-	ln -sf libkvq.so.0 $(DESTDIR)$(PREFIX)/lib/libkvq.so
-	install -m 755 $(BUILD)/kvq $(DESTDIR)$(PREFIX)/bin/kvq
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS_PRIVATE@|$(LDLIBS)|' kvq.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(BINDIR) \
+	           $(DESTDIR)$(MANDIR)/man1
+	install -m 644 include/kvq.h $(DESTDIR)$(INCLUDEDIR)/kvq.h
+	install -m 644 $(BUILD)/libkvq.a $(DESTDIR)$(LIBDIR)/libkvq.a
+	install -m 755 $(BUILD)/libkvq.so $(DESTDIR)$(LIBDIR)/libkvq.so.$(VERSION)
+	ln -sf libkvq.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvq.so.$(SOMAJOR)
+	ln -sf libkvq.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libkvq.so
+	install -m 755 $(BUILD)/kvq $(DESTDIR)$(BINDIR)/kvq
+	install -m 644 kvq.1 $(DESTDIR)$(MANDIR)/man1/kvq.1
+	sed -e 's|@PREFIX@|$(PREFIX)|' \
+	    -e 's|@LIBDIR@|$(LIBDIR:$(PREFIX)/%=$${prefix}/%)|' \
+	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR:$(PREFIX)/%=$${prefix}/%)|' \
+	    -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS_PRIVATE@|$(strip $(LDLIBS))|' \
+	    kvq.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/kvq.pc
+	@echo "kvq $(VERSION) installed in $(DESTDIR)$(PREFIX)."
+	@echo "The kvq binary has libkvq linked in statically: it needs no libkvq.so."
+	@echo "To build a program against libkvq:  cc prog.c \$$(pkg-config --cflags --libs kvq)"
+	@echo "  (pkg-config reads $(LIBDIR)/pkgconfig/kvq.pc; when that folder is not on its"
+	@echo "  search path: export PKG_CONFIG_PATH=$(LIBDIR)/pkgconfig)"
+	@echo "At run time the loader must find libkvq.so.$(SOMAJOR) in $(LIBDIR): either"
+	@echo "  run ldconfig (as root), when $(LIBDIR) is a system library folder, or"
+	@echo "  link with -Wl,-rpath,$(LIBDIR), or"
+	@echo "  export LD_LIBRARY_PATH=$(LIBDIR)"
+	@echo "To link statically:  cc prog.c $(LIBDIR)/libkvq.a $(strip $(LDLIBS))"
+	@echo "The Python binding loads libkvq.so the same way, or from KVQ_LIB=$(LIBDIR)/libkvq.so."
+
+# Removes exactly the files install wrote (the folders stay: they may hold
+# other packages' files).
+uninstall:
+	rm -f $(INSTALLED:%=$(DESTDIR)%)
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-tsan
 
 -include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_TOOL_OBJ:.o=.d)

@@ -687,6 +687,101 @@ static void test_threads(tu_rng *r) {
     free_seq(&s);
 }
 
+/* A long context splits each head's pages into chunks worked by any thread
+ * and merged in chunk order: the output and token attention must be the
+ * same bytes with 1, 2 and 3 threads, and (f32 K and V) equal a float64
+ * softmax attention over the decoded cache within the float rounding bound:
+ * every score is within gamma_d * sum_t |q_t k_t| of exact (dot products of
+ * d terms, gamma_n = n u / (1 - n u), u = 2^-24) and exp within 2e-7
+ * (vmath.c), so each normalised weight is within a relative 2 (delta + 2e-7)
+ * (+ merge rescaling: 3 more exp and product roundings, 1e-6) and the
+ * weighted sum adds gamma_n; the bound uses 2x those as its margin. */
+static void test_threads_long(tu_rng *r) {
+    const char *pairs[][2] = {{"f32", "f32"}, {"int8", "int4:g=16"}, {"tq3", "f16"}};
+    const size_t H = 2, QH = 4, d = 32, n = 4500, G = QH / H;
+    for (size_t pi = 0; pi < 3; pi++) {
+        seqdata s;
+        kvq_cache_config cfg;
+        seq_and_cfg(&s, &cfg, 1, H, QH, d, n, pairs[pi][0], pairs[pi][1], r);
+        cfg.max_tokens = 8192;
+        float q[4 * 32], out[3][4 * 32];
+        float *ta[3];
+        tu_fill_gauss(r, q, QH * d, 1.0f);
+        int32_t qp = 100000;
+        int ok = 1;
+        for (size_t t = 0; t < 3; t++) {
+            cfg.n_threads = t + 1;
+            ta[t] = calloc(H * n, sizeof(float));
+            kvq_cache *c = make_cache(&cfg);
+            if (!c) {
+                ok = 0;
+                continue;
+            }
+            fill_cache(c, &s, 0, 1000);
+            CHECK_OK(kvq_cache_attend(c, 0, q, &qp, 1, out[t], QH * d, ta[t], H * n));
+            if (t == 0 && pi == 0) {
+                /* float64 reference over the decoded cache */
+                float *K = malloc(n * H * d * sizeof(float)), *V = malloc(n * H * d * sizeof(float));
+                CHECK_OK(kvq_cache_get_kv(c, 0, -1, 0, n, K, V, n * H * d));
+                double worst = 0, bound = 0;
+                for (size_t qh = 0; qh < QH; qh++) {
+                    size_t h = qh / G;
+                    const float *qq = q + qh * d;
+                    double *sc = malloc(n * sizeof(double)), mx = -1e300, den = 0, delta = 0;
+                    double vmax = 0;
+                    for (size_t j = 0; j < n; j++) {
+                        double a = 0, aa = 0;
+                        for (size_t t2 = 0; t2 < d; t2++) {
+                            double x = (double)qq[t2] / sqrt((double)d) * K[(j * H + h) * d + t2];
+                            a += x;
+                            aa += fabs(x);
+                        }
+                        sc[j] = a;
+                        mx = a > mx ? a : mx;
+                        double g = d * 0x1p-24 / (1 - d * 0x1p-24);
+                        delta = g * aa > delta ? g * aa : delta;
+                        for (size_t t2 = 0; t2 < d; t2++)
+                            vmax = fabs(V[(j * H + h) * d + t2]) > vmax ? fabs(V[(j * H + h) * d + t2]) : vmax;
+                    }
+                    for (size_t j = 0; j < n; j++)
+                        den += exp(sc[j] - mx);
+                    double gn = n * 0x1p-24 / (1 - n * 0x1p-24);
+                    double b = 2 * ((2 * (delta + 2e-7) + 1e-6 + gn) * vmax);
+                    bound = b > bound ? b : bound;
+                    for (size_t t2 = 0; t2 < d; t2++) {
+                        double o = 0;
+                        for (size_t j = 0; j < n; j++)
+                            o += exp(sc[j] - mx) / den * V[(j * H + h) * d + t2];
+                        double e = fabs(o - out[0][qh * d + t2]);
+                        worst = e > worst ? e : worst;
+                        if (e > b)
+                            ok = 0;
+                    }
+                    free(sc);
+                }
+                TU_REPORT(ok, "long context f32: worst %.3g > bound %.3g", worst, bound);
+                free(K), free(V);
+            }
+            kvq_cache_free(c);
+        }
+        for (size_t t = 1; t < 3 && ok; t++) {
+            TU_REPORT(memcmp(out[0], out[t], sizeof out[0]) == 0, "%s/%s: output differs with %zu threads",
+                      pairs[pi][0], pairs[pi][1], t + 1);
+            TU_REPORT(memcmp(ta[0], ta[t], H * n * sizeof(float)) == 0,
+                      "%s/%s: token attention differs with %zu threads", pairs[pi][0], pairs[pi][1], t + 1);
+        }
+        for (size_t h = 0; h < H && ok; h++) {
+            double sum = 0;
+            for (size_t j = 0; j < n; j++)
+                sum += ta[0][h * n + j];
+            CHECK_NEAR(sum, (double)G, 1e-3);
+        }
+        for (size_t t = 0; t < 3; t++)
+            free(ta[t]);
+        free_seq(&s);
+    }
+}
+
 /* Eviction: budget never exceeded after an append, sinks and the protected
  * window always present, deterministic. */
 static void run_eviction(kvq_policy pol, size_t budget, size_t sinks, size_t protect, int32_t *final,
@@ -904,6 +999,7 @@ int main(int argc, char **argv) {
     test_window_prerope_center_chan(&r);
     test_precision_switch(&r);
     test_threads(&r);
+    test_threads_long(&r);
     test_eviction();
     test_accounting_and_failures(&r);
     test_bad_input(&r);

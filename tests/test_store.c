@@ -305,8 +305,8 @@ static void test_records(void) {
     CHECK_STATUS(kvq__record_decode(buf, n + 1, &d), KVQ_ERR_CORRUPT);
     CHECK_OK(kvq__record_decode(buf, n, &d));
 
-    /* version 2 with a valid CRC: KVQ_ERR_VERSION; other checks behind the CRC */
-    CHECK_STATUS(decode_with(buf, n, 4, 2, 2), KVQ_ERR_VERSION);
+    /* another version (3) with a valid CRC: KVQ_ERR_VERSION; other checks behind the CRC */
+    CHECK_STATUS(decode_with(buf, n, 4, 3, 2), KVQ_ERR_VERSION);
     CHECK_STATUS(decode_with(buf, n, 4, 0, 2), KVQ_ERR_VERSION);
     CHECK_STATUS(decode_with(buf, n, 6, 1, 2), KVQ_ERR_CORRUPT);     /* flags */
     CHECK_STATUS(decode_with(buf, n, 20, 0, 4), KVQ_ERR_CORRUPT);    /* P = 0 */
@@ -339,7 +339,7 @@ static void test_records(void) {
     CHECK(d.positions == NULL && d.states == NULL && d.layer == 3);
     kvq_record_info info;
     CHECK_OK(kvq_record_inspect(mis + 1, n, &info));
-    CHECK(info.version == 1 && info.layer == 3 && info.page_tokens == 16 &&
+    CHECK(info.version == KVQ__RECORD_VERSION && info.layer == 3 && info.page_tokens == 16 &&
           info.n_tokens == src.r.n_tokens && info.pos_min == src.r.pos_min &&
           info.pos_max == src.r.pos_max && info.block_len == 37 &&
           info.layout_len == src.r.layout_len && info.prefix_hash == src.r.prefix_hash);

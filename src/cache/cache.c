@@ -156,6 +156,7 @@ static size_t kvq__layout_heads(kvq_cache *c, kvq__head *heads) {
         } else {
             hd->k_hdr = 0;
             hd->kbytes = kvq_codec_vector_bytes(hd->kc);
+            hd->ktiled = kvq__tiled(hd->kc, KVQ__ROLE_K, c->P);
             off += hd->kbytes * c->P;
         }
         off = (off + 7) & ~(size_t)7;
@@ -164,6 +165,7 @@ static size_t kvq__layout_heads(kvq_cache *c, kvq__head *heads) {
         kvq__head *hd = &heads[h];
         hd->v_off = off;
         hd->vbytes = kvq_codec_vector_bytes(hd->vc);
+        hd->vtiled = kvq__tiled(hd->vc, KVQ__ROLE_V, c->P);
         off += hd->vbytes * c->P;
         off = (off + 7) & ~(size_t)7;
     }
@@ -237,9 +239,6 @@ void kvq__work_free(kvq_cache *c, kvq__work *w) {
     kvq__free(&c->alloc, w->bnp);
     kvq__free(&c->alloc, w->rqp);
     w->rqp = NULL;
-    kvq__free(&c->alloc, w->rawsc);
-    w->rawsc = NULL;
-    w->rawsc_cap = 0;
     w->cls = NULL;
     w->bpages = NULL;
     w->bne = w->bnp = NULL;
@@ -251,7 +250,10 @@ void kvq__work_free(kvq_cache *c, kvq__work *w) {
     kvq__free(&c->alloc, w->qpf);
     kvq__free(&c->alloc, w->qpw);
     kvq__free(&c->alloc, w->accw);
-    w->qpk = w->qpf = w->qpw = NULL;
+    kvq__free(&c->alloc, w->qtk);
+    kvq__free(&c->alloc, w->qtw);
+    kvq__free(&c->alloc, w->rows);
+    w->qpk = w->qpf = w->qpw = w->qtk = w->qtw = w->rows = NULL;
     w->accw = NULL;
 }
 
@@ -282,7 +284,10 @@ kvq_status kvq__work_alloc(kvq_cache *c, kvq__work *w) {
     w->qpf = kvq__calloc(&c->alloc, R * c->f16->qp_bytes);
     w->qpw = kvq__calloc(&c->alloc, R * c->max_qp);
     w->accw = kvq__calloc(&c->alloc, R * c->max_acc * sizeof(float));
-    if (!w->qpw || !w->accw)
+    w->qtk = kvq__calloc(&c->alloc, R * c->max_qp);
+    w->qtw = kvq__calloc(&c->alloc, R * c->max_qp);
+    w->rows = kvq__calloc(&c->alloc, P * 4 * d);
+    if (!w->qpw || !w->accw || !w->qtk || !w->qtw || !w->rows)
         return KVQ_ERR_NOMEM;
     if (!w->qs || !w->sc || !w->sc2 || !w->w || !w->w2 || !w->acc || !w->accs || !w->m || !w->l ||
         !w->cdot || !w->scratch || !w->outh || !w->qpk || !w->qpf)
@@ -302,6 +307,8 @@ void kvq_cache_free(kvq_cache *c) {
         kvq__free(&c->alloc, c->layers);
     }
     kvq__pool_free(c->pool, &c->alloc);
+    kvq__free(&c->alloc, c->rawsc);
+    kvq__free(&c->alloc, c->parts);
     if (c->work) {
         for (size_t t = 0; t < c->n_threads; t++)
             kvq__work_free(c, &c->work[t]);
@@ -469,7 +476,7 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
     c->max_qp = c->f16 ? c->f16->qp_bytes : 0;
     c->max_acc = c->d;
     for (size_t i = 0; i < c->n_codecs; i++) {
-        c->max_qp = KVQ__MAX(c->max_qp, c->codecs[i]->qp_bytes);
+        c->max_qp = KVQ__MAX(c->max_qp, KVQ__MAX(c->codecs[i]->qp_bytes, c->codecs[i]->tqp_bytes));
         c->max_acc = KVQ__MAX(c->max_acc, c->codecs[i]->acc_len);
     }
     if (st == KVQ_OK && cfg->k_prerope) {

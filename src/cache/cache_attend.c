@@ -11,6 +11,13 @@
 #include "cache_impl.h"
 #include "../kernels/kernels.h"
 
+/* A decode step over a long context splits each KV head's pages into chunks
+ * of this many tokens (at most KVQ__MAX_CHUNKS), so that few KV heads still
+ * keep every thread busy; the split depends on the context, not on the
+ * number of threads. */
+#define KVQ__CHUNK_TOKENS 2048
+#define KVQ__MAX_CHUNKS 64
+
 /* RoPE at position pos on one vector (pairs (2i, 2i+1), llama2.c order). */
 static void kvq__rope(const kvq_cache *c, float *x, int32_t pos) {
     for (size_t i = 0; i < c->rope_dims / 2; i++) {
@@ -23,7 +30,47 @@ static void kvq__rope(const kvq_cache *c, float *x, int32_t pos) {
 }
 
 
+/* Asks for the bytes [p, p + n) ahead of their use: the pages of a layer are
+ * separate blocks, so the hardware prefetchers lose the stream at every
+ * page; attention reads the next page's keys and this page's values while
+ * it scores this page's keys. */
+static inline void kvq__prefetch(const uint8_t *p, size_t n, int l2) {
+    for (size_t o = 0; o < n; o += 64) {
+        if (l2)
+            __builtin_prefetch(p + o, 0, 2);
+        else
+            __builtin_prefetch(p + o, 0, 3);
+    }
+}
 
+/* Values of one page area into acc through the head's layout and kernels. */
+static inline void kvq__vaccum(const kvq__head *hd, float *acc, size_t astride, const float *wt,
+                               size_t wstride, size_t nr, const uint8_t *area, size_t P,
+                               uint8_t *rows) {
+    const kvq_codec *vc = hd->vc;
+    if (!hd->vtiled)
+        vc->k.accum(vc, acc, astride, wt, wstride, nr, area, P);
+    else if (vc->k.taccum)
+        vc->k.taccum(vc, acc, astride, wt, wstride, nr, area, P);
+    else
+        kvq__tile_accum_rows(vc, &vc->k, acc, astride, wt, wstride, nr, area, P, rows);
+}
+
+/* The online-softmax state of a set of query rows: running maxima m, sums
+ * l, accumulators of values in the hot and warm codecs' domains and of
+ * staged (f16) values, nr rows each. */
+typedef struct {
+    float *m, *l, *acc, *accw, *accs;
+    int any_pend;
+} kvq__pstate;
+
+/* Work of one attend. Without a split, item i is KV head i (every tile and
+ * page, finished in place). With a split (one tile of rows and a long
+ * context), item i is KV head i / n_chunks over the pages of chunk
+ * i % n_chunks, and its state goes to parts; fold jobs then merge the chunks
+ * of each head in chunk order. The items and chunks depend only on the
+ * cache, the layer and the call, never on the number of threads, so the
+ * output is the same with any number of threads. */
 typedef struct {
     kvq_cache *c;
     kvq__layer *ly;
@@ -31,11 +78,12 @@ typedef struct {
     const int32_t *qpos;
     size_t T;
     float *out;
-    float *attn; /* [H][slots] sums of attention weights, or NULL */
-    kvq__work *w;
-    size_t h0, hstep;
-    kvq_status st;
-} kvq__attn_job;
+    float *attn;  /* [H][slots] sums of attention weights, or NULL */
+    float *rawsc; /* raw scores for attn: split: [H][nr][slots]; else [job][rows_max][slots] */
+    size_t n_chunks, chunk_pages, n_items, n_jobs;
+    float *parts; /* split: [H][n_chunks] states of part_floats each */
+    size_t part_floats;
+} kvq__attn_call;
 
 /* Scores of the keys of page p for head h into sc (stride ss) for the nr
  * scaled query rows of the tile: encoded slots through the fused kernel,
@@ -47,7 +95,8 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
     const kvq__head *hd = kvq__page_heads(ly, pg) + h;
     /* staging is freed once nothing waits in it: no offset from NULL */
     const uint16_t *stk = hd->kstage && pg->stage ? kvq__stage_k(pg, hd) : NULL;
-    const uint8_t *qpk = pg->tier == KVQ__TIER_WARM && c->warm_distinct ? w->qpw : w->qpk;
+    const int pw = pg->tier == KVQ__TIER_WARM && c->warm_distinct;
+    const uint8_t *qpk = pw ? w->qpw : w->qpk;
     const int32_t *pos = ly->pos + p * c->P;
     size_t P = c->P, d = c->d;
     if (c->cfg.k_prerope) {
@@ -59,7 +108,8 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
                 if (hd->kchan_bits)
                     kvq__chan_decode_row(pg->block + hd->k_off, d, P, hd->kchan_bits, i, row);
                 else
-                    hd->kc->k.decode(hd->kc, row, pg->block + hd->k_off + i * hd->kbytes, 1);
+                    kvq__slot_decode(hd->kc, hd->ktiled, KVQ__ROLE_K, P, pg->block + hd->k_off, i,
+                                     row, w->rows);
                 if (ly->center)
                     for (size_t t = 0; t < d; t++)
                         row[t] += ly->center[h * d + t];
@@ -88,8 +138,13 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
     if (ne) {
         if (hd->kchan_bits)
             kvq__chan_score(pg->block + hd->k_off, d, P, hd->kchan_bits, w->qs, nr, sc, ss);
-        else
+        else if (!hd->ktiled)
             hd->kc->k.score(hd->kc, sc, ss, qpk, nr, pg->block + hd->k_off, P);
+        else if (hd->kc->k.tscore)
+            hd->kc->k.tscore(hd->kc, sc, ss, pw ? w->qtw : w->qtk, nr, pg->block + hd->k_off, P);
+        else
+            kvq__tile_score_rows(hd->kc, &hd->kc->k, sc, ss, qpk, nr, pg->block + hd->k_off, P,
+                                 w->rows);
         for (size_t r = 0; r < nr; r++)
             if (w->cdot[r] != 0.0f)
                 for (size_t i = 0; i < P; i++)
@@ -113,196 +168,345 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
                 sc[r * ss + i] = -INFINITY;
 }
 
-/* Attention of KV head h, flash-style over tiles of query rows (several
- * query tokens x the query heads of the group): blocks of pages are scored
- * for all rows at once, folded into per-row running maxima and sums (online
- * softmax), and their values accumulated with the exponentiated weights. */
-static void kvq__attend_head(kvq__attn_job *jb, size_t h, float *rawsc) {
+/* Prepares the query rows of tile [t0, t0 + nt) of head h in w (scaled
+ * queries, positions, centre dots, prepared queries); returns qmax. */
+static int32_t kvq__tile_setup(const kvq__attn_call *jb, kvq__work *w, size_t h, size_t t0,
+                               size_t nt) {
     kvq_cache *c = jb->c;
     kvq__layer *ly = jb->ly;
-    kvq__work *w = jb->w;
     const kvq__head *hd = &ly->heads[h], *wd = &ly->wheads[h];
-    size_t P = c->P, d = c->d, G = c->G, QH = c->QH, BW = c->block_pages * P;
-    size_t alen = hd->vc->acc_len, walen = wd->vc->acc_len, tile = c->rows_max / G;
+    const size_t d = c->d, G = c->G, QH = c->QH, nr = nt * G;
+    const int warm = ly->tier_pages[KVQ__TIER_WARM] > 0 && c->warm_distinct;
+    const float scale = 1.0f / sqrtf((float)d);
+    int32_t qmax = INT32_MIN;
+    for (size_t tt = 0; tt < nt; tt++)
+        for (size_t g = 0; g < G; g++) {
+            size_t r = tt * G + g;
+            const float *src = jb->q + ((t0 + tt) * QH + h * G + g) * d;
+            for (size_t i = 0; i < d; i++)
+                w->qs[r * d + i] = src[i] * scale;
+            w->rqp[r] = jb->qpos[t0 + tt];
+            float cd = 0.0f;
+            if (ly->center && !c->cfg.k_prerope)
+                for (size_t i = 0; i < d; i++)
+                    cd += w->qs[r * d + i] * ly->center[h * d + i];
+            w->cdot[r] = cd;
+            qmax = KVQ__MAX(qmax, w->rqp[r]);
+        }
+    if (!c->cfg.k_prerope) {
+        if (hd->kc)
+            kvq__codec_prep(hd->kc, w->qpk, w->qs, nr);
+        if (warm && wd->kc)
+            kvq__codec_prep(wd->kc, w->qpw, w->qs, nr);
+        if (hd->kc && hd->ktiled && hd->kc->k.tprep)
+            for (size_t r = 0; r < nr; r++)
+                hd->kc->k.tprep(hd->kc, w->qtk + r * hd->kc->tqp_bytes, w->qs + r * d);
+        if (warm && wd->kc && wd->ktiled && wd->kc->k.tprep)
+            for (size_t r = 0; r < nr; r++)
+                wd->kc->k.tprep(wd->kc, w->qtw + r * wd->kc->tqp_bytes, w->qs + r * d);
+        kvq__codec_prep(c->f16, w->qpf, w->qs, nr);
+    }
+    return qmax;
+}
+
+/* Attention of KV head h for the rows set up in w over pages [p0, p1),
+ * flash-style: blocks of pages are scored for all rows at once, folded into
+ * per-row running maxima and sums (online softmax), and their values
+ * accumulated with the exponentiated weights, into the state ps. rawsc
+ * (rows of slots_cap, or NULL) receives the raw scores. */
+static void kvq__attend_pages(const kvq__attn_call *jb, kvq__work *w, size_t h, size_t nr,
+                              int32_t qmax, size_t p0, size_t p1, kvq__pstate *ps, float *rawsc) {
+    kvq_cache *c = jb->c;
+    kvq__layer *ly = jb->ly;
+    const kvq__head *hd = &ly->heads[h], *wd = &ly->wheads[h];
+    size_t P = c->P, d = c->d, BW = c->block_pages * P;
+    size_t alen = hd->vc->acc_len, walen = wd->vc->acc_len;
     /* warm pages need their own prepared query and accumulator only when the
      * warm codecs differ; otherwise they share the hot ones (same sums) */
     const int warm = ly->tier_pages[KVQ__TIER_WARM] > 0 && c->warm_distinct;
-    const float scale = 1.0f / sqrtf((float)d);
     uint8_t *cls = w->cls, *vcls = w->vcls;
     size_t *bp = w->bpages;
     int *bne = w->bne, *bnp = w->bnp;
-    for (size_t t0 = 0; t0 < jb->T; t0 += tile) {
-        size_t nt = KVQ__MIN(tile, jb->T - t0), nr = nt * G;
-        int32_t qmax = INT32_MIN;
-        for (size_t tt = 0; tt < nt; tt++)
-            for (size_t g = 0; g < G; g++) {
-                size_t r = tt * G + g;
-                const float *src = jb->q + ((t0 + tt) * QH + h * G + g) * d;
-                for (size_t i = 0; i < d; i++)
-                    w->qs[r * d + i] = src[i] * scale;
-                w->m[r] = -INFINITY;
-                w->l[r] = 0.0f;
-                w->rqp[r] = jb->qpos[t0 + tt];
-                float cd = 0.0f;
-                if (ly->center && !c->cfg.k_prerope)
-                    for (size_t i = 0; i < d; i++)
-                        cd += w->qs[r * d + i] * ly->center[h * d + i];
-                w->cdot[r] = cd;
-                qmax = KVQ__MAX(qmax, w->rqp[r]);
-            }
-        if (!c->cfg.k_prerope) {
-            if (hd->kc)
-                kvq__codec_prep(hd->kc, w->qpk, w->qs, nr);
-            if (warm && wd->kc)
-                kvq__codec_prep(wd->kc, w->qpw, w->qs, nr);
-            kvq__codec_prep(c->f16, w->qpf, w->qs, nr);
-        }
-        if (warm)
-            memset(w->accw, 0, nr * walen * sizeof(float));
-        memset(w->acc, 0, nr * alen * sizeof(float));
-        memset(w->accs, 0, nr * d * sizeof(float));
-        int any_pend = 0;
-        size_t p = 0;
-        while (p < ly->n_pages) {
-            /* gather a block of pages with tokens visible to the tile */
-            size_t nb = 0;
-            for (; p < ly->n_pages && nb < c->block_pages; p++) {
-                const kvq__page *pg = &ly->pages[p];
-                if (!pg->block || pg->min_pos > qmax)
-                    continue; /* cold pages were promoted before attention when visible */
-                /* where each visible token's key and value are read from:
-                 * encoded (ENC) or staged in f16 (PEND); channel keys are
-                 * staged until their page is encoded */
-                const kvq__head *ph = kvq__page_heads(ly, pg) + h;
-                uint8_t *cl = cls + nb * P, *vcl = vcls + nb * P;
-                int ne = 0, npd = 0, vne = 0, vnp = 0;
-                const int32_t *pos = ly->pos + p * P;
-                const uint8_t *stt = ly->state + p * P;
-                const uint8_t kpage = ph->kchan_bits && !pg->encoded ? KVQ__PEND : KVQ__ENC;
-                for (size_t i = 0; i < P; i++) {
-                    uint8_t st = KVQ__STATE(stt[i]), kc, vc;
-                    if (pos[i] < 0 || pos[i] > qmax)
-                        st = KVQ__FREE;
-                    kc = vc = st;
-                    if (st != KVQ__FREE) {
-                        kc = ph->kchan_bits ? kpage : (st == KVQ__PEND && ph->kstage ? KVQ__PEND : KVQ__ENC);
-                        vc = st == KVQ__PEND && ph->vstage ? KVQ__PEND : KVQ__ENC;
-                    }
-                    cl[i] = kc;
-                    vcl[i] = vc;
-                    ne += kc == KVQ__ENC;
-                    npd += kc == KVQ__PEND;
-                    vne += vc == KVQ__ENC;
-                    vnp += vc == KVQ__PEND;
+    for (size_t r = 0; r < nr; r++) {
+        ps->m[r] = -INFINITY;
+        ps->l[r] = 0.0f;
+    }
+    if (warm)
+        memset(ps->accw, 0, nr * walen * sizeof(float));
+    memset(ps->acc, 0, nr * alen * sizeof(float));
+    memset(ps->accs, 0, nr * d * sizeof(float));
+    int any_pend = 0;
+    size_t p = p0;
+    while (p < p1) {
+        /* gather a block of pages with tokens visible to the tile */
+        size_t nb = 0;
+        for (; p < p1 && nb < c->block_pages; p++) {
+            const kvq__page *pg = &ly->pages[p];
+            if (!pg->block || pg->min_pos > qmax)
+                continue; /* cold pages were promoted before attention when visible */
+            /* where each visible token's key and value are read from:
+             * encoded (ENC) or staged in f16 (PEND); channel keys are
+             * staged until their page is encoded */
+            const kvq__head *ph = kvq__page_heads(ly, pg) + h;
+            uint8_t *cl = cls + nb * P, *vcl = vcls + nb * P;
+            int ne = 0, npd = 0, vne = 0, vnp = 0;
+            const int32_t *pos = ly->pos + p * P;
+            const uint8_t *stt = ly->state + p * P;
+            const uint8_t kpage = ph->kchan_bits && !pg->encoded ? KVQ__PEND : KVQ__ENC;
+            for (size_t i = 0; i < P; i++) {
+                uint8_t st = KVQ__STATE(stt[i]), kc, vc;
+                if (pos[i] < 0 || pos[i] > qmax)
+                    st = KVQ__FREE;
+                kc = vc = st;
+                if (st != KVQ__FREE) {
+                    kc = ph->kchan_bits ? kpage : (st == KVQ__PEND && ph->kstage ? KVQ__PEND : KVQ__ENC);
+                    vc = st == KVQ__PEND && ph->vstage ? KVQ__PEND : KVQ__ENC;
                 }
-                if (!ne && !npd)
-                    continue;
-                bp[nb] = p;
-                bne[nb] = vne;
-                bnp[nb] = vnp;
-                kvq__page_scores(c, ly, h, p, cl, ne, npd, nr, w, w->sc + nb * P, BW);
-                any_pend |= vnp;
-                nb++;
+                cl[i] = kc;
+                vcl[i] = vc;
+                ne += kc == KVQ__ENC;
+                npd += kc == KVQ__PEND;
+                vne += vc == KVQ__ENC;
+                vnp += vc == KVQ__PEND;
             }
-            if (!nb)
-                break;
-            size_t width = nb * P;
-            for (size_t r = 0; r < nr; r++) {
-                float *sc = w->sc + r * BW;
-                if (rawsc)
-                    for (size_t b = 0; b < nb; b++)
-                        memcpy(rawsc + r * ly->slots_cap + bp[b] * P, sc + b * P, P * sizeof(float));
-                float bm = -INFINITY;
+            if (!ne && !npd)
+                continue;
+            if (p + 1 < p1 && ly->pages[p + 1].block) {
+                const kvq__page *nx = &ly->pages[p + 1];
+                const kvq__head *nh = kvq__page_heads(ly, nx) + h;
+                kvq__prefetch(nx->block + nh->k_off, nh->k_hdr + P * nh->kbytes, 0);
+            }
+            if (vne)
+                kvq__prefetch(pg->block + ph->v_off, P * ph->vbytes, 1);
+            bp[nb] = p;
+            bne[nb] = vne;
+            bnp[nb] = vnp;
+            kvq__page_scores(c, ly, h, p, cl, ne, npd, nr, w, w->sc + nb * P, BW);
+            any_pend |= vnp;
+            nb++;
+        }
+        if (!nb)
+            break;
+        size_t width = nb * P;
+        for (size_t r = 0; r < nr; r++) {
+            float *sc = w->sc + r * BW;
+            if (rawsc)
+                for (size_t b = 0; b < nb; b++)
+                    memcpy(rawsc + r * ly->slots_cap + bp[b] * P, sc + b * P, P * sizeof(float));
+            float bm = -INFINITY;
+            for (size_t i = 0; i < width; i++)
+                bm = sc[i] > bm ? sc[i] : bm;
+            float mnew = bm > ps->m[r] ? bm : ps->m[r];
+            if (mnew == -INFINITY) {
                 for (size_t i = 0; i < width; i++)
-                    bm = sc[i] > bm ? sc[i] : bm;
-                float mnew = bm > w->m[r] ? bm : w->m[r];
-                if (mnew == -INFINITY) {
-                    for (size_t i = 0; i < width; i++)
-                        sc[i] = 0.0f;
-                    continue;
-                }
-                if (mnew > w->m[r] && w->l[r] > 0.0f) {
-                    float f = expf(w->m[r] - mnew);
-                    for (size_t i = 0; i < alen; i++)
-                        w->acc[r * alen + i] *= f;
-                    if (warm)
-                        for (size_t i = 0; i < walen; i++)
-                            w->accw[r * walen + i] *= f;
-                    if (any_pend)
-                        for (size_t i = 0; i < d; i++)
-                            w->accs[r * d + i] *= f;
-                    w->l[r] *= f;
-                }
-                w->m[r] = mnew;
-                w->l[r] += c->exp_block(sc, width, mnew);
+                    sc[i] = 0.0f;
+                continue;
             }
-            for (size_t b = 0; b < nb; b++) {
-                const kvq__page *pg = &ly->pages[bp[b]];
-                const float *wb = w->sc + b * P;
-                const int pw = pg->tier == KVQ__TIER_WARM && c->warm_distinct;
-                const kvq__head *ph = pw ? wd : hd;
-                float *acc = pw ? w->accw : w->acc;
-                size_t al = pw ? walen : alen;
-                if (bnp[b]) {
-                    /* split the weights: encoded slots vs staged slots */
-                    const uint8_t *cl = vcls + b * P;
-                    for (size_t r = 0; r < nr; r++)
-                        for (size_t i = 0; i < P; i++) {
-                            float x = wb[r * BW + i];
-                            w->w[r * P + i] = cl[i] == KVQ__ENC ? x : 0.0f;
-                            w->w2[r * P + i] = cl[i] == KVQ__PEND ? x : 0.0f;
-                        }
-                    c->f16->k.accum(c->f16, w->accs, d, w->w2, P, nr,
-                                    (const uint8_t *)kvq__stage_v(pg, ph), P);
-                    if (bne[b])
-                        ph->vc->k.accum(ph->vc, acc, al, w->w, P, nr, pg->block + ph->v_off, P);
-                } else {
-                    ph->vc->k.accum(ph->vc, acc, al, wb, BW, nr, pg->block + ph->v_off, P);
-                }
+            if (mnew > ps->m[r] && ps->l[r] > 0.0f) {
+                float f = expf(ps->m[r] - mnew);
+                for (size_t i = 0; i < alen; i++)
+                    ps->acc[r * alen + i] *= f;
+                if (warm)
+                    for (size_t i = 0; i < walen; i++)
+                        ps->accw[r * walen + i] *= f;
+                if (any_pend)
+                    for (size_t i = 0; i < d; i++)
+                        ps->accs[r * d + i] *= f;
+                ps->l[r] *= f;
+            }
+            ps->m[r] = mnew;
+            ps->l[r] += c->exp_block(sc, width, mnew);
+        }
+        for (size_t b = 0; b < nb; b++) {
+            const kvq__page *pg = &ly->pages[bp[b]];
+            const float *wb = w->sc + b * P;
+            const int pw = pg->tier == KVQ__TIER_WARM && c->warm_distinct;
+            const kvq__head *ph = pw ? wd : hd;
+            float *acc = pw ? ps->accw : ps->acc;
+            size_t al = pw ? walen : alen;
+            if (bnp[b]) {
+                /* split the weights: encoded slots vs staged slots */
+                const uint8_t *cl = vcls + b * P;
+                for (size_t r = 0; r < nr; r++)
+                    for (size_t i = 0; i < P; i++) {
+                        float x = wb[r * BW + i];
+                        w->w[r * P + i] = cl[i] == KVQ__ENC ? x : 0.0f;
+                        w->w2[r * P + i] = cl[i] == KVQ__PEND ? x : 0.0f;
+                    }
+                c->f16->k.accum(c->f16, ps->accs, d, w->w2, P, nr,
+                                (const uint8_t *)kvq__stage_v(pg, ph), P);
                 if (bne[b])
-                    w->bytes_read += P * ph->vbytes;
+                    kvq__vaccum(ph, acc, al, w->w, P, nr, pg->block + ph->v_off, P, w->rows);
+            } else {
+                kvq__vaccum(ph, acc, al, wb, BW, nr, pg->block + ph->v_off, P, w->rows);
+            }
+            if (bne[b])
+                w->bytes_read += P * ph->vbytes;
+        }
+    }
+    ps->any_pend = any_pend;
+}
+
+/* Merges the n states of head h's rows of tile [t0, t0 + nt) (chunk order;
+ * with n == 1 the state is taken as it is), writes the output rows and, with
+ * rawsc, adds each visible token's attention to jb->attn. */
+static void kvq__attend_fold(const kvq__attn_call *jb, kvq__work *w, size_t h, size_t t0, size_t nt,
+                             kvq__pstate *st, size_t n, float *rawsc) {
+    kvq_cache *c = jb->c;
+    kvq__layer *ly = jb->ly;
+    const kvq__head *hd = &ly->heads[h], *wd = &ly->wheads[h];
+    const size_t d = c->d, G = c->G, QH = c->QH, nr = nt * G, P = c->P;
+    const size_t alen = hd->vc->acc_len, walen = wd->vc->acc_len;
+    const int warm = ly->tier_pages[KVQ__TIER_WARM] > 0 && c->warm_distinct;
+    kvq__pstate f = st[0];
+    int any_pend = 0;
+    for (size_t i = 0; i < n; i++)
+        any_pend |= st[i].any_pend;
+    if (n > 1) {
+        /* the merged state lives in the worker's buffers */
+        f = (kvq__pstate){w->m, w->l, w->acc, w->accw, w->accs, any_pend};
+        for (size_t r = 0; r < nr; r++) {
+            float M = -INFINITY;
+            for (size_t i = 0; i < n; i++)
+                if (st[i].l[r] > 0.0f && st[i].m[r] > M)
+                    M = st[i].m[r];
+            f.m[r] = M;
+            f.l[r] = 0.0f;
+            memset(f.acc + r * alen, 0, alen * sizeof(float));
+            if (warm)
+                memset(f.accw + r * walen, 0, walen * sizeof(float));
+            if (any_pend)
+                memset(f.accs + r * d, 0, d * sizeof(float));
+            for (size_t i = 0; i < n; i++) {
+                if (!(st[i].l[r] > 0.0f))
+                    continue;
+                float e = expf(st[i].m[r] - M);
+                f.l[r] += st[i].l[r] * e;
+                for (size_t t = 0; t < alen; t++)
+                    f.acc[r * alen + t] += st[i].acc[r * alen + t] * e;
+                if (warm)
+                    for (size_t t = 0; t < walen; t++)
+                        f.accw[r * walen + t] += st[i].accw[r * walen + t] * e;
+                if (st[i].any_pend)
+                    for (size_t t = 0; t < d; t++)
+                        f.accs[r * d + t] += st[i].accs[r * d + t] * e;
             }
         }
-        for (size_t tt = 0; tt < nt; tt++)
-            for (size_t g = 0; g < G; g++) {
-                size_t r = tt * G + g;
-                float *o = jb->out + ((t0 + tt) * QH + h * G + g) * d;
-                memset(o, 0, d * sizeof(float));
-                if (hd->vc->k.finish)
-                    hd->vc->k.finish(hd->vc, o, w->acc + r * alen);
+    }
+    int32_t qmax = INT32_MIN;
+    for (size_t tt = 0; tt < nt; tt++)
+        qmax = KVQ__MAX(qmax, jb->qpos[t0 + tt]);
+    for (size_t tt = 0; tt < nt; tt++)
+        for (size_t g = 0; g < G; g++) {
+            size_t r = tt * G + g;
+            float *o = jb->out + ((t0 + tt) * QH + h * G + g) * d;
+            memset(o, 0, d * sizeof(float));
+            if (hd->vc->k.finish)
+                hd->vc->k.finish(hd->vc, o, f.acc + r * alen);
+            else
+                for (size_t i = 0; i < d; i++)
+                    o[i] += f.acc[r * alen + i];
+            if (warm) {
+                if (wd->vc->k.finish)
+                    wd->vc->k.finish(wd->vc, o, f.accw + r * walen);
                 else
                     for (size_t i = 0; i < d; i++)
-                        o[i] += w->acc[r * alen + i];
-                if (warm) {
-                    if (wd->vc->k.finish)
-                        wd->vc->k.finish(wd->vc, o, w->accw + r * walen);
-                    else
-                        for (size_t i = 0; i < d; i++)
-                            o[i] += w->accw[r * walen + i];
+                        o[i] += f.accw[r * walen + i];
+            }
+            float inv = f.l[r] > 0.0f ? 1.0f / f.l[r] : 0.0f;
+            for (size_t i = 0; i < d; i++)
+                o[i] = (o[i] + (any_pend ? f.accs[r * d + i] : 0.0f)) * inv;
+        }
+    if (rawsc && jb->attn) {
+        float *a = jb->attn + h * ly->slots_cap;
+        for (size_t s = 0; s < ly->n_pages * P; s++) {
+            if (ly->pos[s] < 0 || !ly->pages[s / P].block || ly->pages[s / P].min_pos > qmax)
+                continue;
+            float sum = 0.0f;
+            for (size_t tt = 0; tt < nt; tt++)
+                for (size_t g = 0; g < G; g++) {
+                    size_t r = tt * G + g;
+                    if (f.l[r] > 0.0f && ly->pos[s] <= jb->qpos[t0 + tt])
+                        sum += expf(rawsc[r * ly->slots_cap + s] - f.m[r]) / f.l[r];
                 }
-                float inv = w->l[r] > 0.0f ? 1.0f / w->l[r] : 0.0f;
-                for (size_t i = 0; i < d; i++)
-                    o[i] = (o[i] + (any_pend ? w->accs[r * d + i] : 0.0f)) * inv;
-            }
-        if (rawsc && jb->attn) {
-            float *a = jb->attn + h * ly->slots_cap;
-            for (size_t s = 0; s < ly->n_pages * P; s++) {
-                if (ly->pos[s] < 0 || !ly->pages[s / P].block || ly->pages[s / P].min_pos > qmax)
-                    continue;
-                float sum = 0.0f;
-                for (size_t r = 0; r < nr; r++)
-                    if (w->l[r] > 0.0f && ly->pos[s] <= w->rqp[r])
-                        sum += expf(rawsc[r * ly->slots_cap + s] - w->m[r]) / w->l[r];
-                a[s] += sum;
-            }
+            a[s] += sum;
         }
     }
 }
 
-static void kvq__attn_job_run(void *arg, size_t i) {
-    kvq__attn_job *jb = (kvq__attn_job *)arg + i;
-    for (size_t h = jb->h0; h < jb->c->H; h += jb->hstep)
-        kvq__attend_head(jb, h, jb->attn ? jb->w->rawsc : NULL);
+/* A part's state inside jb->parts. */
+static kvq__pstate kvq__part_state(const kvq__attn_call *jb, size_t item, size_t nr) {
+    const kvq_cache *c = jb->c;
+    float *p = jb->parts + item * jb->part_floats;
+    kvq__pstate s;
+    s.m = p;
+    s.l = p + nr;
+    s.acc = p + 2 * nr;
+    s.accw = s.acc + nr * c->max_acc;
+    s.accs = s.accw + nr * c->max_acc;
+    s.any_pend = 0;
+    return s;
+}
+
+/* Phase 1: job j runs items j, j + n_jobs, ... */
+static void kvq__attn_items(void *arg, size_t j) {
+    const kvq__attn_call *jb = (const kvq__attn_call *)arg;
+    kvq_cache *c = jb->c;
+    kvq__work *w = &c->work[j];
+    const size_t G = c->G, tile = c->rows_max / G, slots = jb->ly->slots_cap;
+    for (size_t it = j; it < jb->n_items; it += jb->n_jobs) {
+        if (jb->n_chunks) {
+            size_t h = it / jb->n_chunks, ch = it % jb->n_chunks, nr = jb->T * G;
+            size_t p0 = ch * jb->chunk_pages, p1 = KVQ__MIN(p0 + jb->chunk_pages, jb->ly->n_pages);
+            int32_t qmax = kvq__tile_setup(jb, w, h, 0, jb->T);
+            kvq__pstate ps = kvq__part_state(jb, it, nr);
+            kvq__attend_pages(jb, w, h, nr, qmax, p0, p1, &ps,
+                              jb->rawsc ? jb->rawsc + h * nr * slots : NULL);
+            /* the flag travels in the part's m array's spare slot: none; kept here */
+            jb->parts[it * jb->part_floats + jb->part_floats - 1] = (float)ps.any_pend;
+            continue;
+        }
+        size_t h = it;
+        float *rawsc = jb->rawsc ? jb->rawsc + j * c->rows_max * slots : NULL;
+        for (size_t t0 = 0; t0 < jb->T; t0 += tile) {
+            size_t nt = KVQ__MIN(tile, jb->T - t0);
+            int32_t qmax = kvq__tile_setup(jb, w, h, t0, nt);
+            kvq__pstate ps = {w->m, w->l, w->acc, w->accw, w->accs, 0};
+            kvq__attend_pages(jb, w, h, nt * G, qmax, 0, jb->ly->n_pages, &ps, rawsc);
+            kvq__attend_fold(jb, w, h, t0, nt, &ps, 1, rawsc);
+        }
+    }
+}
+
+/* Phase 2 (split only): job j folds heads j, j + n_jobs, ... */
+static void kvq__attn_folds(void *arg, size_t j) {
+    const kvq__attn_call *jb = (const kvq__attn_call *)arg;
+    kvq_cache *c = jb->c;
+    kvq__work *w = &c->work[j];
+    const size_t nr = jb->T * c->G, slots = jb->ly->slots_cap;
+    kvq__pstate st[KVQ__MAX_CHUNKS];
+    for (size_t h = j; h < c->H; h += jb->n_jobs) {
+        for (size_t ch = 0; ch < jb->n_chunks; ch++) {
+            size_t it = h * jb->n_chunks + ch;
+            st[ch] = kvq__part_state(jb, it, nr);
+            st[ch].any_pend = jb->parts[it * jb->part_floats + jb->part_floats - 1] != 0.0f;
+        }
+        kvq__attend_fold(jb, w, h, 0, jb->T, st, jb->n_chunks,
+                         jb->rawsc ? jb->rawsc + h * nr * slots : NULL);
+    }
+}
+
+/* Grows a float scratch array of the cache to n floats (kept: scratch). */
+static int kvq__scratch(kvq_cache *c, float **p, size_t *cap, size_t n) {
+    if (*cap >= n)
+        return 1;
+    float *r = (float *)kvq__alloc(&c->alloc, n * sizeof(float));
+    if (!r)
+        return 0;
+    kvq__free(&c->alloc, *p);
+    *p = r;
+    *cap = n;
+    return 1;
 }
 
 kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const int32_t *qpos,
@@ -337,24 +541,35 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
                 return KVQ_ERR_NOMEM;
             }
         }
-        /* the workers' raw-score tiles, reserved here: workers never call
-         * the allocator (a tile grown before a failure stays: scratch) */
-        size_t need = c->rows_max * ly->slots_cap + 16;
-        for (size_t t = 0; t < c->n_threads; t++) {
-            kvq__work *w = &c->work[t];
-            if (w->rawsc_cap >= need)
-                continue;
-            float *r = (float *)kvq__alloc(&c->alloc, need * sizeof(float));
-            if (!r) {
-                kvq__free(&c->alloc, attn);
-                kvq__free(&c->alloc, sorted);
-                return KVQ_ERR_NOMEM;
-            }
-            kvq__free(&c->alloc, w->rawsc);
-            w->rawsc = r;
-            w->rawsc_cap = need;
-        }
     }
+    /* the plan (kvq__attn_call) and its scratch, reserved here: workers never
+     * call the allocator (scratch grown before a failure stays) */
+    kvq__attn_call jb = {c, ly, q, qpos, T, out, attn, NULL, 0, 0, 0, 0, NULL, 0};
+    const size_t nr1 = T * c->G, slots = ly->slots_cap;
+    jb.chunk_pages = KVQ__MAX((size_t)1, KVQ__CHUNK_TOKENS / c->P);
+    if (nr1 <= c->rows_max && ly->n_pages >= 2 * jb.chunk_pages) {
+        jb.n_chunks = (ly->n_pages + jb.chunk_pages - 1) / jb.chunk_pages;
+        if (jb.n_chunks > KVQ__MAX_CHUNKS) {
+            jb.n_chunks = KVQ__MAX_CHUNKS;
+            jb.chunk_pages = (ly->n_pages + KVQ__MAX_CHUNKS - 1) / KVQ__MAX_CHUNKS;
+        }
+        jb.n_items = H * jb.n_chunks;
+        jb.part_floats = 2 * nr1 + nr1 * (2 * c->max_acc + d) + 1;
+    } else {
+        jb.n_items = H;
+    }
+    jb.n_jobs = KVQ__MIN(c->n_threads, jb.n_items);
+    int ok = !jb.n_chunks || kvq__scratch(c, &c->parts, &c->parts_cap, jb.n_items * jb.part_floats);
+    if (ok && attn)
+        ok = kvq__scratch(c, &c->rawsc, &c->rawsc_cap,
+                          (jb.n_chunks ? H * nr1 : jb.n_jobs * c->rows_max) * slots + 16);
+    if (!ok) {
+        kvq__free(&c->alloc, attn);
+        kvq__free(&c->alloc, sorted);
+        return KVQ_ERR_NOMEM;
+    }
+    jb.parts = c->parts;
+    jb.rawsc = attn ? c->rawsc : NULL;
     if (c->tiers) {
         int32_t qmax = INT32_MIN;
         for (size_t t = 0; t < T; t++)
@@ -372,13 +587,12 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
                 sorted[k++] = sorted[i];
         n_sorted = k;
     }
-    kvq__attn_job jobs[256];
     size_t nt = c->n_threads;
-    for (size_t i = 0; i < nt; i++) {
-        jobs[i] = (kvq__attn_job){c, ly, q, qpos, T, out, attn, &c->work[i], i, nt, KVQ_OK};
+    for (size_t i = 0; i < nt; i++)
         c->work[i].bytes_read = 0;
-    }
-    kvq__pool_run(c->pool, kvq__attn_job_run, jobs, nt);
+    kvq__pool_run(c->pool, kvq__attn_items, &jb, jb.n_jobs);
+    if (jb.n_chunks)
+        kvq__pool_run(c->pool, kvq__attn_folds, &jb, KVQ__MIN(jb.n_jobs, H));
     kvq_status st = KVQ_OK;
     for (size_t i = 0; i < nt; i++) {
         ly->bytes_read += c->work[i].bytes_read;

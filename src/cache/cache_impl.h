@@ -41,6 +41,7 @@ typedef struct kvq__head {
     size_t vbytes;
     size_t k_off, v_off; /* offsets in the page block */
     size_t k_hdr;        /* channel layout: bytes of the per-page header (scales + mins) */
+    int ktiled, vtiled;  /* the K / V areas use their codec's tiled layout (codec_impl.h) */
     /* staging: keys / values of this head wait in f16 until settled (lossy
      * codecs and channel keys); their offsets in a page's staging block, in
      * uint16 units (SIZE_MAX when not staged) */
@@ -115,14 +116,14 @@ typedef struct kvq__work {
     float *qs, *sc, *sc2, *w, *w2, *acc, *accs, *m, *l, *cdot, *scratch, *outh;
     uint8_t *qpk, *qpf, *qpw; /* prepared queries: hot K codec, f16 staging, warm K codec */
     float *accw;              /* accumulator in the warm V codec's domain */
+    uint8_t *qtk, *qtw;       /* queries prepared for the tiled kernels (tprep): hot, warm K codec */
+    uint8_t *rows;            /* one page area gathered into rows (P * 4 * d bytes) */
     uint64_t tier_reads[3];
     uint8_t *cls, *vcls;   /* key / value slot classes of the current block */
     size_t *bpages;        /* pages of the current block */
     int *bne, *bnp;        /* their encoded / staged visible value counts */
     int32_t *rqp;          /* query position of each row of the tile */
     uint64_t bytes_read;
-    float *rawsc; /* raw scores of a tile for token attention, reserved by the caller */
-    size_t rawsc_cap;
 } kvq__work;
 
 /* cache_pool.c: persistent attention workers (none when n = 0) */
@@ -152,6 +153,8 @@ struct kvq_cache {
     size_t n_threads;
     size_t max_qp, max_acc;
     size_t block_pages;                     /* pages per online-softmax block */
+    float *rawsc, *parts;                   /* attention scratch: raw scores, chunk states */
+    size_t rawsc_cap, parts_cap;            /* (floats; grown by an attend, kept) */
     size_t rows_max;                        /* query rows per tile (a multiple of G) */
     float (*exp_block)(float *x, size_t n, float m);
     size_t total_peak;
@@ -238,12 +241,12 @@ void kvq__lfree(kvq_cache *c, kvq__layer *ly, void *p, size_t size, int meta);
 size_t kvq__block_codec_meta(const kvq_cache *c, const kvq__layer *ly);
 /* Re-encodes the slots of page p that hold an encoded vector (with pend,
  * also pending ones) from codec `from` (slots of fb bytes at src) to `to`
- * (slots of tb bytes at dst), one vector at a time. With err/ref (may be
+ * (at dst), one vector at a time, each area in the layout its flag says. With err/ref (may be
  * NULL), adds the squared error of the new codes against the old values and
  * the squared norm of the old values. Returns the slots re-encoded. */
-size_t kvq__reencode_slots(const kvq__layer *ly, size_t p, size_t P, const kvq_codec *from,
-                           const uint8_t *src, size_t fb, const kvq_codec *to, uint8_t *dst,
-                           size_t tb, int pend, double *err, double *ref);
+size_t kvq__reencode_slots(const kvq__layer *ly, size_t p, size_t P, int role, const kvq_codec *from,
+                           int ftiled, const uint8_t *src, const kvq_codec *to, int ttiled,
+                           uint8_t *dst, int pend, double *err, double *ref);
 
 static inline int kvq__page_live(const kvq__page *pg) {
     return pg->block != NULL || pg->tier == KVQ__TIER_COLD;

@@ -202,6 +202,7 @@ void kvq__put_token(kvq_cache *c, kvq__layer *ly, size_t slot, const float *k, c
     kvq__page *pg = &ly->pages[p];
     int staged = 0;
     float kb[KVQ__MAX_HEAD_DIM];
+    uint8_t tmp[4 * KVQ__MAX_HEAD_DIM];
     for (size_t h = 0; h < c->H; h++) {
         kvq__head *hd = &ly->heads[h];
         const float *kh = k + h * d, *vh = v + h * d;
@@ -214,14 +215,14 @@ void kvq__put_token(kvq_cache *c, kvq__layer *ly, size_t slot, const float *k, c
                     kb[t] = kh[t] - ly->center[h * d + t];
                 kh = kb;
             }
-            hd->kc->k.encode(hd->kc, pg->block + hd->k_off + i * hd->kbytes, kh, 1);
+            kvq__slot_encode(hd->kc, hd->ktiled, KVQ__ROLE_K, c->P, pg->block + hd->k_off, i, kh, tmp);
             ly->bytes_written += hd->kbytes;
         }
         if (hd->vstage) {
             c->f16->k.encode(c->f16, (uint8_t *)(kvq__stage_v(pg, hd) + i * d), vh, 1);
             staged = 1;
         } else {
-            hd->vc->k.encode(hd->vc, pg->block + hd->v_off + i * hd->vbytes, vh, 1);
+            kvq__slot_encode(hd->vc, hd->vtiled, KVQ__ROLE_V, c->P, pg->block + hd->v_off, i, vh, tmp);
             ly->bytes_written += hd->vbytes;
         }
     }
@@ -235,6 +236,7 @@ static void kvq__settle_token(kvq_cache *c, kvq__layer *ly, size_t slot) {
     size_t p = slot / c->P, i = slot % c->P, d = c->d;
     kvq__page *pg = &ly->pages[p];
     float x[KVQ__MAX_HEAD_DIM];
+    uint8_t tmp[4 * KVQ__MAX_HEAD_DIM];
     for (size_t h = 0; h < c->H; h++) {
         kvq__head *hd = &ly->heads[h];
         if (hd->kstage && !hd->kchan_bits) {
@@ -242,12 +244,12 @@ static void kvq__settle_token(kvq_cache *c, kvq__layer *ly, size_t slot) {
             if (ly->center)
                 for (size_t t = 0; t < d; t++)
                     x[t] -= ly->center[h * d + t];
-            hd->kc->k.encode(hd->kc, pg->block + hd->k_off + i * hd->kbytes, x, 1);
+            kvq__slot_encode(hd->kc, hd->ktiled, KVQ__ROLE_K, c->P, pg->block + hd->k_off, i, x, tmp);
             ly->bytes_written += hd->kbytes;
         }
         if (hd->vstage) {
             c->f16->k.decode(c->f16, x, (const uint8_t *)(kvq__stage_v(pg, hd) + i * d), 1);
-            hd->vc->k.encode(hd->vc, pg->block + hd->v_off + i * hd->vbytes, x, 1);
+            kvq__slot_encode(hd->vc, hd->vtiled, KVQ__ROLE_V, c->P, pg->block + hd->v_off, i, x, tmp);
             ly->bytes_written += hd->vbytes;
         }
     }

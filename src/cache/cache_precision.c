@@ -8,22 +8,23 @@
  */
 #include "cache_impl.h"
 
-size_t kvq__reencode_slots(const kvq__layer *ly, size_t p, size_t P, const kvq_codec *from,
-                           const uint8_t *src, size_t fb, const kvq_codec *to, uint8_t *dst,
-                           size_t tb, int pend, double *err, double *ref) {
+size_t kvq__reencode_slots(const kvq__layer *ly, size_t p, size_t P, int role, const kvq_codec *from,
+                           int ftiled, const uint8_t *src, const kvq_codec *to, int ttiled,
+                           uint8_t *dst, int pend, double *err, double *ref) {
     const size_t d = from->d;
     float a[KVQ__MAX_HEAD_DIM], b[KVQ__MAX_HEAD_DIM];
+    uint8_t tmp[4 * KVQ__MAX_HEAD_DIM];
     size_t m = 0;
     for (size_t i = 0; i < P; i++) {
         int s = KVQ__STATE(ly->state[p * P + i]);
         if (s != KVQ__ENC && !(pend && s == KVQ__PEND))
             continue;
-        from->k.decode(from, a, src + i * fb, 1);
-        to->k.encode(to, dst + i * tb, a, 1);
+        kvq__slot_decode(from, ftiled, role, P, src, i, a, tmp);
+        kvq__slot_encode(to, ttiled, role, P, dst, i, a, tmp);
         m++;
         if (!err)
             continue;
-        to->k.decode(to, b, dst + i * tb, 1);
+        kvq__slot_decode(to, ttiled, role, P, dst, i, b, tmp);
         for (size_t t = 0; t < d; t++) {
             *err += ((double)a[t] - b[t]) * ((double)a[t] - b[t]);
             *ref += (double)a[t] * a[t];
@@ -126,8 +127,9 @@ static void kvq__prec_apply(kvq_cache *c, kvq__layer *ly, int kv_head, int is_va
             if (!rekey) {
                 memcpy(nb + n->k_off, pg->block + o->k_off, o->k_hdr + o->kbytes * P);
             } else {
-                size_t m = kvq__reencode_slots(ly, p, P, o->kc, pg->block + o->k_off, o->kbytes,
-                                               n->kc, nb + n->k_off, n->kbytes, 0, err, ref);
+                size_t m = kvq__reencode_slots(ly, p, P, KVQ__ROLE_K, o->kc, o->ktiled,
+                                               pg->block + o->k_off, n->kc, n->ktiled,
+                                               nb + n->k_off, 0, err, ref);
                 ly->reencodes += m;
                 ly->bytes_written += m * n->kbytes;
             }
@@ -135,8 +137,9 @@ static void kvq__prec_apply(kvq_cache *c, kvq__layer *ly, int kv_head, int is_va
             if (!(is_value && target)) {
                 memcpy(nb + n->v_off, pg->block + o->v_off, o->vbytes * P);
             } else {
-                size_t m = kvq__reencode_slots(ly, p, P, o->vc, pg->block + o->v_off, o->vbytes,
-                                               n->vc, nb + n->v_off, n->vbytes, 0, err, ref);
+                size_t m = kvq__reencode_slots(ly, p, P, KVQ__ROLE_V, o->vc, o->vtiled,
+                                               pg->block + o->v_off, n->vc, n->vtiled,
+                                               nb + n->v_off, 0, err, ref);
                 ly->reencodes += m;
                 ly->bytes_written += m * n->vbytes;
             }
@@ -182,10 +185,11 @@ kvq_status kvq_cache_set_precision(kvq_cache *c, int layer, int kv_head, int is_
     kvq_status st = kvq__get_codec(c, spec, &nc);
     if (st != KVQ_OK)
         return st;
-    if (nc->qp_bytes > c->max_qp || nc->acc_len > c->max_acc) {
+    size_t nqp = KVQ__MAX(nc->qp_bytes, nc->tqp_bytes);
+    if (nqp > c->max_qp || nc->acc_len > c->max_acc) {
         /* the attention workspaces grow for the new codec, all or nothing */
         size_t oq = c->max_qp, oa = c->max_acc;
-        c->max_qp = KVQ__MAX(oq, nc->qp_bytes);
+        c->max_qp = KVQ__MAX(oq, nqp);
         c->max_acc = KVQ__MAX(oa, nc->acc_len);
         kvq__work *nw = (kvq__work *)kvq__calloc(&c->alloc, c->n_threads * sizeof *nw);
         st = nw ? KVQ_OK : KVQ_ERR_NOMEM;

@@ -43,6 +43,7 @@ static void kvq__read_token(const kvq_cache *c, const kvq__layer *ly, size_t slo
     const kvq__page *pg = &ly->pages[p];
     const kvq__head *hd = kvq__page_heads(ly, pg) + h;
     int pend = KVQ__STATE(ly->state[slot]) == KVQ__PEND;
+    uint8_t tmp[4 * KVQ__MAX_HEAD_DIM];
     int kst = hd->kchan_bits ? !pg->encoded : pend && hd->kstage;
     if (kst && k) {
         c->f16->k.decode(c->f16, k, (const uint8_t *)(kvq__stage_k(pg, hd) + i * d), 1);
@@ -56,13 +57,13 @@ static void kvq__read_token(const kvq_cache *c, const kvq__layer *ly, size_t slo
         if (hd->kchan_bits)
             kvq__chan_decode_row(blk + hd->k_off, d, c->P, hd->kchan_bits, i, k);
         else
-            hd->kc->k.decode(hd->kc, k, blk + hd->k_off + i * hd->kbytes, 1);
+            kvq__slot_decode(hd->kc, hd->ktiled, KVQ__ROLE_K, c->P, blk + hd->k_off, i, k, tmp);
         if (ly->center)
             for (size_t t = 0; t < d; t++)
                 k[t] += ly->center[h * d + t];
     }
     if (v)
-        hd->vc->k.decode(hd->vc, v, blk + hd->v_off + i * hd->vbytes, 1);
+        kvq__slot_decode(hd->vc, hd->vtiled, KVQ__ROLE_V, c->P, blk + hd->v_off, i, v, tmp);
 }
 
 kvq_status kvq_cache_get_kv(const kvq_cache *c, size_t layer, int kv_head, size_t first,

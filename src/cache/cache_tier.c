@@ -112,13 +112,15 @@ static void kvq__reencode_block(kvq_cache *c, kvq__layer *ly, size_t p, const kv
         if (a->kchan_bits || a->kc == b->kc)
             memcpy(dst + b->k_off, src + a->k_off, a->k_hdr + a->kbytes * P);
         else
-            ly->reencodes += kvq__reencode_slots(ly, p, P, a->kc, src + a->k_off, a->kbytes, b->kc,
-                                                 dst + b->k_off, b->kbytes, 0, NULL, NULL);
+            ly->reencodes += kvq__reencode_slots(ly, p, P, KVQ__ROLE_K, a->kc, a->ktiled,
+                                                 src + a->k_off, b->kc, b->ktiled, dst + b->k_off,
+                                                 0, NULL, NULL);
         if (a->vc == b->vc)
             memcpy(dst + b->v_off, src + a->v_off, a->vbytes * P);
         else
-            ly->reencodes += kvq__reencode_slots(ly, p, P, a->vc, src + a->v_off, a->vbytes, b->vc,
-                                                 dst + b->v_off, b->vbytes, 0, NULL, NULL);
+            ly->reencodes += kvq__reencode_slots(ly, p, P, KVQ__ROLE_V, a->vc, a->vtiled,
+                                                 src + a->v_off, b->vc, b->vtiled, dst + b->v_off,
+                                                 0, NULL, NULL);
     }
 }
 

@@ -11,7 +11,7 @@
 #include "../common/common.h"
 
 #define KVQ__RECORD_MAGIC "KVQR"
-#define KVQ__RECORD_VERSION 1
+#define KVQ__RECORD_VERSION 2 /* 2: areas of tiled codecs in their tiled layout */
 #define KVQ__RECORD_HEADER 64 /* fixed header; positions start here (4-aligned) */
 #define KVQ__RECORD_MAX_PAGE_TOKENS 4096
 #define KVQ__RECORD_MAX_HEADS 65536

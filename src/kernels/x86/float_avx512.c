@@ -14,7 +14,7 @@
 #include "../kernels.h"
 #include "simd_avx512.h"
 
-KVQ__T512 static inline __m512 kvq__fload16(int kind, const uint8_t *p) {
+KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__fload16(int kind, const uint8_t *p) {
     if (kind == KVQ__F32)
         return _mm512_loadu_ps((const void *)p);
     __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
@@ -53,12 +53,11 @@ kvq__tscore_block(int kind, size_t es, size_t d, size_t P, const uint8_t *page, 
     r[3] = _mm512_add_ps(a3, b3);
 }
 
-KVQ__T512 static void kvq__float_tscore_avx512(const kvq_codec *c, float *out, size_t ostride,
-                                               const void *qp, size_t nq, const uint8_t *page,
-                                               size_t P) {
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__float_tscore_k(const int kind, const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                    size_t nq, const uint8_t *page, size_t P) {
     const float *q = (const float *)qp;
     const size_t qs = c->tqp_bytes / sizeof(float), d = c->d, es = c->bytes / c->d;
-    const int kind = c->kind;
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         size_t g = KVQ__MIN(4, nq - i0);
         const float *q0 = q + i0 * qs;
@@ -73,42 +72,77 @@ KVQ__T512 static void kvq__float_tscore_avx512(const kvq_codec *c, float *out, s
     }
 }
 
-/* acc[r][s..s+16*NS) += sum_j w[r][j] v_j[s..] for 4 rows (NS strips of 16). */
-KVQ__T512 static void kvq__float_accum_avx512(const kvq_codec *c, float *acc, size_t astride,
-                                              const float *w, size_t wstride, size_t nq,
-                                              const uint8_t *vals, size_t n) {
+KVQ__T512 static void kvq__float_tscore_avx512(const kvq_codec *c, float *out, size_t ostride,
+                                               const void *qp, size_t nq, const uint8_t *page,
+                                               size_t P) {
+    if (c->kind == KVQ__F32)
+        kvq__float_tscore_k(KVQ__F32, c, out, ostride, qp, nq, page, P);
+    else if (c->kind == KVQ__F16)
+        kvq__float_tscore_k(KVQ__F16, c, out, ostride, qp, nq, page, P);
+    else
+        kvq__float_tscore_k(KVQ__BF16, c, out, ostride, qp, nq, page, P);
+}
+
+/* acc[r][s..s+16*NS) += sum_j w[r][j] v_j[s..] for 4 rows and NS strips of
+ * 16 (constants at each call: the accumulators stay in registers). */
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__accum_strip(const int kind, const int NS, float *const *a, const float *const *wr, size_t g,
+                 const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n) {
+    __m512 x0[4], x1[4], x2[4], x3[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < NS; k++)
+        x0[k] = x1[k] = x2[k] = x3[k] = _mm512_setzero_ps();
+    for (size_t j = 0; j < n; j++) {
+        const uint8_t *v = vals + j * vb + s * es;
+        __m512 b0 = _mm512_set1_ps(wr[0][j]), b1 = _mm512_set1_ps(wr[1][j]);
+        __m512 b2 = _mm512_set1_ps(wr[2][j]), b3 = _mm512_set1_ps(wr[3][j]);
+#pragma GCC unroll 4
+        for (int k = 0; k < NS; k++) {
+            __m512 vv = kvq__fload16(kind, v + 16 * k * es);
+            x0[k] = _mm512_fmadd_ps(b0, vv, x0[k]);
+            x1[k] = _mm512_fmadd_ps(b1, vv, x1[k]);
+            x2[k] = _mm512_fmadd_ps(b2, vv, x2[k]);
+            x3[k] = _mm512_fmadd_ps(b3, vv, x3[k]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < NS; k++) {
+        __m512 xs[4] = {x0[k], x1[k], x2[k], x3[k]};
+        for (size_t r = 0; r < g; r++) {
+            float *p = a[r] + s + 16 * k;
+            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), xs[r]));
+        }
+    }
+}
+
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astride, const float *w,
+                   size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
     const size_t d = c->d, vb = c->bytes, es = c->bytes / c->d;
-    const int kind = c->kind;
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         size_t g = KVQ__MIN(4, nq - i0);
         const float *w0 = w + i0 * wstride;
-        const float *w1 = g > 1 ? w0 + wstride : w0, *w2 = g > 2 ? w0 + 2 * wstride : w0,
-                    *w3 = g > 3 ? w0 + 3 * wstride : w0;
-        for (size_t s = 0; s < d; s += 64) {
-            size_t ns = KVQ__MIN(4, (d - s) / 16);
-            __m512 x[4][4];
-            for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 4; k++)
-                    x[r][k] = _mm512_setzero_ps();
-            for (size_t j = 0; j < n; j++) {
-                const uint8_t *v = vals + j * vb + s * es;
-                __m512 b0 = _mm512_set1_ps(w0[j]), b1 = _mm512_set1_ps(w1[j]);
-                __m512 b2 = _mm512_set1_ps(w2[j]), b3 = _mm512_set1_ps(w3[j]);
-                for (size_t k = 0; k < ns; k++) {
-                    __m512 vv = kvq__fload16(kind, v + 16 * k * es);
-                    x[0][k] = _mm512_fmadd_ps(b0, vv, x[0][k]);
-                    x[1][k] = _mm512_fmadd_ps(b1, vv, x[1][k]);
-                    x[2][k] = _mm512_fmadd_ps(b2, vv, x[2][k]);
-                    x[3][k] = _mm512_fmadd_ps(b3, vv, x[3][k]);
-                }
-            }
-            for (size_t r = 0; r < g; r++)
-                for (size_t k = 0; k < ns; k++) {
-                    float *a = acc + (i0 + r) * astride + s + 16 * k;
-                    _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), x[r][k]));
-                }
-        }
+        const float *wr[4] = {w0, g > 1 ? w0 + wstride : w0, g > 2 ? w0 + 2 * wstride : w0,
+                              g > 3 ? w0 + 3 * wstride : w0};
+        float *a[4] = {acc + i0 * astride, acc + (i0 + 1) * astride, acc + (i0 + 2) * astride,
+                       acc + (i0 + 3) * astride};
+        size_t s = 0;
+        for (; s + 64 <= d; s += 64)
+            kvq__accum_strip(kind, 4, a, wr, g, vals, vb, es, s, n);
+        for (; s < d; s += 16)
+            kvq__accum_strip(kind, 1, a, wr, g, vals, vb, es, s, n);
     }
+}
+
+KVQ__T512 static void kvq__float_accum_avx512(const kvq_codec *c, float *acc, size_t astride,
+                                              const float *w, size_t wstride, size_t nq,
+                                              const uint8_t *vals, size_t n) {
+    if (c->kind == KVQ__F32)
+        kvq__float_accum_k(KVQ__F32, c, acc, astride, w, wstride, nq, vals, n);
+    else if (c->kind == KVQ__F16)
+        kvq__float_accum_k(KVQ__F16, c, acc, astride, w, wstride, nq, vals, n);
+    else
+        kvq__float_accum_k(KVQ__BF16, c, acc, astride, w, wstride, nq, vals, n);
 }
 
 static void kvq__float_tprep512(const kvq_codec *c, void *qp, const float *q) {

@@ -22,6 +22,83 @@
 #define KVQ__T512VNNI
 #define KVQ__T512VBMI
 #define KVQ__SEL512(name) name##_simde
+/* SIMDe 0.7.4 (Debian 12) lacks these: lane-by-lane versions for the tests
+ * (defined over the native names, which would otherwise reach GCC's own
+ * declarations and fail to inline without the AVX-512 target). */
+#include "../../common/common.h"
+static inline __m512 kvq__sx_cvtepi32_ps(__m512i a) {
+    int32_t x[16];
+    float y[16];
+    _mm512_storeu_si512((void *)x, a);
+    for (int i = 0; i < 16; i++)
+        y[i] = (float)x[i];
+    return _mm512_loadu_ps(y);
+}
+static inline __m512i kvq__sx_widen(const void *p, int bytes, int sign) {
+    int32_t y[16];
+    for (int i = 0; i < 16; i++) {
+        const uint8_t *b = (const uint8_t *)p + i * bytes;
+        if (bytes == 1)
+            y[i] = sign ? (int32_t)(int8_t)b[0] : (int32_t)b[0];
+        else {
+            uint16_t u = (uint16_t)(b[0] | b[1] << 8);
+            y[i] = sign ? (int32_t)(int16_t)u : (int32_t)u;
+        }
+    }
+    return _mm512_loadu_si512((const void *)y);
+}
+static inline __m512i kvq__sx_cvtepu16_epi32(__m256i a) {
+    uint8_t b[32];
+    _mm256_storeu_si256((__m256i *)(void *)b, a);
+    return kvq__sx_widen(b, 2, 0);
+}
+static inline __m512i kvq__sx_cvtepi16_epi32(__m256i a) {
+    uint8_t b[32];
+    _mm256_storeu_si256((__m256i *)(void *)b, a);
+    return kvq__sx_widen(b, 2, 1);
+}
+static inline __m512i kvq__sx_cvtepu8_epi32(__m128i a) {
+    uint8_t b[16];
+    _mm_storeu_si128((__m128i *)(void *)b, a);
+    return kvq__sx_widen(b, 1, 0);
+}
+static inline __m512i kvq__sx_cvtepi8_epi32(__m128i a) {
+    uint8_t b[16];
+    _mm_storeu_si128((__m128i *)(void *)b, a);
+    return kvq__sx_widen(b, 1, 1);
+}
+static inline __m512 kvq__sx_cvtph_ps(__m256i a) {
+    uint16_t h[16];
+    float y[16];
+    _mm256_storeu_si256((__m256i *)(void *)h, a);
+    for (int i = 0; i < 16; i++)
+        y[i] = kvq__f16_to_f32(h[i]);
+    return _mm512_loadu_ps(y);
+}
+static inline __m256i kvq__sx_cvtps_ph(__m512 a, int rounding) {
+    float y[16];
+    uint16_t h[16];
+    (void)rounding; /* round to nearest even, the only mode the kernels use */
+    _mm512_storeu_ps(y, a);
+    for (int i = 0; i < 16; i++)
+        h[i] = kvq__f16_from_f32(y[i]);
+    return _mm256_loadu_si256((const __m256i *)(const void *)h);
+}
+static inline float kvq__sx_reduce_add_ps(__m512 a) {
+    float y[16], s = 0.0f;
+    _mm512_storeu_ps(y, a);
+    for (int i = 0; i < 16; i++)
+        s += y[i];
+    return s;
+}
+#define _mm512_cvtepi32_ps kvq__sx_cvtepi32_ps
+#define _mm512_cvtepu16_epi32 kvq__sx_cvtepu16_epi32
+#define _mm512_cvtepi16_epi32 kvq__sx_cvtepi16_epi32
+#define _mm512_cvtepu8_epi32 kvq__sx_cvtepu8_epi32
+#define _mm512_cvtepi8_epi32 kvq__sx_cvtepi8_epi32
+#define _mm512_cvtph_ps kvq__sx_cvtph_ps
+#define _mm512_cvtps_ph kvq__sx_cvtps_ph
+#define _mm512_reduce_add_ps kvq__sx_reduce_add_ps
 #else
 #include <immintrin.h>
 #define KVQ__T512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,f16c,bmi2")))

@@ -1,0 +1,153 @@
+/*
+ * test_tile_float.c - the tiled page layout of f32/f16/bf16 keys and the
+ * kernels that read it: slot round trips, and tscore (tiled keys) and accum
+ * (value rows) of every path - AVX2, AVX-512 natively where the CPU has it,
+ * and AVX-512 through SIMDe always (the same source, simd_avx512.h) -
+ * against the scalar reference (kvq__tile_gather + ref.score / ref.accum).
+ *
+ * Bound (from the float summation error, not from measured values): both
+ * sides compute the same products of exactly representable values and sum
+ * them in different orders, so each result is within gamma_n * sum |terms|
+ * of exact (n terms, gamma_n = n u / (1 - n u), u = 2^-24) and the two
+ * differ by at most 2 gamma_n sum |terms|; accum adds acc's own value, one
+ * more rounding: n + 1 terms. The test allows exactly that (no margin).
+ * --mutate breaks the AVX-512 score to show the test fails.
+ */
+#include "testutil.h"
+#include "kvq.h"
+#include "../src/codec/codec_impl.h"
+#include "../src/kernels/kernels.h"
+
+static int mutate;
+
+static double gam(size_t n) { return n * 0x1p-24 / (1 - n * 0x1p-24); }
+
+/* tscore and accum of the kernels in k against the reference of c. */
+static void check_paths(kvq_codec *c, const kvq__kernels *k, size_t tqp, const char *path,
+                        size_t P, tu_rng *r) {
+    const size_t d = c->d, nq = 5, B = c->bytes;
+    float *x = malloc(P * d * sizeof(float)), *q = malloc(nq * d * sizeof(float));
+    uint8_t *rows = malloc(P * B), *page = malloc(P * B), *back = malloc(P * B);
+    uint8_t *qp = aligned_alloc(64, kvq__round64(nq * KVQ__MAX(c->qp_bytes, tqp) + 64));
+    uint8_t *qt = aligned_alloc(64, kvq__round64(nq * KVQ__MAX(c->qp_bytes, tqp) + 64));
+    float *s0 = malloc(nq * P * sizeof(float)), *s1 = malloc(nq * P * sizeof(float));
+    float *dec = malloc(P * d * sizeof(float));
+    tu_fill_gauss(r, x, P * d, 1.0f);
+    for (size_t i = 0; i < P * d; i += 7)
+        x[i] *= 30.0f; /* outliers */
+    tu_fill_gauss(r, q, nq * d, 1.0f);
+    c->k.encode(c, rows, x, P);
+    c->ref.decode(c, dec, rows, P);
+    memset(page, 0xa5, P * B);
+    for (size_t i = 0; i < P; i++) /* slots in a scrambled order */
+        c->tput(c, KVQ__ROLE_K, P, page, (i * 7 + 3) % P, rows + ((i * 7 + 3) % P) * B);
+    kvq__tile_gather(c, KVQ__ROLE_K, P, page, back);
+    TU_REPORT(memcmp(back, rows, P * B) == 0, "%s d=%zu P=%zu: tiled round trip", c->spec, d, P);
+    /* scores */
+    for (size_t i = 0; i < nq; i++)
+        c->ref.prep(c, qp + i * c->qp_bytes, q + i * d);
+    c->ref.score(c, s0, P, qp, nq, rows, P);
+    if (k->tscore && k->tprep) {
+        for (size_t i = 0; i < nq; i++)
+            k->tprep(c, qt + i * tqp, q + i * d);
+        kvq_codec tmp = *c;
+        tmp.tqp_bytes = tqp;
+        k->tscore(&tmp, s1, P, qt, nq, page, P);
+        if (mutate)
+            s1[P / 2] += 1e-3f * (1.0f + fabsf(s1[P / 2]));
+        int ok = 1;
+        for (size_t i = 0; i < nq; i++)
+            for (size_t j = 0; j < P; j++) {
+                double a = 0;
+                for (size_t t = 0; t < d; t++)
+                    a += fabs((double)q[i * d + t] * dec[j * d + t]);
+                double b = 2 * gam(d) * a;
+                if (fabs((double)s1[i * P + j] - s0[i * P + j]) > b) {
+                    if (ok)
+                        printf("  %s %s d=%zu P=%zu q%zu k%zu: %.9g vs %.9g (bound %.3g)\n",
+                               c->spec, path, d, P, i, j, s1[i * P + j], s0[i * P + j], b);
+                    ok = 0;
+                }
+            }
+        TU_REPORT(ok, "%s %s d=%zu P=%zu: tscore within 2 gamma_d sum|q k|", c->spec, path, d, P);
+    }
+    /* accum over value rows */
+    if (k->accum) {
+        float *w = malloc(nq * P * sizeof(float)), *a0 = calloc(nq * d, sizeof(float));
+        float *a1 = calloc(nq * d, sizeof(float));
+        for (size_t i = 0; i < nq * P; i++)
+            w[i] = (float)tu_uniform(r);
+        for (size_t i = 0; i < nq * d; i++)
+            a0[i] = a1[i] = (float)tu_gauss(r);
+        c->ref.accum(c, a0, d, w, P, nq, rows, P);
+        k->accum(c, a1, d, w, P, nq, rows, P);
+        int ok = 1;
+        for (size_t i = 0; i < nq; i++)
+            for (size_t t = 0; t < d; t++) {
+                double a = fabs((double)a1[i * d + t] - a0[i * d + t]), s = 0;
+                for (size_t j = 0; j < P; j++)
+                    s += fabs((double)w[i * P + j] * dec[j * d + t]);
+                /* the accumulator's starting value is one more term */
+                double b = 2 * gam(P + 1) * (s + fabs((double)a0[i * d + t]) + s);
+                if (a > b)
+                    ok = 0;
+            }
+        TU_REPORT(ok, "%s %s d=%zu P=%zu: accum within 2 gamma_(P+1) sum|w v|", c->spec, path, d, P);
+        free(w), free(a0), free(a1);
+    }
+    free(x), free(q), free(rows), free(page), free(back), free(qp), free(qt), free(s0), free(s1);
+    free(dec);
+}
+
+int main(int argc, char **argv) {
+    tu_init(argc, argv);
+    for (int i = 1; i < argc; i++)
+        mutate |= strcmp(argv[i], "--mutate") == 0;
+    tu_rng r;
+    tu_seed(&r, 20261201);
+    const char *specs[] = {"f32", "f16", "bf16"};
+    const size_t dims[] = {8, 16, 48, 64, 128, 80};
+    const size_t Ps[] = {16, 32, 64};
+    printf("CPU paths: avx2 %s, avx512 %s (SIMDe always)\n",
+           kvq_cpu_supports(KVQ_ISA_AVX2) ? "native" : "absent",
+           kvq_cpu_supports(KVQ_ISA_AVX512) ? "native" : "absent");
+    for (size_t si = 0; si < 3; si++)
+        for (size_t di = 0; di < 6; di++) {
+            kvq_codec_params pr = {0};
+            pr.isa = KVQ_ISA_SCALAR;
+            kvq_codec *c = NULL;
+            if (kvq_codec_create(&c, specs[si], dims[di], &pr) != KVQ_OK) {
+                TU_REPORT(0, "create %s d=%zu", specs[si], dims[di]);
+                continue;
+            }
+            TU_REPORT(c->tiled && c->tiled(c, KVQ__ROLE_K, 16) && !c->tiled(c, KVQ__ROLE_K, 8) &&
+                          !c->tiled(c, KVQ__ROLE_V, 16),
+                      "%s: keys tiled for P %% 16 == 0 only, values in rows", specs[si]);
+            for (size_t pi = 0; pi < 3; pi++) {
+                /* AVX-512 through SIMDe: the codec's kernels as that selector sets them */
+                kvq_codec s = *c;
+                s.k = c->ref;
+                s.k.accum = NULL;
+                kvq__float_avx512_select_simde(&s, ~0u);
+                check_paths(&s, &s.k, s.tqp_bytes, "avx512-simde", Ps[pi], &r);
+                if (kvq_cpu_supports(KVQ_ISA_AVX2)) {
+                    kvq_codec a = *c;
+                    a.k = c->ref;
+                    a.k.accum = NULL;
+                    kvq__float_avx2_select(&a);
+                    check_paths(&a, &a.k, a.tqp_bytes, "avx2", Ps[pi], &r);
+                }
+                if (kvq_cpu_supports(KVQ_ISA_AVX512)) {
+                    kvq_codec n = *c;
+                    n.k = c->ref;
+                    n.k.accum = NULL;
+                    kvq__float_avx2_select(&n);
+                    n.k.accum = NULL;
+                    kvq__float_avx512_select(&n, ~0u);
+                    check_paths(&n, &n.k, n.tqp_bytes, "avx512", Ps[pi], &r);
+                }
+            }
+            kvq_codec_free(c);
+        }
+    return tu_finish();
+}
