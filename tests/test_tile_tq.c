@@ -535,12 +535,17 @@ static double now_s(void) {
 }
 
 /* One decode step's kernels over H heads x T tokens in pages of P, 4 query
- * rows per head: tprep, tscore, taccum (tiled) or gather + score / accum
- * (rows). Returns the median seconds of reps runs. */
+ * rows per head: with tiled (pages in the tiled layout where the codec has
+ * one) tprep + tscore / taccum where the codec has them, else the row
+ * kernels on row pages. Returns the best total of reps runs (K and V parts
+ * in *tk, *tv). */
 static double bench_run(kvq_codec *c, int tiled, uint8_t *kp, uint8_t *vp, size_t H, size_t T, size_t P,
-                        const float *q, float *sc, float *acc, uint8_t *g, int reps, double *tk, double *tv) {
+                        const float *q, float *sc, const float *wt, float *acc, int reps, double *tk,
+                        double *tv) {
     const size_t d = c->d, pb = P * c->bytes, npg = T / P, nq = 4;
-    size_t qb = tiled ? c->tqp_bytes : c->qp_bytes;
+    const int ks = tiled && kvq__tiled(c, KVQ__ROLE_K, P) && c->k.tscore;
+    const int va = tiled && kvq__tiled(c, KVQ__ROLE_V, P) && c->k.taccum;
+    size_t qb = ks ? c->tqp_bytes : c->qp_bytes;
     uint8_t *qp = (uint8_t *)xalloc(nq * qb);
     double best = 1e9, bk = 1e9, bv = 1e9;
     for (int rep = 0; rep < reps; rep++) {
@@ -548,29 +553,25 @@ static double bench_run(kvq_codec *c, int tiled, uint8_t *kp, uint8_t *vp, size_
         for (size_t h = 0; h < H; h++) {
             double t1 = now_s();
             for (size_t i = 0; i < nq; i++) {
-                if (tiled)
+                if (ks)
                     c->k.tprep(c, qp + i * qb, q + i * d);
                 else
                     c->k.prep(c, qp + i * qb, q + i * d);
             }
             const uint8_t *kh = kp + h * npg * pb, *vh = vp + h * npg * pb;
             for (size_t pg = 0; pg < npg; pg++) {
-                if (tiled)
+                if (ks)
                     c->k.tscore(c, sc + pg * P, T, qp, nq, kh + pg * pb, P);
-                else if (c->tiled && kvq__tiled(c, KVQ__ROLE_K, P))
-                    kvq__tile_score_rows(c, &c->k, sc + pg * P, T, qp, nq, kh + pg * pb, P, g);
                 else
                     c->k.score(c, sc + pg * P, T, qp, nq, kh + pg * pb, P);
             }
             double t2 = now_s();
             tks += t2 - t1;
             for (size_t pg = 0; pg < npg; pg++) {
-                if (tiled)
-                    c->k.taccum(c, acc, c->acc_len, sc + pg * P, T, nq, vh + pg * pb, P);
-                else if (c->tiled && kvq__tiled(c, KVQ__ROLE_V, P))
-                    kvq__tile_accum_rows(c, &c->k, acc, c->acc_len, sc + pg * P, T, nq, vh + pg * pb, P, g);
+                if (va)
+                    c->k.taccum(c, acc, c->acc_len, wt + pg * P, T, nq, vh + pg * pb, P);
                 else
-                    c->k.accum(c, acc, c->acc_len, sc + pg * P, T, nq, vh + pg * pb, P);
+                    c->k.accum(c, acc, c->acc_len, wt + pg * P, T, nq, vh + pg * pb, P);
             }
         }
         double t = now_s() - t0;
@@ -596,10 +597,10 @@ static void bench(void) {
     tu_rng r;
     tu_seed(&r, 7);
     float *x = (float *)xalloc(P * d * 4), *q = (float *)xalloc(4 * d * 4);
-    float *sc = (float *)xalloc(4 * T * 4), *acc = (float *)xalloc(4 * 2 * d * 4);
+    float *sc = (float *)xalloc(4 * T * 4), *wt = (float *)xalloc(4 * T * 4), *acc = (float *)xalloc(4 * 2 * d * 4);
     tu_fill_gauss(&r, q, 4 * d, 1.0f);
-    for (size_t i = 0; i < 4 * T; i++)
-        sc[i] = (float)tu_uniform(&r) / (float)T;
+    for (size_t i = 0; i < 4 * T; i++) /* softmax-like weights */
+        wt[i] = (float)exp(2.0 * tu_gauss(&r)) / (float)T;
     memset(acc, 0, 4 * 2 * d * 4);
     struct {
         const char *spec;
@@ -609,6 +610,7 @@ static void bench(void) {
         int tiled;
         const char *name;
     } runs[] = {
+        {"f32", KVQ_ISA_AVX2, 0, 0, 0, "f32 avx2 rows"},
         {"f32", KVQ_ISA_AVX2, 0, 0, 1, "f32 avx2 (tiled K)"},
         {"f32", KVQ_ISA_AVX512, 0, 0, 1, "f32 avx512 (tiled K)"},
         {"tq4", KVQ_ISA_AVX2, 0, 0, 0, "tq4 avx2 rows"},
@@ -629,20 +631,20 @@ static void bench(void) {
             continue;
         if (runs[ri].sel)
             kvq__tq_avx512_select(c, runs[ri].feat);
-        if (runs[ri].tiled && (!c->k.tscore || (c->family != KVQ__FAM_FLOAT && !c->k.taccum))) {
+        if (runs[ri].tiled && !c->k.tscore) {
             kvq_codec_free(c);
             continue;
         }
         const size_t pb = P * c->bytes, npg = H * T / P;
         uint8_t *kp = (uint8_t *)xalloc(npg * pb), *vp = (uint8_t *)xalloc(npg * pb);
-        uint8_t *rows = (uint8_t *)xalloc(pb), *g = (uint8_t *)xalloc(pb);
+        uint8_t *rows = (uint8_t *)xalloc(pb);
         for (size_t pg = 0; pg < npg; pg++) {
             if (pg < 16) { /* 16 distinct pages, copied (encoding 262k vectors would dominate) */
                 fill_vectors(&r, x, P, d);
                 c->k.encode(c, rows, x, P);
                 for (int role = 0; role < 2; role++) {
                     uint8_t *dst = (role ? vp : kp) + pg * pb;
-                    if (kvq__tiled(c, role, P))
+                    if (runs[ri].tiled && kvq__tiled(c, role, P))
                         for (size_t i = 0; i < P; i++)
                             c->tput(c, role, P, dst, i, rows + i * c->bytes);
                     else
@@ -653,9 +655,8 @@ static void bench(void) {
                 memcpy(vp + pg * pb, vp + (pg % 16) * pb, pb);
             }
         }
-        int tiled = runs[ri].tiled && c->family != KVQ__FAM_FLOAT;
         double tk, tv;
-        double t = bench_run(c, tiled, kp, vp, H, T, P, q, sc, acc, g, 5, &tk, &tv);
+        double t = bench_run(c, runs[ri].tiled, kp, vp, H, T, P, q, sc, wt, acc, 5, &tk, &tv);
         double mb = 2.0 * (double)(npg * pb) / 1e6;
         if (c->family == KVQ__FAM_FLOAT && f32_ms == 0.0)
             f32_ms = t * 1e3;
@@ -665,12 +666,12 @@ static void bench(void) {
         free(kp);
         free(vp);
         free(rows);
-        free(g);
         kvq_codec_free(c);
     }
     free(x);
     free(q);
     free(sc);
+    free(wt);
     free(acc);
 }
 

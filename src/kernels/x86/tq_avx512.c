@@ -39,17 +39,6 @@
 #define KVQ__MADD512(a, b) _mm512_madd_epi16((a), (b))
 #endif
 
-/* int32 -> float (SIMDe 0.7.4 has no 512-bit form: two 256-bit halves). */
-KVQ__T512 KVQ__AI512 __m512 kvq__tq_cvt512(__m512i x) {
-#ifdef KVQ_SIMDE
-    __m256 lo = _mm256_cvtepi32_ps(_mm512_castsi512_si256(x));
-    __m256 hi = _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(x, 1));
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-#else
-    return _mm512_cvtepi32_ps(x);
-#endif
-}
-
 /* The 64 indices of the unit at u (kb bits each), slot s in byte s. */
 KVQ__T512 KVQ__AI512 __m512i kvq__tq_tidx64(const uint8_t *u, int kb) {
     if (kb == 4) { /* slot s: nibble s / 32 of byte s % 32 */
@@ -185,7 +174,7 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tscore_kb)(const kvq_codec *c, float *
             const __m512 nv = _mm512_loadu_ps(nrm);
             for (size_t r = 0; r < m; r++) {
                 /* sum - corr = sum_j code_j c8[idx_j], |.| < 127 * 127 d < 2^24: exact */
-                __m512 v = kvq__tq_cvt512(_mm512_sub_epi32(f[r], corr[r]));
+                __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(f[r], corr[r]));
                 _mm512_storeu_ps(out + (i0 + r) * ostride + tb, _mm512_mul_ps(_mm512_mul_ps(v, sc[r]), nv));
             }
         }
@@ -239,7 +228,7 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tablk)(const uint8_t *units, size_t nq
         const __m512 s = _mm512_set1_ps(fs[r]);
         KVQ__UNROLL for (int hh = 0; hh < H; hh++) {
             float *o = a[r] + 16 * (h0 + (size_t)hh);
-            _mm512_storeu_ps(o, _mm512_fmadd_ps(kvq__tq_cvt512(x[r][hh]), s, _mm512_loadu_ps(o)));
+            _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(x[r][hh]), s, _mm512_loadu_ps(o)));
         }
     }
 }
