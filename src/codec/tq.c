@@ -33,6 +33,58 @@
  * it): 0 when s < 2^(lo-1), else clamp(1 + round((log2 s - lo) * 254 /
  * (hi - lo)), 1, 255); code k >= 1 decodes to 2^(lo + (k-1) (hi-lo) / 254).
  * tqp has a second range for the residual norm.
+ *
+ * Tiled pages (codec_impl.h; tq1..tq4 with head_dim % 16 == 0 and P % 16
+ * == 0, both roles; tqp and other sizes keep the row layout). A page of P
+ * tokens is the same P * bytes:
+ *   [norms: P * N bytes, token i's stored scale at i * N][units]
+ * A unit holds the indices of 64 slots in 8 b bytes, as planes of f-bit
+ * fields: tq4 one plane of nibbles (32 bytes); tq3 a plane of the low 2 bits
+ * (16 bytes) then a plane of bit 2 (8 bytes); tq2 one 2-bit plane; tq1 one
+ * 1-bit plane. In a plane of f-bit fields (8 f bytes) slot s is bits
+ * [f (s / 8f), f (s / 8f) + f) of byte s % 8f: a shift per 64-bit lane and
+ * a mask take 32 or 64 consecutive slots out to one byte each.
+ *   K: unit (i / 16) * (d / 4) + j / 4, slot 4 (i % 16) + j % 4: a 32-bit
+ *      lane of the decoded unit is one token's 4 consecutive dimensions,
+ *      the 16 tokens of a block are 16 lanes, a block's units are
+ *      contiguous;
+ *   V: unit (i / 4) * (d / 16) + j / 16, slot 4 (j % 16) + i % 4: a 32-bit
+ *      lane is one dimension of 4 consecutive tokens, 16 dimensions per
+ *      unit, a quad's units are contiguous
+ * (token i, dimension j).
+ *
+ * Tiled kernels (tq_avx2.c, tq_avx512.c) work on integers: the centroids as
+ * int8 codes c8 = round(c / s_c), s_c = max|c| / 127 (t->c8; the extremes
+ * are exact), looked up with vpshufb from a 16-byte table held in a
+ * register.
+ *   tscore: tprep rotates the query (q = R q_in, as prep) and rounds it to
+ *   int8 codes a_j = round(q_j / s_q), s_q = max_j |q_j| / Q (Q = 127 where
+ *   the dot product is vpdpbusd, 63 where it is vpmaddubsw, whose int16
+ *   pair sums must not saturate); the score of key k is
+ *   n_k s_q s_c sum_j a_j c8[idx_kj], an exact integer sum (vpdpbusd /
+ *   vpmaddubsw of the unsigned codes c8 + 128 with the query codes, the
+ *   bias 128 sum_j a_j removed) times two float roundings. Against the
+ *   reference n_k sum_j q_j c[idx_kj]:
+ *     |err| <= n_k (s_q / 2 sum_j |c^_kj| + s_c / 2 sum_j |q_j|) + 2u |score|
+ *   (c^ = c8 s_c, u = 2^-24), below n_k ||q|| sqrt(d) (||c^_k|| / (2 Q) +
+ *   max|c| / 254). That worst case needs every rounding to line up; as
+ *   independent roundings the query codes add a variance of about
+ *   n_k^2 max|q|^2 / (12 Q^2) to a score (d = 128 and a Gaussian-like
+ *   rotated query: ~1e-3 n ||q|| rms with Q = 63, against tq4's own
+ *   ~8e-3 and tq3's ~1.6e-2).
+ *   taccum: per query row and segment of up to 256 tokens of the page,
+ *   a_k = w_k n_k (as the reference's w * scale) is rounded to u8 codes
+ *   round(a_k / s_w), s_w = max_k a_k / W (W = 255 with vpdpbusd, 127 with
+ *   vpmaddubsw); dimension j of the rotated accumulator gets
+ *   s_w s_c sum_k code_k c8[idx_kj] (exact integer sum, one FMA). Against
+ *   the reference sum_k a_k c[idx_kj]:
+ *     |err| <= s_w / 2 sum_k |c^_kj| + s_c / 2 sum_k a_k + u |acc|
+ *   i.e. at most (P max_k a_k / (2 W) + sum_k a_k / 254) max|c|. A row
+ *   whose a_k are not all finite and >= 0 (softmax weights always are)
+ *   takes an exact path instead: tget and the reference accumulate.
+ * tests/test_tile_tq.c checks both bounds on every path and that each
+ * kernel equals an emulation of its integer arithmetic up to its float
+ * roundings.
  */
 #include "tq_impl.h"
 
