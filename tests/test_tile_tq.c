@@ -587,8 +587,8 @@ static double bench_run(kvq_codec *c, int tiled, uint8_t *kp, uint8_t *vp, size_
     return best;
 }
 
-static void bench(void) {
-    const size_t H = 8, T = 32768, P = 64, d = 128;
+static void bench(size_t P) {
+    const size_t H = 8, T = 32768, d = 128;
     printf("bench: %zu KV heads x %zu tokens, pages of %zu, head_dim %zu, 4 query rows per head, one thread\n", H,
            T, P, d);
     printf("best isa %s, AVX-512 features %s%s\n", kvq_isa_name(kvq_cpu_best_isa()),
@@ -677,13 +677,11 @@ static void bench(void) {
 
 int main(int argc, char **argv) {
     tu_init(argc, argv);
-    int do_bench = 0;
     for (int i = 1; i < argc; i++)
-        do_bench |= strcmp(argv[i], "--bench") == 0;
-    if (do_bench) {
-        bench();
-        return 0;
-    }
+        if (strcmp(argv[i], "--bench") == 0) { /* --bench [P] */
+            bench(i + 1 < argc ? (size_t)atoi(argv[i + 1]) : 64);
+            return 0;
+        }
     const int avx2 = kvq_cpu_supports(KVQ_ISA_AVX2), avx512 = kvq_cpu_supports(KVQ_ISA_AVX512);
     const unsigned feat = kvq__cpu_avx512_features();
     if (avx2) {

@@ -121,24 +121,34 @@ static void KVQ__SFX(kvq__tq_tprep512)(const kvq_codec *c, void *qp, const float
 }
 
 /* R (1, 2 or 4) query rows against the 16 keys of one token block: int32
- * sums of code_j c8u[idx_j] per token. */
+ * sums of code_j c8u[idx_j] per token. Named accumulators (two chains per
+ * row: even and odd groups) keep GCC from copying them around the loop. */
 KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tsblk)(const uint8_t *units, size_t ng, const __m512i tab,
                                                  const int8_t *const *q, __m512i *f, int kb, const int R) {
     const size_t ub = 8 * (size_t)kb;
-    __m512i a[4], b[4];
-    KVQ__UNROLL for (int r = 0; r < R; r++)
-        a[r] = b[r] = _mm512_setzero_si512();
+    const int8_t *q0 = q[0], *q1 = q[R > 1 ? 1 : 0], *q2 = q[R > 2 ? 2 : 0], *q3 = q[R > 3 ? 3 : 0];
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (size_t g = 0; g < ng; g += 2) { /* ng = d / 4 is a multiple of 4 */
         const uint8_t *u = units + g * ub;
-        __m512i x = _mm512_shuffle_epi8(tab, kvq__tq_tidx64(u, kb));
-        __m512i y = _mm512_shuffle_epi8(tab, kvq__tq_tidx64(u + ub, kb));
-        KVQ__UNROLL for (int r = 0; r < R; r++) {
-            a[r] = KVQ__DOT(a[r], x, _mm512_set1_epi32(kvq__tq_ld32s(q[r] + 4 * g)));
-            b[r] = KVQ__DOT(b[r], y, _mm512_set1_epi32(kvq__tq_ld32s(q[r] + 4 * g + 4)));
+        const __m512i x = _mm512_shuffle_epi8(tab, kvq__tq_tidx64(u, kb));
+        const __m512i y = _mm512_shuffle_epi8(tab, kvq__tq_tidx64(u + ub, kb));
+        a0 = KVQ__DOT(a0, x, _mm512_set1_epi32(kvq__tq_ld32s(q0 + 4 * g)));
+        b0 = KVQ__DOT(b0, y, _mm512_set1_epi32(kvq__tq_ld32s(q0 + 4 * g + 4)));
+        if (R > 1) {
+            a1 = KVQ__DOT(a1, x, _mm512_set1_epi32(kvq__tq_ld32s(q1 + 4 * g)));
+            b1 = KVQ__DOT(b1, y, _mm512_set1_epi32(kvq__tq_ld32s(q1 + 4 * g + 4)));
+        }
+        if (R > 2) {
+            a2 = KVQ__DOT(a2, x, _mm512_set1_epi32(kvq__tq_ld32s(q2 + 4 * g)));
+            b2 = KVQ__DOT(b2, y, _mm512_set1_epi32(kvq__tq_ld32s(q2 + 4 * g + 4)));
+            a3 = KVQ__DOT(a3, x, _mm512_set1_epi32(kvq__tq_ld32s(q3 + 4 * g)));
+            b3 = KVQ__DOT(b3, y, _mm512_set1_epi32(kvq__tq_ld32s(q3 + 4 * g + 4)));
         }
     }
-    KVQ__UNROLL for (int r = 0; r < R; r++)
-        f[r] = _mm512_add_epi32(a[r], b[r]);
+    f[0] = _mm512_add_epi32(a0, b0);
+    f[1] = _mm512_add_epi32(a1, b1);
+    f[2] = _mm512_add_epi32(a2, b2);
+    f[3] = _mm512_add_epi32(a3, b3);
 }
 
 KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tscore_kb)(const kvq_codec *c, float *out, size_t ostride,
