@@ -29,6 +29,8 @@
 #include "../../codec/tq_impl.h"
 #include "simd_avx512.h"
 
+#include <float.h>
+
 #define KVQ__AI512 static inline __attribute__((always_inline))
 #define KVQ__UNROLL _Pragma("GCC unroll 4")
 
@@ -62,6 +64,49 @@ KVQ__T512 KVQ__AI512 __m512i kvq__tq_tidx64(const uint8_t *u, int kb) {
         r = kb == 3 ? _mm512_mask_add_epi8(r, k, r, _mm512_set1_epi8(4)) : _mm512_maskz_mov_epi8(k, _mm512_set1_epi8(1));
     }
     return r;
+}
+
+/* Largest lane of x. */
+KVQ__T512 KVQ__AI512 float kvq__tq_hmax512(__m512 x) {
+    __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+
+/* kvq__tq_wquant (tq_impl.h) inlined, n a multiple of 16: the same
+ * arithmetic (w * nrm, one product by wmax / max, round to nearest even,
+ * here as the low byte of x + 1.5 * 2^23, exact for 0 <= x <= 255.5). */
+KVQ__T512 KVQ__AI512 int kvq__tq_wquant512(const float *w, const float *nrm, size_t n, int wmax,
+                                           uint8_t *code, float *scale) {
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (size_t k = 0; k < n; k += 16) {
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(nrm + k));
+        bad = (__mmask16)(bad | _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_NGE_UQ) |
+                          _mm512_cmp_ps_mask(a, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ));
+        mx = _mm512_max_ps(mx, a);
+    }
+    if (bad)
+        return 0;
+    const float m = kvq__tq_hmax512(mx);
+    if (m == 0.0f) {
+        memset(code, 0, n);
+        *scale = 0.0f;
+        return 1;
+    }
+    const __m512 inv = _mm512_set1_ps((float)wmax / m), magic = _mm512_set1_ps(12582912.0f);
+    /* byte 0 of each dword to dword 0 of its 128-bit lane, then those together */
+    const __m512i sh = _mm512_set4_epi32(-1, -1, -1, 0x0c080400);
+    const __m512i pm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (size_t k = 0; k < n; k += 16) {
+        __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(nrm + k)), inv);
+        __m512i b = _mm512_shuffle_epi8(_mm512_castps_si512(_mm512_add_ps(a, magic)), sh);
+        b = _mm512_permutexvar_epi32(pm, b);
+        _mm_storeu_si128((__m128i *)(void *)(code + k), _mm512_castsi512_si128(b));
+    }
+    *scale = m / (float)wmax;
+    return 1;
 }
 
 static inline int32_t kvq__tq_ld32s(const void *p) {
@@ -151,6 +196,20 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tsblk)(const uint8_t *units, size_t ng
     f[3] = _mm512_add_epi32(a3, b3);
 }
 
+/* Scores of the R rows for the 16 tokens of block f (int32 sums). */
+KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tsout)(const kvq__tq *t, const uint8_t *page, size_t tb, const __m512i *f,
+                                                 const __m512i *corr, const __m512 *sc, float *out, size_t ostride,
+                                                 size_t m) {
+    float nrm[16];
+    kvq__tq_tnorms(t, page, tb, 16, nrm);
+    const __m512 nv = _mm512_loadu_ps(nrm);
+    for (size_t r = 0; r < m; r++) {
+        /* sum - corr = sum_j code_j c8[idx_j], |.| < 127 * 127 d < 2^24: exact */
+        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(f[r], corr[r]));
+        _mm512_storeu_ps(out + r * ostride + tb, _mm512_mul_ps(_mm512_mul_ps(v, sc[r]), nv));
+    }
+}
+
 KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tscore_kb)(const kvq_codec *c, float *out, size_t ostride,
                                                      const void *qp, size_t nq, const uint8_t *page,
                                                      size_t P, int kb) {
@@ -170,6 +229,8 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tscore_kb)(const kvq_codec *c, float *
             sc[r] = _mm512_set1_ps(hd->sc);
             corr[r] = _mm512_set1_epi32(hd->corr);
         }
+        /* one block at a time: the page streams in order (two blocks side by side
+         * share the query loads but read two streams, slower from memory) */
         for (size_t tb = 0; tb < P; tb += 16) {
             __m512i f[4];
             const uint8_t *u = units + (tb / 16) * ubb;
@@ -179,14 +240,7 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tscore_kb)(const kvq_codec *c, float *
                 KVQ__SFX(kvq__tq_tsblk)(u, ng, tab, q, f, kb, 2);
             else
                 KVQ__SFX(kvq__tq_tsblk)(u, ng, tab, q, f, kb, 1);
-            float nrm[16];
-            kvq__tq_tnorms(t, page, tb, 16, nrm);
-            const __m512 nv = _mm512_loadu_ps(nrm);
-            for (size_t r = 0; r < m; r++) {
-                /* sum - corr = sum_j code_j c8[idx_j], |.| < 127 * 127 d < 2^24: exact */
-                __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(f[r], corr[r]));
-                _mm512_storeu_ps(out + (i0 + r) * ostride + tb, _mm512_mul_ps(_mm512_mul_ps(v, sc[r]), nv));
-            }
+            KVQ__SFX(kvq__tq_tsout)(t, page, tb, f, corr, sc, out + i0 * ostride, ostride, m);
         }
     }
 }
@@ -274,7 +328,7 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_kb)(const kvq_codec *c, float *
                 float sw;
                 if (r >= m) {
                     memset(wq[r], 0, kn);
-                } else if (kvq__tq_wquant(w + (i0 + r) * wstride + k0, nrm, kn, KVQ__WMAX, wq[r], &sw)) {
+                } else if (kvq__tq_wquant512(w + (i0 + r) * wstride + k0, nrm, kn, KVQ__WMAX, wq[r], &sw)) {
                     a[r] = acc + (i0 + r) * astride;
                     fs[r] = sw * t->c8_scale;
                     any = 1;
