@@ -1521,16 +1521,14 @@ KVQ__AI __m256i kvq__tq_tidx32(const uint8_t *u, int kb, int h) {
         r = _mm256_and_si256(x, _mm256_set1_epi8(3));
     }
     if (kb & 1) { /* bit plane: slot s in byte s % 8, bit s / 8; weight 4 for tq3 */
-        uint64_t w;
-        memcpy(&w, u + (kb == 3 ? 16 : 0), 8);
+        const __m256i w = _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)(u + (kb == 3 ? 16 : 0))));
         __m256i x;
         if (kb == 3) /* bit e of byte b to bit 2: w << 2 >> e for e < 4 (no bit of those
                       * leaves the word), w >> (e - 2) for e >= 4 */
-            x = h ? _mm256_srlv_epi64(_mm256_set1_epi64x((long long)w), _mm256_setr_epi64x(2, 3, 4, 5))
-                  : _mm256_srlv_epi64(_mm256_set1_epi64x((long long)(w << 2)), _mm256_setr_epi64x(0, 1, 2, 3));
+            x = h ? _mm256_srlv_epi64(w, _mm256_setr_epi64x(2, 3, 4, 5))
+                  : _mm256_srlv_epi64(_mm256_slli_epi64(w, 2), _mm256_setr_epi64x(0, 1, 2, 3));
         else
-            x = _mm256_srlv_epi64(_mm256_set1_epi64x((long long)w),
-                                  h ? _mm256_setr_epi64x(4, 5, 6, 7) : _mm256_setr_epi64x(0, 1, 2, 3));
+            x = _mm256_srlv_epi64(w, h ? _mm256_setr_epi64x(4, 5, 6, 7) : _mm256_setr_epi64x(0, 1, 2, 3));
         x = _mm256_and_si256(x, _mm256_set1_epi8(kb == 3 ? 4 : 1));
         r = kb == 3 ? _mm256_or_si256(r, x) : x;
     }
