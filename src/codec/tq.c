@@ -338,73 +338,183 @@ static int kvq__tq_tiled(const kvq_codec *c, int role, size_t P) {
     return kvq__tq_tiled_ok(c, (const kvq__tq *)c->state, P);
 }
 
-/* Unit and slot of (token i, dimension j) in a tiled page (tq_impl.h). */
-static inline void kvq__tq_tslot(const kvq_codec *c, int role, size_t i, size_t j, size_t *u,
-                                 unsigned *s) {
-    if (role == KVQ__ROLE_K) {
-        *u = (i / 16) * (c->d / 4) + j / 4;
-        *s = (unsigned)(4 * (i % 16) + j % 4);
-    } else {
-        *u = (i / 4) * (c->d / 16) + j / 16;
-        *s = (unsigned)(4 * (j % 16) + i % 4);
+/* The d indices of a row's index area, one per byte, and back. */
+static void kvq__tq_unpack_idx(const uint8_t *ix, size_t d, int kb, uint8_t *v) {
+    switch (kb) {
+    case 4:
+        for (size_t b = 0; b < d / 2; b++) {
+            v[2 * b] = ix[b] & 15u;
+            v[2 * b + 1] = ix[b] >> 4;
+        }
+        break;
+    case 3:
+        for (size_t b = 0; b < d / 8; b++) { /* 8 indices in 3 bytes */
+            uint32_t w = ix[3 * b] | (uint32_t)ix[3 * b + 1] << 8 | (uint32_t)ix[3 * b + 2] << 16;
+            for (int k = 0; k < 8; k++)
+                v[8 * b + k] = (uint8_t)((w >> (3 * k)) & 7u);
+        }
+        break;
+    case 2:
+        for (size_t b = 0; b < d / 4; b++)
+            for (int k = 0; k < 4; k++)
+                v[4 * b + k] = (ix[b] >> (2 * k)) & 3u;
+        break;
+    default:
+        for (size_t b = 0; b < d / 8; b++)
+            for (int k = 0; k < 8; k++)
+                v[8 * b + k] = (ix[b] >> k) & 1u;
+        break;
     }
 }
 
-/* Field of slot s in a plane of f-bit fields. */
-static inline unsigned kvq__tq_tfield(const uint8_t *pl, unsigned s, unsigned f) {
-    unsigned w = 8 * f;
-    return (pl[s % w] >> (f * (s / w))) & ((1u << f) - 1u);
+static void kvq__tq_pack_idx(const uint8_t *v, size_t d, int kb, uint8_t *ix) {
+    switch (kb) {
+    case 4:
+        for (size_t b = 0; b < d / 2; b++)
+            ix[b] = (uint8_t)(v[2 * b] | v[2 * b + 1] << 4);
+        break;
+    case 3:
+        for (size_t b = 0; b < d / 8; b++) {
+            uint32_t w = 0;
+            for (int k = 0; k < 8; k++)
+                w |= (uint32_t)v[8 * b + k] << (3 * k);
+            ix[3 * b] = (uint8_t)w;
+            ix[3 * b + 1] = (uint8_t)(w >> 8);
+            ix[3 * b + 2] = (uint8_t)(w >> 16);
+        }
+        break;
+    default:
+        memset(ix, 0, (d * (size_t)kb + 7) / 8);
+        for (size_t j = 0; j < d; j++)
+            ix[(j * (size_t)kb) >> 3] |= (uint8_t)(v[j] << ((j * (size_t)kb) & 7));
+        break;
+    }
 }
 
-static inline void kvq__tq_tsetf(uint8_t *pl, unsigned s, unsigned f, unsigned v) {
-    unsigned w = 8 * f, sh = f * (s / w);
-    pl[s % w] = (uint8_t)((pl[s % w] & ~(((1u << f) - 1u) << sh)) | (v << sh));
+static inline uint32_t kvq__tq_ld32u(const uint8_t *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return w;
+}
+
+static inline void kvq__tq_st32u(uint8_t *p, uint32_t w) { memcpy(p, &w, 4); }
+
+/* Token i's fields in a tiled page (tq_impl.h), plane by plane: tq3 has a
+ * plane of the low 2 bits (f = 2 at unit byte 0) and one of bit 2 (f = 1
+ * at byte 16), other codecs one plane of f = kb bits. In a plane of f-bit
+ * fields:
+ *  K: the 4 dimensions of unit u are 4 consecutive bytes from
+ *     4 (i % 2f), at shift f ((i % 16) / 2f): one 32-bit word per unit;
+ *  V: byte 4k + i % 4 of the plane (k < 2f) holds, at shift f m, the field
+ *     of dimension k + 2f m of the unit (m < 8 / f): whole bytes.
+ * The indices move through one byte per index (v, d of them); bytes hold
+ * up to 4 bits, so 32-bit words move 4 fields at once. */
+#define KVQ__TQ_AI static inline __attribute__((always_inline))
+
+/* One plane (f-bit fields of the index bits from dsh, at unit byte off) of
+ * token i: put (get = 0) or get (get = 1; p0: the first plane, stores
+ * instead of or-ing). Inlined with constant f, dsh, role. */
+KVQ__TQ_AI void kvq__tq_tplane(uint8_t *units, size_t ub, size_t d, size_t i, uint8_t *v, int role,
+                               const unsigned f, const unsigned dsh, const size_t off, const int get,
+                               const int p0) {
+    const unsigned fm = (1u << f) - 1u;
+    const uint32_t m4 = fm * 0x01010101u;
+    if (role == KVQ__ROLE_K) {
+        const unsigned sh = f * (unsigned)((i % 16) / (2 * f));
+        uint8_t *un = units + (i / 16) * (d / 4) * ub + off + 4 * (i % (2 * f));
+        for (size_t u = 0; u < d / 4; u++, un += ub) {
+            if (get) {
+                uint32_t val = ((kvq__tq_ld32u(un) >> sh) & m4) << dsh;
+                kvq__tq_st32u(v + 4 * u, p0 ? val : kvq__tq_ld32u(v + 4 * u) | val);
+            } else {
+                uint32_t val = (kvq__tq_ld32u(v + 4 * u) >> dsh) & m4;
+                kvq__tq_st32u(un, (kvq__tq_ld32u(un) & ~(m4 << sh)) | val << sh);
+            }
+        }
+        return;
+    }
+    uint8_t *un = units + (i / 4) * (d / 16) * ub + off + i % 4;
+    for (size_t h = 0; h < d / 16; h++, un += ub) {
+        uint8_t *vh = v + 16 * h;
+        for (unsigned k = 0; k < 2 * f; k++) {
+            if (get) {
+                const unsigned b = un[4 * k];
+                for (unsigned m = 0; m < 8 / f; m++) {
+                    uint8_t x = (uint8_t)(((b >> (f * m)) & fm) << dsh);
+                    vh[k + 2 * f * m] = p0 ? x : (uint8_t)(vh[k + 2 * f * m] | x);
+                }
+            } else {
+                unsigned b = 0;
+                for (unsigned m = 0; m < 8 / f; m++)
+                    b |= ((unsigned)(vh[k + 2 * f * m] >> dsh) & fm) << (f * m);
+                un[4 * k] = (uint8_t)b;
+            }
+        }
+    }
+}
+
+/* Token i's fields in a tiled page (tq_impl.h), plane by plane: tq3 has a
+ * plane of the low 2 bits (f = 2 at unit byte 0) and one of bit 2 (f = 1
+ * at byte 16), other codecs one plane of f = kb bits. In a plane of f-bit
+ * fields:
+ *  K: the 4 dimensions of unit u are 4 consecutive bytes from
+ *     4 (i % 2f), at shift f ((i % 16) / 2f): one 32-bit word per unit;
+ *  V: byte 4k + i % 4 of the plane (k < 2f) holds, at shift f m, the field
+ *     of dimension k + 2f m of the unit (m < 8 / f): whole bytes.
+ * The indices move through one byte per index (v, d of them); bytes hold
+ * up to 4 bits, so 32-bit words move 4 fields at once. */
+static void kvq__tq_tmove(const kvq_codec *c, int role, size_t P, uint8_t *page, size_t i, uint8_t *v,
+                          int get) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t ub = 8 * (size_t)t->kb, d = c->d;
+    uint8_t *units = page + P * t->nb;
+    switch (t->kb) {
+    case 4:
+        if (get)
+            kvq__tq_tplane(units, ub, d, i, v, role, 4, 0, 0, 1, 1);
+        else
+            kvq__tq_tplane(units, ub, d, i, v, role, 4, 0, 0, 0, 0);
+        break;
+    case 3:
+        if (get) {
+            kvq__tq_tplane(units, ub, d, i, v, role, 2, 0, 0, 1, 1);
+            kvq__tq_tplane(units, ub, d, i, v, role, 1, 2, 16, 1, 0);
+        } else {
+            kvq__tq_tplane(units, ub, d, i, v, role, 2, 0, 0, 0, 0);
+            kvq__tq_tplane(units, ub, d, i, v, role, 1, 2, 16, 0, 0);
+        }
+        break;
+    case 2:
+        if (get)
+            kvq__tq_tplane(units, ub, d, i, v, role, 2, 0, 0, 1, 1);
+        else
+            kvq__tq_tplane(units, ub, d, i, v, role, 2, 0, 0, 0, 0);
+        break;
+    default:
+        if (get)
+            kvq__tq_tplane(units, ub, d, i, v, role, 1, 0, 0, 1, 1);
+        else
+            kvq__tq_tplane(units, ub, d, i, v, role, 1, 0, 0, 0, 0);
+        break;
+    }
 }
 
 static void kvq__tq_tput(const kvq_codec *c, int role, size_t P, uint8_t *page, size_t i,
                          const uint8_t *row) {
     const kvq__tq *t = (const kvq__tq *)c->state;
-    const int kb = t->kb;
-    const size_t ub = 8 * (size_t)kb;
-    uint8_t *units = page + P * t->nb;
+    uint8_t v[KVQ__MAX_HEAD_DIM];
+    kvq__tq_unpack_idx(row + t->off_idx, c->d, t->kb, v);
     memcpy(page + i * t->nb, row, t->nb);
-    for (size_t j = 0; j < c->d; j++) {
-        unsigned v = kvq__tq_get_idx(row + t->off_idx, j, kb), s;
-        size_t u;
-        kvq__tq_tslot(c, role, i, j, &u, &s);
-        uint8_t *pl = units + u * ub;
-        if (kb == 3) {
-            kvq__tq_tsetf(pl, s, 2, v & 3u);
-            kvq__tq_tsetf(pl + 16, s, 1, v >> 2);
-        } else {
-            kvq__tq_tsetf(pl, s, (unsigned)kb, v);
-        }
-    }
+    kvq__tq_tmove(c, role, P, page, i, v, 0);
 }
 
 static void kvq__tq_tget(const kvq_codec *c, int role, size_t P, const uint8_t *page, size_t i,
                          uint8_t *row) {
     const kvq__tq *t = (const kvq__tq *)c->state;
-    const int kb = t->kb;
-    const size_t ub = 8 * (size_t)kb;
-    const uint8_t *units = page + P * t->nb;
-    uint8_t *ix = row + t->off_idx;
+    uint8_t v[KVQ__MAX_HEAD_DIM];
     memcpy(row, page + i * t->nb, t->nb);
-    memset(ix, 0, t->idx_bytes);
-    for (size_t j = 0; j < c->d; j++) {
-        unsigned v, s;
-        size_t u;
-        kvq__tq_tslot(c, role, i, j, &u, &s);
-        const uint8_t *pl = units + u * ub;
-        if (kb == 3)
-            v = kvq__tq_tfield(pl, s, 2) | kvq__tq_tfield(pl + 16, s, 1) << 2;
-        else
-            v = kvq__tq_tfield(pl, s, (unsigned)kb);
-        size_t bit = j * (size_t)kb;
-        ix[bit >> 3] |= (uint8_t)(v << (bit & 7));
-        if ((bit & 7) + (size_t)kb > 8)
-            ix[(bit >> 3) + 1] |= (uint8_t)(v >> (8 - (bit & 7)));
-    }
+    kvq__tq_tmove(c, role, P, (uint8_t *)(uintptr_t)page, i, v, 1); /* get only reads the page */
+    kvq__tq_pack_idx(v, c->d, t->kb, row + t->off_idx);
 }
 
 void kvq__tq_taccum_exact(const kvq_codec *c, float *acc, const float *w, const uint8_t *page,
