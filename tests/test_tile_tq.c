@@ -241,11 +241,13 @@ static void note(stats *s, double err, double allowed, int emu) {
 }
 
 #define U24 (1.0 / 16777216.0) /* unit roundoff of float */
+#define DEN 0x1p-149               /* the smallest subnormal float: rounding there is absolute */
 
 /* gamma_n = n u / (1 - n u) */
 static double gam(double n) { return n * U24 / (1.0 - n * U24); }
 
-static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rng *r, stats *st) {
+/* Scores of nq random queries (times qs) against a page of P keys. */
+static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, float qs, tu_rng *r, stats *st) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t d = c->d, vb = c->bytes, os = P + 3;
     float *x = (float *)xalloc(P * d * 4), *q = (float *)xalloc(nq * d * 4);
@@ -253,9 +255,9 @@ static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
     uint8_t *qt = (uint8_t *)xalloc(nq * c->tqp_bytes), *qr = (uint8_t *)xalloc(nq * c->qp_bytes);
     float *ok = (float *)xalloc(nq * os * 4), *orf = (float *)xalloc(nq * os * 4);
     fill_vectors(r, x, P, d);
-    tu_fill_gauss(r, q, nq * d, 1.0f);
+    tu_fill_gauss(r, q, nq * d, qs);
     if (nq > 1)
-        q[d + 5] = 40.0f; /* an outlier coordinate (spread by the rotation) */
+        q[d + 5] = 40.0f * qs; /* an outlier coordinate (spread by the rotation) */
     make_page(c, KVQ__ROLE_K, P, x, rows, page);
     for (size_t i = 0; i < nq; i++) {
         c->k.tprep(c, qt + i * c->tqp_bytes, q + i * d);
@@ -282,7 +284,7 @@ static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
             csum += code[j];
         }
         st->bad_code += hd->corr != 128 * csum;
-        st->bad_code += fabs(hd->sc - s_q * s_c) > 4 * U24 * s_q * s_c;
+        st->bad_code += fabs(hd->sc - s_q * s_c) > 4 * U24 * s_q * s_c + DEN;
         for (size_t k = 0; k < P; k++) {
             const uint8_t *p = rows + k * vb;
             double nk = kvq__tq_get_norm(t, &t->ns, p);
@@ -297,12 +299,15 @@ static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
             double kv = ok[i * os + k], rv = orf[i * os + k];
             /* emulation: n * sc * isum; the kernel rounds twice after the exact integer sum */
             double emu = nk * (double)hd->sc * (double)isum;
-            note(st, fabs(kv - emu), 2 * 2 * U24 * fabs(emu), 1);
+            note(st, fabs(kv - emu), 2 * 2 * U24 * fabs(emu) + 2 * DEN, 1);
+            /* below 2^-126 (queries under ~1e-35) the scale sc is subnormal: its rounding
+             * is absolute, DEN / 2 per unit of n |isum| */
             /* tq.c's bound: n (s_q/2 sum|c^_j| + s_c/2 sum|q_j|), (0.5 + 1e-4: the float
              * scales are within a few ulps of the exact ones), plus the reference's float
              * sum gamma_{d+1} n sum|q_j c_j| and the kernel's roundings, both with margin 2 */
             double bound = nk * ((0.5 + 1e-4) * s_q * chat + (0.5 + 1e-4) * s_c * l1) +
-                           2 * gam((double)d + 1) * nk * qc + 2 * 2 * U24 * fabs(kv);
+                           2 * gam((double)d + 1) * nk * qc + 2 * 2 * U24 * fabs(kv) + 4 * DEN +
+                           nk * fabs((double)isum) * DEN;
             note(st, fabs(kv - rv), bound, 0);
             st->n++;
         }
@@ -318,11 +323,12 @@ static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
     free(orf);
 }
 
-/* Weights of row i: kinds by i % 5 (softmax-like, sparse, zero, with a
- * negative value: the exact path, softmax-like with a huge range). */
+/* Weights of row i: kinds by i % 6 (softmax-like, sparse, zero, with a
+ * negative value: the exact path, softmax-like with a huge range, tiny:
+ * normal and subnormal values below 2^-100). */
 static void fill_weights(tu_rng *r, float *w, size_t i, size_t n) {
     for (size_t k = 0; k < n; k++) {
-        switch (i % 5) {
+        switch (i % 6) {
         case 0:
             w[k] = (float)exp(2.0 * tu_gauss(r));
             break;
@@ -335,12 +341,15 @@ static void fill_weights(tu_rng *r, float *w, size_t i, size_t n) {
         case 3:
             w[k] = (float)tu_gauss(r);
             break;
-        default:
+        case 4:
             w[k] = (float)exp(8.0 * tu_gauss(r));
+            break;
+        default:
+            w[k] = (float)(1e-39 * exp(2.0 * tu_gauss(r)));
             break;
         }
     }
-    if (i % 5 == 3)
+    if (i % 6 == 3)
         w[n / 2] = -1.0f;
 }
 
@@ -367,7 +376,7 @@ static void check_accum(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
         /* padding columns past acc_len are never touched */
         for (size_t j = c->acc_len; j < as; j++)
             st->bad_exact += ak[i * as + j] != a0[i * as + j];
-        if (i % 5 == 3) { /* negative weight: the exact path, the reference's own arithmetic */
+        if (i % 6 == 3) { /* negative weight: the exact path, the reference's own arithmetic */
             for (size_t j = 0; j < d; j++)
                 st->bad_exact += ak[i * as + j] != ar[i * as + j];
             continue;
@@ -376,11 +385,11 @@ static void check_accum(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
     /* per segment and dimension: emulation and bound; the kernel's float
      * additions of several segments are bounded by the same terms */
     for (size_t i = 0; i < nq; i++) {
-        if (i % 5 == 3)
+        if (i % 6 == 3)
             continue;
         const float *wi = w + i * ws;
         for (size_t j = 0; j < d; j++) {
-            double emu = a0[i * as + j], chat = 0.0, asum = 0.0, mag = fabs(a0[i * as + j]), bound = 0.0;
+            double emu = a0[i * as + j], chat = 0.0, asum = 0.0, mag = fabs(a0[i * as + j]), bound = 0.0, den = 0.0;
             for (size_t k0 = 0; k0 < P; k0 += 256) {
                 size_t kn = KVQ__MIN((size_t)256, P - k0);
                 float m = 0.0f;
@@ -388,12 +397,14 @@ static void check_accum(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
                     m = fmaxf(m, wi[k] * nrm[k]);
                 if (m == 0.0f)
                     continue;
-                float inv = (float)pa->wmax / m, sw = m / (float)pa->wmax, fs = sw * t->c8_scale;
+                /* the rule of kvq__tq_wquant (tq_impl.h) */
+                const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
+                float inv = (float)pa->wmax / ms, sw = ms / (float)pa->wmax * (1.0f / ps), fs = sw * t->c8_scale;
                 long isum = 0;
                 double segc = 0.0;
                 for (size_t k = k0; k < k0 + kn; k++) {
                     float a = wi[k] * nrm[k];
-                    long cw1 = (long)nearbyintf(a * inv);
+                    long cw1 = (long)nearbyintf(a * ps * inv);
                     unsigned ix = kvq__tq_get_idx(rows + k * vb + t->off_idx, j, t->kb);
                     isum += cw1 * t->c8[ix];
                     segc += fabs(t->c8[ix] * s_c);
@@ -403,15 +414,16 @@ static void check_accum(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
                 emu += (double)isum * fs;
                 chat += segc * sw;
                 bound += fabs((double)isum * fs);
+                den += fabs((double)isum) * DEN + DEN; /* fs and the fma, subnormal */
             }
             double kv = ak[i * as + j], rv = ar[i * as + j];
             /* emulation: one fused multiply-add per segment after exact integer sums */
-            note(st, fabs(kv - emu), 2 * U24 * ((double)(P / 256 + 1) * (fabs(a0[i * as + j]) + bound)) + 1e-30, 1);
+            note(st, fabs(kv - emu), 2 * U24 * ((double)(P / 256 + 1) * (fabs(a0[i * as + j]) + bound)) + 2 * DEN * (double)(P / 256 + 1), 1);
             /* tq.c's bound: s_w/2 sum_k |c^_k| + s_c/2 sum_k a_k (0.5 + 1e-4 for the float
              * scales), the reference's float sum gamma_{P+1} (|acc| + sum |a c|) and the
              * kernel's roundings, with margin 2 */
             double b = (0.5 + 1e-4) * chat + (0.5 + 1e-4) * s_c * asum + 2 * gam((double)P + 1) * mag +
-                       2 * 2 * U24 * (double)(P / 256 + 1) * (fabs(a0[i * as + j]) + bound);
+                       2 * 2 * U24 * (double)(P / 256 + 1) * (fabs(a0[i * as + j]) + bound) + 2 * den;
             note(st, fabs(kv - rv), b, 0);
             st->n++;
         }
@@ -431,7 +443,7 @@ static void test_kernels(void) {
     static const char *specs[] = {"tq1", "tq2", "tq3", "tq4", "tq3:norm=8", "tq4:nc=0"};
     static const size_t ds[] = {16, 48, 64, 128};
     static const size_t Ps[] = {16, 32, 64};
-    static const size_t nqs[] = {1, 2, 3, 5};
+    static const size_t nqs[] = {1, 2, 3, 6};
     tu_rng r;
     tu_seed(&r, SEED + 1);
     printf("kernel seed %u\n", SEED + 1);
@@ -456,14 +468,18 @@ static void test_kernels(void) {
                         snprintf(ss.where, sizeof ss.where, "%s d=%zu P=%zu nq=%zu", specs[si], ds[di], Ps[pj],
                                  nqs[qi]);
                         memcpy(sa.where, ss.where, sizeof sa.where);
-                        check_score(pa, c, Ps[pj], nqs[qi], &r, &ss);
+                        check_score(pa, c, Ps[pj], nqs[qi], 1.0f, &r, &ss);
                         check_accum(pa, c, Ps[pj], nqs[qi], &r, &sa);
                     }
                 if (ds[di] == 64 && si == 2) { /* a page longer than one weight segment */
                     snprintf(ss.where, sizeof ss.where, "%s d=64 P=272", specs[si]);
                     memcpy(sa.where, ss.where, sizeof sa.where);
-                    check_score(pa, c, 272, 4, &r, &ss);
-                    check_accum(pa, c, 272, 5, &r, &sa);
+                    check_score(pa, c, 272, 4, 1.0f, &r, &ss);
+                    check_accum(pa, c, 272, 6, &r, &sa);
+                    /* tiny queries (scaled by 2^100 before rounding) and huge ones */
+                    check_score(pa, c, 32, 3, 1e-33f, &r, &ss);
+                    check_score(pa, c, 32, 3, 1e-40f, &r, &ss);
+                    check_score(pa, c, 32, 3, 1e30f, &r, &ss);
                 }
                 kvq_codec_free(c);
             }

@@ -82,6 +82,11 @@
  *   i.e. at most (P max_k a_k / (2 W) + sum_k a_k / 254) max|c|. A row
  *   whose a_k are not all finite and >= 0 (softmax weights always are)
  *   takes an exact path instead: tget and the reference accumulate.
+ * A query or weight row whose largest value is below 2^-100 is multiplied
+ * by 2^100 (exactly) before its codes are taken, so that Q / max stays
+ * finite; its float scale may then be subnormal, which adds an absolute
+ * 2^-150 per unit of n |integer sum| (2^-150 |integer sum| for taccum) to
+ * the bounds above.
  * tests/test_tile_tq.c checks both bounds on every path and that each
  * kernel equals an emulation of its integer arithmetic up to its float
  * roundings.

@@ -160,9 +160,11 @@ void kvq__tq_taccum_exact(const kvq_codec *c, float *acc, const float *w, const 
                           size_t P, size_t k0, size_t n);
 /* tq_avx2.c, shared with tq_avx512.c: the tiled query preparation with
  * query codes within +-qmax, and the weight quantization of one row of n
- * tokens (n a multiple of 16): a_k = w_k nrm_k, code_k = round(a_k wmax /
- * max a) (nearest even), *scale = max a / wmax. Returns 0 (nothing
- * written) when some a_k is negative, infinite or NaN. */
+ * tokens (n a multiple of 16): a_k = w_k nrm_k, m = max a,
+ * code_k = round((a_k ps) (wmax / (m ps))) (nearest even; ps = 2^100 when
+ * m < 2^-100, else 1), *scale = (m ps / wmax) / ps. Returns 0 (nothing
+ * written) when some a_k is negative, infinite or NaN. The query codes
+ * follow the same rule with |q_j| for a_k and qmax for wmax. */
 void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax);
 /* Norms (decoded) of tokens k0..k0+n-1 (n a multiple of 8) of a tiled page. */
 void kvq__tq_tnorms(const kvq__tq *t, const uint8_t *page, size_t k0, size_t n, float *out);

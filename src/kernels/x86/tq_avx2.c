@@ -1565,11 +1565,13 @@ void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
         hd->corr = 0;
         return;
     }
-    const __m256 inv = _mm256_set1_ps((float)qmax / m);
+    /* below 2^-100, qmax / m could overflow: scale by 2^100 first (exact) */
+    const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
+    const __m256 inv = _mm256_set1_ps((float)qmax / ms), vps = _mm256_set1_ps(ps);
     __m256i sum = _mm256_setzero_si256();
     for (size_t j = 0; j < d; j += 16) {
-        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qr + j), inv));
-        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qr + j + 8), inv));
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(qr + j), vps), inv));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(qr + j + 8), vps), inv));
         sum = _mm256_add_epi32(sum, _mm256_add_epi32(a, b));
         __m128i p = _mm_packs_epi16(_mm256_castsi256_si128(_mm256_packs_epi32(a, b)),
                                     _mm256_extracti128_si256(_mm256_packs_epi32(a, b), 1));
@@ -1580,7 +1582,7 @@ void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    hd->sc = m / (float)qmax * t->c8_scale;
+    hd->sc = ms / (float)qmax * t->c8_scale * (1.0f / ps);
     hd->corr = 128 * _mm_cvtsi128_si32(s4);
 }
 
@@ -1604,17 +1606,20 @@ int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t
         *scale = 0.0f;
         return 1;
     }
-    const __m256 inv = _mm256_set1_ps((float)wmax / m);
+    /* below 2^-100, wmax / m could overflow: scale by 2^100 first (exact) */
+    const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
+    const __m256 inv = _mm256_set1_ps((float)wmax / ms), vps = _mm256_set1_ps(ps);
     for (size_t k = 0; k < n; k += 16) {
-        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k)), inv));
-        __m256i b = _mm256_cvtps_epi32(
-            _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(nrm + k + 8)), inv));
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
+        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(nrm + k + 8));
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(x, vps), inv));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(y, vps), inv));
         __m256i p16 = _mm256_packs_epi32(a, b); /* a0..3 b0..3 | a4..7 b4..7 */
         __m128i p = _mm_packus_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
         p = _mm_shuffle_epi32(p, 0xD8);
         _mm_storeu_si128((__m128i *)(void *)(code + k), p);
     }
-    *scale = m / (float)wmax;
+    *scale = ms / (float)wmax * (1.0f / ps);
     return 1;
 }
 

@@ -95,17 +95,19 @@ KVQ__T512 KVQ__AI512 int kvq__tq_wquant512(const float *w, const float *nrm, siz
         *scale = 0.0f;
         return 1;
     }
-    const __m512 inv = _mm512_set1_ps((float)wmax / m), magic = _mm512_set1_ps(12582912.0f);
+    /* below 2^-100, wmax / m could overflow: scale by 2^100 first (exact) */
+    const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
+    const __m512 inv = _mm512_set1_ps((float)wmax / ms), magic = _mm512_set1_ps(12582912.0f), vps = _mm512_set1_ps(ps);
     /* byte 0 of each dword to dword 0 of its 128-bit lane, then those together */
     const __m512i sh = _mm512_set4_epi32(-1, -1, -1, 0x0c080400);
     const __m512i pm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     for (size_t k = 0; k < n; k += 16) {
-        __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(nrm + k)), inv);
+        __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(nrm + k)), vps), inv);
         __m512i b = _mm512_shuffle_epi8(_mm512_castps_si512(_mm512_add_ps(a, magic)), sh);
         b = _mm512_permutexvar_epi32(pm, b);
         _mm_storeu_si128((__m128i *)(void *)(code + k), _mm512_castsi512_si128(b));
     }
-    *scale = m / (float)wmax;
+    *scale = ms / (float)wmax * (1.0f / ps);
     return 1;
 }
 
