@@ -241,7 +241,7 @@ $(BUILD)/tests/test_fuzz_replay: tests/test_fuzz_replay.c $(wildcard fuzz/*.c fu
 # scalar reference (natively too where the CPU has AVX-512).
 SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,src/kernels/x86/%_avx512.c,float int tq))
 SIMDE_OBJ     := $(SIMDE_KERNELS:src/kernels/x86/%.c=$(BUILD)/simde/%.o)
-$(BUILD)/simde/%.o: src/kernels/x86/%.c
+$(SIMDE_OBJ): $(BUILD)/simde/%.o: src/kernels/x86/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -DKVQ_SIMDE -Wno-unused-function -Wno-psabi -MMD -MP -c $< -o $@
 -include $(SIMDE_OBJ:.o=.d)
@@ -257,8 +257,11 @@ $(BUILD)/tests/test_json: tests/test_json.c $(TEST_HELP) tests/testutil.h $(FUZZ
 	$(CC) $(CFLAGS_ALL) -Isrc -Itools -o $@ $< $(TEST_HELP) $(FUZZ_REPLAY_TOOL_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
 
 # The Python binding's tests (python/tests/run.py) against this build's libkvq.so.
-python-test: $(BUILD)/libkvq.so
+python-test: $(BUILD)/libkvq.so $(BUILD)/kvq
+	@echo "== python/tests/run.py"
 	KVQ_LIB=$(abspath $(BUILD))/libkvq.so KVQ_DATA=$(DATA) $(PYTHON) python/tests/run.py
+	@echo "== examples/torch_stories15M.py"
+	KVQ_LIB=$(abspath $(BUILD))/libkvq.so $(PYTHON) examples/torch_stories15M.py --check --data $(DATA) --skip 18 --max-lines 1 --kvq $(BUILD)/kvq
 
 bench: all
 	$(BUILD)/kvq bench codecs --head-dim 128 --data gauss

@@ -406,6 +406,36 @@ KVQ_API kvq_status kvq_cache_attend(kvq_cache *cache, size_t layer, const float 
                                     size_t out_capacity, float *token_attn,
                                     size_t token_attn_capacity);
 
+/* For engines that compute attention with their own kernels (FlashAttention,
+ * ggml, a PyTorch module) and keep their K/V in the cache: feeds the
+ * attention weights they computed for n_queries query tokens of one layer
+ * into the cache, in place of a kvq_cache_attend. weights is
+ * [n_heads][n_tokens], the layout of attend's token_attn: for each head and
+ * each token stored in the layer (n_tokens = kvq_cache_tokens, in ascending
+ * position order, the order of kvq_cache_positions), the softmax weight the
+ * token received summed over the n_queries queries (0 where a query did not
+ * see it). Rows are per KV head (n_heads = n_kv_heads; each row also summed
+ * over the query heads of the group, exactly what token_attn holds) or per
+ * query head (n_heads = n_q_heads; query head qh belongs to KV head
+ * qh / (n_q_heads / n_kv_heads)).
+ * Under the utility policy every stored token's score becomes
+ * 0.9 score + 0.1 a / (n_q_heads * n_queries), a its weights summed over the
+ * rows, as attend does; so observing the token_attn of an attend gives the
+ * scores that attend gave. Then, as at the end of an attend whose queries
+ * reach the newest token: a pending budget_ratio is fixed, the layer is
+ * evicted to the budget (any policy), staged tokens are settled and tier
+ * capacities enforced. Call it once per layer after the attention of the
+ * tokens just appended. Errors (kvq_cache_last_error names the entry):
+ * KVQ_ERR_INVALID_ARG (n_queries 0, n_heads neither count, weights NULL with
+ * tokens stored), KVQ_ERR_RANGE (layer; a negative weight; a row summing to
+ * more than its queries' probabilities can, n_queries or n_queries x the
+ * group size, beyond a 1/32 margin for the engine's rounding: scores or
+ * logits passed as weights), KVQ_ERR_MISMATCH (n_tokens is not the layer's
+ * count), KVQ_ERR_NONFINITE, KVQ_ERR_NOMEM; on error nothing changed. */
+KVQ_API kvq_status kvq_cache_observe_attention(kvq_cache *cache, size_t layer,
+                                               const float *weights, size_t n_heads,
+                                               size_t n_tokens, size_t n_queries);
+
 /* Number of tokens stored in a layer, and their positions in ascending
  * order. */
 KVQ_API kvq_status kvq_cache_tokens(const kvq_cache *cache, size_t layer, size_t *n_tokens);
@@ -455,7 +485,8 @@ typedef struct kvq_stats {
     uint64_t reencodes;       /* vectors re-encoded (set_precision, window flushes excluded) */
     uint64_t pages;           /* allocated pages */
     uint64_t free_slots;      /* free token slots in allocated pages */
-    double bits_per_value;    /* payload_bytes * 8 / (tokens * kv_heads * head_dim * 2) */
+    double bits_per_value;    /* payload_bytes * 8 / ((tokens - tokens_cold) * kv_heads *
+                                 head_dim * 2): the tokens held in memory */
     double total_bits_per_value; /* stored_bytes (tables too) * 8 / the same */
     double fragmentation;     /* free slots in allocated pages / all slots in allocated pages */
     /* What a long sequence converges to: the payload bytes of one token in a
@@ -466,6 +497,8 @@ typedef struct kvq_stats {
      * fixed cost (f16 staging of tokens not yet encoded, unfilled page
      * slots, holes left by eviction); never below 0. */
     uint64_t fixed_bytes;
+    /* tokens of pages in the cold tier (in the store, not in payload_bytes) */
+    uint64_t tokens_cold;
 } kvq_stats;
 
 /* Snapshots: saves every page of the cache (all tiers) holding tokens at
@@ -559,6 +592,13 @@ typedef struct kvq_model_info {
 } kvq_model_info;
 
 KVQ_API kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator *alloc);
+/* As kvq_model_load, and on failure err_msg (err_msg_size bytes, may be
+ * NULL) says what is wrong: the system's reason for a file that cannot be
+ * read, or the rule a corrupt file breaks ("truncated: the header says ...
+ * needs N bytes, the file has M"). */
+KVQ_API kvq_status kvq_model_load_msg(kvq_model **out, const char *path,
+                                      const kvq_allocator *alloc, char *err_msg,
+                                      size_t err_msg_size);
 KVQ_API void kvq_model_free(kvq_model *model);
 KVQ_API kvq_status kvq_model_get_info(const kvq_model *model, kvq_model_info *info);
 /* Fills the shape, max_tokens (seq_len) and RoPE fields of cfg for this model
@@ -584,6 +624,10 @@ KVQ_API kvq_status kvq_model_forward(const kvq_model *model, kvq_cache *cache,
 typedef struct kvq_tokenizer kvq_tokenizer;
 KVQ_API kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t vocab_size,
                                       const kvq_allocator *alloc);
+/* As kvq_tokenizer_load, with kvq_model_load_msg's message on failure. */
+KVQ_API kvq_status kvq_tokenizer_load_msg(kvq_tokenizer **out, const char *path,
+                                          size_t vocab_size, const kvq_allocator *alloc,
+                                          char *err_msg, size_t err_msg_size);
 KVQ_API void kvq_tokenizer_free(kvq_tokenizer *tok);
 /* llama2.c encode(): optional BOS (1), the dummy-prefix space, UTF-8 byte
  * fallback (<0xXX> = byte + 3), greedy highest-score merges, optional EOS

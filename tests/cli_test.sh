@@ -1,7 +1,11 @@
 #!/bin/sh
-# cli_test.sh - tests of the kvq command-line tool: `kvq codecs`, `kvq bench
-# codecs` on small inputs (exit codes, the JSON and CSV shapes, spec echo,
-# .npy input of float32/float16, rejected .npy files, bad arguments).
+# cli_test.sh - tests of the kvq command-line tool: `kvq codecs` (the
+# README's table), `kvq bench codecs` on small inputs (exit codes, the JSON
+# and CSV shapes, spec echo, .npy input of float32/float16, rejected .npy
+# files, bad arguments), --help on every command and the overview that
+# lists every option, `kvq simulate` (strict options, the f32 cache with the
+# same eviction, the data it describes, the cold tier), `kvq inspect` of a
+# directory that is not a store. The model commands: model_cli_test.sh.
 # Usage: sh tests/cli_test.sh path/to/kvq   (data: $KVQ_DATA or ../shared/data)
 # Needs only a POSIX shell, grep, and python3 (standard library) for JSON and
 # for writing .npy files (without it those checks fail, or with
@@ -22,20 +26,41 @@ trap 'rm -rf "$TMP"' EXIT INT TERM
 
 SMALL="--count 512 --head-dim 64 --reps 1"
 
-# ---- kvq codecs ----
+# ---- kvq codecs: the README's table, with the unit of each column ----
 run 0 "codecs" codecs
 expect_in "$TMP/out" "^nuq3 " "codecs lists nuq3"
 expect_in "$TMP/out" "^f32 " "codecs lists f32"
-expect_in "$TMP/out" "bits@64" "codecs header"
+expect_in "$TMP/out" "bits/value d=64" "codecs header names the unit"
+expect_in "$TMP/out" "stored bits per value, every byte" "codecs says what bits/value counts"
+expect_in "$TMP/out" "state: bytes per codec" "codecs says what the state column is"
 grep -q "^nuq3 *3.000 *3.000" "$TMP/out" && ok || bad "codecs: nuq3 at 3 bits per value"
 grep -q "^f16 *16.000 *16.000" "$TMP/out" && ok || bad "codecs: f16 at 16 bits per value"
+# the README's rows: int8 = 8 bits + an fp16 scale per vector (8 + 16/d), int8:g=32 8 + 16/32,
+# tq3:norm=8 3 bits + an 8-bit code per vector (3 + 8/d)
+grep -q "^int8 *8.250 *8.125 " "$TMP/out" && ok || bad "codecs: int8 row"
+grep -q "^int8:g=32 *8.500 *8.500 " "$TMP/out" && ok || bad "codecs: int8:g=32 row"
+grep -q "^tq3:norm=8 *3.125 *3.062 " "$TMP/out" && ok || bad "codecs: tq3:norm=8 row"
+# chan:int<b> keys: b bits + an fp16 scale and minimum per channel per page of P tokens: b + 32/P
+for b in 1 2 3 4 5 6 7 8; do
+    grep -q "^chan:int$b *$((b + 2)).000 *$((b + 2)).000 " "$TMP/out" && ok || bad "codecs: chan:int$b at $b + 32/16 bits"
+done
+run 0 "codecs --page 32" codecs --page 32
+grep -q "^chan:int4 *5.000 *5.000 " "$TMP/out" && ok || bad "codecs --page 32: chan:int4 at 4 + 32/32 bits"
 run 0 "codecs --head-dim" codecs --head-dim 96
-expect_in "$TMP/out" "bits@96" "codecs --head-dim 96 header"
+expect_in "$TMP/out" "bits/value d=96" "codecs --head-dim 96 header"
+run 0 "codecs --head-dim 8" codecs --head-dim 8
+grep -q "^int4:g=32 *n/a " "$TMP/out" && ok || bad "codecs --head-dim 8: int4:g=32 is n/a"
 run 0 "codecs --markdown" codecs --markdown
 expect_in "$TMP/out" "| \`nuq4\` |" "codecs markdown row"
+expect_in "$TMP/out" "| \`chan:int3\` | 5.000 | 5.000 |" "codecs markdown chan row"
+run 0 "codecs --help" codecs --help
+expect_in "$TMP/out" "usage: kvq codecs" "codecs help"
 run 2 "codecs bad head-dim" codecs --head-dim 0
+expect_in "$TMP/err" "--head-dim must be an integer in 1..1024, got '0'" "codecs --head-dim 0 names the range"
 run 2 "codecs missing head-dim" codecs --head-dim
 run 2 "codecs unknown option" codecs --bogus
+run 2 "codecs bad page" codecs --page 5000
+expect_in "$TMP/err" "--page must be an integer in 1..4096" "codecs --page names the range"
 
 # ---- bench codecs: JSON ----
 run 0 "bench json" bench codecs $SMALL --codec f32,f16,bf16,nuq3 --json
@@ -215,7 +240,143 @@ run 2 "unknown flag" bench codecs --frobnicate
 run 0 "bench help" bench codecs --help
 expect_in "$TMP/out" "usage: kvq bench codecs" "bench help text"
 run 2 "unknown bench" bench nothing
+expect_in "$TMP/err" "unknown benchmark 'nothing'" "unknown bench message"
+run 2 "bench without a benchmark" bench
 run 2 "unknown command" frobnicate
+expect_in "$TMP/err" "unknown command 'frobnicate'" "unknown command message"
 run 2 "no command"
+
+# ---- --help everywhere, the overview lists every command with every option ----
+run 0 "kvq --help" --help
+cp "$TMP/out" "$TMP/overview"
+run 0 "kvq -h" -h
+cmp -s "$TMP/out" "$TMP/overview" && ok || bad "kvq -h differs from kvq --help"
+run 0 "kvq help" help
+cmp -s "$TMP/out" "$TMP/overview" && ok || bad "kvq help differs from kvq --help"
+for c in simulate generate eval calibrate sweep inspect codecs "bench codecs" "bench attend" version help; do
+    grep -q "^kvq $c" "$TMP/overview" && ok || bad "kvq --help does not list kvq $c"
+done
+expect_in "$TMP/overview" "exit status" "kvq --help gives the exit codes"
+run 0 "kvq bench --help" bench --help
+expect_in "$TMP/out" "kvq bench attend" "bench --help lists bench attend"
+expect_in "$TMP/out" "kvq bench codecs" "bench --help lists bench codecs"
+for c in simulate generate eval calibrate sweep inspect codecs version "bench codecs"; do
+    # shellcheck disable=SC2086
+    run 0 "kvq $c --help" $c --help
+    expect_in "$TMP/out" "usage: kvq $c" "kvq $c --help prints the usage on stdout"
+    [ -s "$TMP/err" ] && bad "kvq $c --help wrote to stderr" || ok
+    # shellcheck disable=SC2086
+    run 0 "kvq $c -h" $c -h
+    # every option the command's usage names is in the overview
+    for opt in $(grep -o -- '--[a-z][a-z0-9-]*' "$TMP/out" | sort -u); do
+        [ "$opt" = --help ] && continue
+        grep -q -- "$opt\b" "$TMP/overview" && ok || bad "kvq --help lacks $opt of kvq $c"
+    done
+done
+run 0 "kvq help eval" help eval
+expect_in "$TMP/out" "usage: kvq eval" "kvq help eval"
+run 0 "kvq help bench codecs" help bench codecs
+expect_in "$TMP/out" "usage: kvq bench codecs" "kvq help bench codecs"
+run 2 "kvq help nothing" help nothing
+# bench attend belongs to tools/bench_attend.c: its options must be in the overview
+"$KVQ" bench attend --help >"$TMP/out" 2>&1
+for opt in $(grep -o -- '--[a-z][a-z0-9-]*' "$TMP/out" | sort -u); do
+    [ "$opt" = --help ] && continue
+    grep -q -- "$opt\b" "$TMP/overview" && ok || bad "kvq --help lacks $opt of kvq bench attend"
+done
+run 2 "version with an argument" version extra
+
+# ---- kvq simulate: options, the f32 cache with the same eviction, the data, tiers ----
+S="simulate --layers 1 --kv-heads 2 --q-heads 4 --head-dim 16 --prompt 64 --decode 8"
+run 2 "simulate --threads 0" $S --threads 0
+expect_in "$TMP/err" "--threads must be an integer in 1..256, got '0'" "simulate --threads 0 names the option and range"
+expect_not_in "$TMP/err" "shape" "simulate --threads 0 does not talk about shapes"
+run 2 "simulate --q-heads not a multiple" $S --q-heads 6 --kv-heads 4
+expect_in "$TMP/err" "--q-heads 6 must be a multiple of --kv-heads 4" "simulate --q-heads message"
+for bad_arg in "--layers 0" "--layers -1" "--head-dim 1025" "--prompt 1x" "--prompt ' 8'" \
+               "--decode abc" "--seed abc" "--seed -1" "--page 0" "--page 4097" \
+               "--quality-every 0" "--budget-ratio 0" "--budget-ratio 1.5" "--budget-ratio nan"; do
+    eval "run 2 \"simulate $bad_arg\" $S $bad_arg"
+    expect_in "$TMP/err" "must be a\(n integer\| number\) in" "simulate $bad_arg names the range"
+done
+run 2 "simulate --budget without a policy" $S --budget 32
+expect_in "$TMP/err" "--budget needs an eviction policy" "simulate budget without policy"
+run 2 "simulate --budget-ratio without a policy" $S --budget-ratio 0.5
+run 2 "simulate --window without a policy" $S --window 8
+run 2 "simulate a policy without a budget" $S --policy utility
+expect_in "$TMP/err" "--policy utility needs a budget" "simulate policy without budget"
+run 2 "simulate --budget and --budget-ratio" $S --policy window --budget 32 --budget-ratio 0.5
+run 2 "simulate unknown policy" $S --policy lru
+expect_in "$TMP/err" "--policy must be none, window, fifo or utility, got 'lru'" "simulate policy message"
+run 2 "simulate --cold without tiers" $S --cold "file:$TMP/nocold"
+expect_in "$TMP/err" "--cold needs tiers" "simulate --cold without tiers"
+[ -e "$TMP/nocold" ] && bad "simulate --cold refused, but it created the store" || ok
+run 2 "simulate unknown codec" $S --v-codec bogus
+expect_in "$TMP/err" "unknown codec 'bogus'" "simulate unknown codec"
+run 2 "simulate missing value" $S --k-codec
+run 2 "simulate unknown option" $S --frobnicate
+run 0 "simulate text" $S --policy window --budget 32 --window 8
+expect_in "$TMP/out" "^data: synthetic" "simulate says what the synthetic data is"
+expect_in "$TMP/out" "heavy hitters" "simulate describes the synthetic queries"
+expect_in "$TMP/out" "f32 same eviction" "simulate shows the f32 cache with the same eviction"
+# the f32 cache with the same eviction is the kvq cache with f32 codecs: the same figures
+run 0 "simulate f32 codecs" $S --k-codec f32 --v-codec f32 --policy window --budget 32 --window 8 --json
+check_json "the f32 column is the same eviction" '
+q = d["quality"]
+f = q["f32_same_eviction"]
+for k in ("attn_rel_err", "attn_kl", "attn_mass_kept"):
+    assert q[k] == f[k], (k, q, f)
+assert q["attn_mass_kept"] < 1 and f["tokens_evicted"] > 0, q
+'
+run 0 "simulate int4 json" $S --k-codec int4 --v-codec int4 --json
+check_json "simulate json: without eviction the f32 column is exact up to rounding" '
+q, f = d["quality"], d["quality"]["f32_same_eviction"]
+# an f32 cache over 72 tokens against double-precision attention: float rounding only (~1e-7)
+assert f["attn_rel_err"] < 1e-5 and f["attn_mass_kept"] == 1 and f["tokens_evicted"] == 0, f
+assert q["attn_rel_err"] > 100 * f["attn_rel_err"], q   # int4 costs far more than rounding
+assert "heavy hitters" in d["config"]["data_description"] and d["config"]["seed"] == 1, d["config"]
+a = d["accounting"]
+assert a["tokens_cold"] == 0 and a["tokens"] == 72, a
+'
+# 256 tokens, the newest 16 protected: most pages go cold
+T="simulate --layers 1 --kv-heads 2 --q-heads 4 --head-dim 16 --prompt 256 --decode 8 --window 16"
+run 0 "simulate tiers" $T --hot-tokens 32 --cold "file:$TMP/cold" --json
+check_json "simulate counts the cold tier" '
+a, t = d["accounting"], d["stats"]["tiers"]
+assert a["tokens_cold"] > 0 and a["cold_record_bytes"] > 0, a
+assert a["tokens"] == 264 and a["bits_per_value_resident"] > 0 and a["bits_per_value_cold_records"] > 0, a
+assert a["tokens_cold"] == t["cold"]["tokens"], (a, t)
+assert t["hot"]["tokens"] + t["warm"]["tokens"] + t["cold"]["tokens"] == a["tokens"], (a, t)
+'
+run 0 "simulate tiers text" $T --hot-tokens 32 --cold "file:$TMP/cold2"
+expect_in "$TMP/out" "of which in the cold tier" "simulate labels the cold-tier tokens"
+expect_in "$TMP/out" "cold tier records MiB" "simulate labels the cold-tier bytes"
+expect_in "$TMP/out" "bits per value (hot and warm)" "simulate says which tokens bits per value covers"
+if [ -f "$DATA/stories260K/kv-story1/k.npy" ]; then
+    # head_dim 8: the default V codec must fit (int4:g=32 does not divide 8)
+    run 0 "simulate real K/V, default codecs" simulate --data "$DATA/stories260K/kv-story1" --decode 16 --json
+    check_json "simulate real K/V" '
+c = d["config"]
+assert c["head_dim"] == 8 and c["v_codec"] == "int4" and c["data_description"].startswith("real"), c
+'
+    run 2 "simulate real K/V, a group that does not divide 8" simulate --data "$DATA/stories260K/kv-story1" --v-codec int4:g=32
+    expect_in "$TMP/err" "does not divide head_dim 8" "simulate names the group rule"
+else
+    cannot_run "simulate real K/V" "$DATA/stories260K/kv-story1 not found"
+fi
+run 1 "simulate --data missing" simulate --data "$TMP/nothing"
+
+# ---- kvq inspect: a directory that is not a store ----
+mkdir -p "$TMP/notastore" "$TMP/emptydir"
+echo hello > "$TMP/notastore/readme.txt"
+run 1 "inspect a directory that is not a store" inspect "$TMP/notastore"
+expect_in "$TMP/err" "is not a kvq store" "inspect not-a-store message"
+run 1 "inspect an empty directory" inspect "$TMP/emptydir"
+expect_in "$TMP/err" "is not a kvq store" "inspect empty directory message"
+run 1 "inspect a file" inspect "$TMP/notastore/readme.txt"
+expect_in "$TMP/err" "is not a directory" "inspect file message"
+run 0 "inspect a store" inspect "$TMP/cold"
+run 2 "inspect two stores" inspect "$TMP/cold" "$TMP/cold2"
+run 2 "inspect --prefix without a value" inspect "$TMP/cold" --prefix
 
 finish

@@ -6,7 +6,10 @@
 # KL of int8 keys and int4 values against each alone and int4 keys,
 # --save-logits / --base-logits and their checks, --skip / --max-lines, the
 # eviction policies), calibrate on a small budget of tokens,
-# eval --alloc of the result, sweep (CSV and SVG), and bad arguments.
+# eval --alloc of the result, sweep (CSV and SVG), and bad arguments: issue
+# 12's list (--help, strict numbers, exit codes, --text that is no text,
+# model-load errors, sweep and calibrate checks before any work, generate
+# -n / --stats / a prompt longer than the context).
 # Usage: sh tests/model_cli_test.sh path/to/kvq   (data: $KVQ_DATA or ../shared/data)
 # Prints "N passed, N failed"; exits 1 on failure.
 
@@ -29,6 +32,10 @@ awk 'length($0) > 0 && length($0) < 700' "$TXT" | head -n 1 > "$TMP/short.txt"
 sed -n 3,4p "$TXT" > "$TMP/other.txt"
 
 out=$("$KVQ" generate --model "$M" --tokenizer "$T" --temperature 0 --steps 60 2>/dev/null)
+# --steps keeps llama2.c's meaning (positions, the prompt's tokens included): after the BOS
+# token alone, whose position is the first decode step's, -n 60 is the same text
+out2=$("$KVQ" generate --model "$M" --tokenizer "$T" --temperature 0 -n 60 2>/dev/null)
+[ "$out" = "$out2" ] && ok || bad "generate -n 60 differs from --steps 60 after BOS"
 case "$out" in
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."*) ok ;;
     *) bad "generate greedy: $out" ;;
@@ -233,9 +240,158 @@ cmp -s "$TMP/g0.txt" "$TMP/g1.txt" && cmp -s "$TMP/g0.txt" "$TMP/g2.txt" && ok |
 grep -q "prefix store: 0 of" "$TMP/e1" && grep -q "prefix store: 32 of" "$TMP/e2" && ok || bad "prefix-store did not load the prompt pages: $(cat "$TMP/e2")"
 
 "$KVQ" eval --model "$M" --tokenizer "$T" > /dev/null 2>&1; [ $? -eq 2 ] && ok || bad "eval without --text exits 2"
-"$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --k-codec nope > /dev/null 2>"$TMP/err"; [ $? -ne 0 ] && grep -q "unknown codec" "$TMP/err" && ok || bad "eval with a bad codec"
+"$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --k-codec nope > /dev/null 2>"$TMP/err"; [ $? -eq 2 ] && grep -q "unknown codec" "$TMP/err" && ok || bad "eval with a bad codec exits 2"
 "$KVQ" eval --model /nonexistent --tokenizer "$T" --text "$TMP/two.txt" > /dev/null 2>&1; [ $? -eq 1 ] && ok || bad "eval with a missing model"
 echo '{"kvq_alloc": 2}' > "$TMP/bad.json"
 "$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --alloc "$TMP/bad.json" > /dev/null 2>&1; [ $? -eq 2 ] && ok || bad "eval with a bad alloc file"
+
+# ---- issue 12: the model commands say what is true ----
+G="generate --model $M --tokenizer $T"
+for c in generate eval calibrate sweep; do
+    run 0 "$c --help" $c --help
+    expect_in "$TMP/out" "usage: kvq $c" "$c --help prints the usage on stdout"
+    run 0 "$c -h" $c -h
+done
+# strict numbers: each error names the option and the accepted range, exit 2
+run 2 "generate --steps -3" $G --steps -3
+expect_in "$TMP/err" "--steps must be an integer in 1..1073741824, got '-3'" "--steps -3 message"
+run 2 "generate --steps abc" $G --steps abc
+expect_in "$TMP/err" "--steps must be an integer" "--steps abc message"
+run 2 "generate --temperature abc" $G --temperature abc
+expect_in "$TMP/err" "--temperature must be a number in \[0, 100\], got 'abc'" "--temperature abc message"
+run 2 "generate --temperature -1" $G --temperature -1
+expect_in "$TMP/err" "--temperature must be a number in \[0, 100\], got '-1'" "--temperature -1 message"
+run 2 "generate --seed abc" $G --seed abc
+expect_in "$TMP/err" "--seed must be an integer in 0..18446744073709551615, got 'abc'" "--seed abc message"
+run 2 "generate --threads 0" $G --threads 0
+expect_in "$TMP/err" "--threads must be an integer in 1..256, got '0'" "--threads 0 message"
+run 2 "generate -n -1" $G -n -1
+run 2 "generate -n and --steps" $G -n 5 --steps 10
+expect_in "$TMP/err" "not both" "-n with --steps message"
+run 2 "generate -n without a value" $G -n
+expect_in "$TMP/err" "-n needs a value" "-n without a value message"
+run 2 "generate a stray argument" $G hello
+expect_in "$TMP/err" "unexpected argument 'hello'" "stray argument message"
+run 2 "generate without --model" generate --tokenizer "$T"
+expect_in "$TMP/err" "--model FILE is required" "missing --model message"
+# -n counts generated tokens; --steps counting the prompt refuses to generate nothing
+P38="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her"
+run 0 "generate -n 5 after a long prompt" $G --prompt "$P38" -n 5 --temperature 0
+expect_in "$TMP/err" "(5 tokens generated" "-n 5 generates 5 tokens"
+run 2 "generate --steps below the prompt" $G --prompt "$P38" --steps 10
+expect_in "$TMP/err" "nothing would be generated" "--steps below the prompt message"
+# a prompt longer than the context is refused with both numbers
+LONG=$(head -c 4000 "$TXT" | tr '\n' ' ')
+run 2 "generate a prompt longer than the context" $G --prompt "$LONG"
+expect_in "$TMP/err" "longer than the model's context of 512 tokens" "long prompt names the context"
+expect_in "$TMP/err" "the prompt is [0-9]* tokens" "long prompt names its length"
+# the cache statistics are opt-in, and the text is out before stderr is written
+run 0 "generate without --stats" $G -n 8 --temperature 0
+expect_not_in "$TMP/err" "cache stats" "no statistics without --stats"
+run 0 "generate --stats" $G -n 8 --temperature 0 --stats
+expect_in "$TMP/err" "^cache stats: {" "--stats prints the statistics"
+"$KVQ" $G -n 8 --temperature 0 --stats > "$TMP/both" 2>&1
+sed -n 2p "$TMP/both" | grep -q "^achieved tok/s" && ok || bad "stdout is not flushed before stderr: $(head -c 200 "$TMP/both")"
+# exit codes: 2 for every usage error, whichever command
+E2="eval --model $M --tokenizer $T --text $TMP/two.txt"
+run 2 "eval --k-codec bogus" $E2 --k-codec bogus
+expect_in "$TMP/err" "--k-codec bogus: unknown codec" "eval --k-codec bogus names the option"
+run 2 "eval --v-codec int4:g=32 (head_dim 8)" $E2 --v-codec int4:g=32
+expect_in "$TMP/err" "--v-codec int4:g=32: .*does not divide head_dim 8" "eval group rule"
+run 2 "eval --policy lru" $E2 --policy lru
+expect_in "$TMP/err" "--policy must be none, window, fifo or utility, got 'lru'" "eval --policy message"
+run 2 "eval --page 0" $E2 --page 0
+expect_in "$TMP/err" "--page must be an integer in 1..4096, got '0'" "eval --page 0 names one rule"
+expect_not_in "$TMP/err" "NULL pointer" "eval --page 0 does not list every rule"
+run 2 "eval --budget without a policy" $E2 --budget 64
+expect_in "$TMP/err" "--budget needs an eviction policy" "eval budget without policy"
+run 2 "eval a policy without a budget" $E2 --policy window
+expect_in "$TMP/err" "--policy window needs a budget" "eval policy without budget"
+run 2 "eval --budget-ratio 2" $E2 --policy window --budget-ratio 2
+run 2 "eval --prefill x" $E2 --prefill x
+run 2 "eval unknown option" $E2 --frobnicate
+expect_in "$TMP/err" "unknown option '--frobnicate'" "eval unknown option message"
+run 2 "eval without --text" eval --model "$M" --tokenizer "$T"
+expect_in "$TMP/err" "--text FILE is required" "eval missing --text message"
+run 2 "eval --prefix-store ''" $E2 --prefix-store ""
+# --text: empty, binary, not UTF-8, a directory, missing: errors (exit 1), never a perplexity
+: > "$TMP/empty.txt"
+printf '\n\n\r\n' > "$TMP/blank.txt"
+head -c 3000 "$M" > "$TMP/binary.txt"
+printf 'Once upon a time \377\376 there was\n' > "$TMP/latin.txt"
+printf 'Once upon a time\001 there was\n' > "$TMP/ctrl.txt"
+for f in empty:empty blank:"no line holds any text" binary:"not a text file" latin:"not UTF-8" ctrl:"control character"; do
+    run 1 "eval --text ${f%%:*}" eval --model "$M" --tokenizer "$T" --text "$TMP/${f%%:*}.txt" --json
+    expect_in "$TMP/err" "${f#*:}" "eval --text ${f%%:*} message"
+    [ -s "$TMP/out" ] && bad "eval --text ${f%%:*} printed figures" || ok
+done
+run 1 "eval --text a directory" eval --model "$M" --tokenizer "$T" --text "$TMP"
+expect_in "$TMP/err" "is a directory" "eval --text directory message"
+run 1 "eval --text missing" eval --model "$M" --tokenizer "$T" --text "$TMP/none.txt"
+expect_in "$TMP/err" "No such file or directory" "eval --text missing message"
+cp "$TMP/two.txt" "$TMP/locked.txt"
+chmod 000 "$TMP/locked.txt"
+if [ -r "$TMP/locked.txt" ]; then
+    echo "note: eval --text unreadable not checked: a mode-000 file is readable here (root)" >&2
+else
+    run 1 "eval --text unreadable" eval --model "$M" --tokenizer "$T" --text "$TMP/locked.txt"
+    expect_in "$TMP/err" "Permission denied" "eval --text unreadable message"
+fi
+# model-load errors say what is wrong with the file
+: > "$TMP/empty.bin"
+head -c 100000 "$M" > "$TMP/cut.bin"
+run 1 "eval --model missing" eval --model "$TMP/none.bin" --tokenizer "$T" --text "$TMP/two.txt"
+expect_in "$TMP/err" "--model $TMP/none.bin: No such file or directory" "missing model message"
+run 1 "eval --model a directory" eval --model "$TMP" --tokenizer "$T" --text "$TMP/two.txt"
+expect_in "$TMP/err" "is a directory" "model directory message"
+run 1 "eval --model empty" eval --model "$TMP/empty.bin" --tokenizer "$T" --text "$TMP/two.txt"
+expect_in "$TMP/err" "the file is empty" "empty model message"
+run 1 "eval --model truncated" eval --model "$TMP/cut.bin" --tokenizer "$T" --text "$TMP/two.txt"
+expect_in "$TMP/err" "not a valid llama2.c checkpoint (100000 bytes)" "truncated model message"
+expect_in "$TMP/err" "truncated: the header's shape needs" "truncated model: what the header needs"
+expect_in "$TMP/err" "the file has 99972" "truncated model: what the file has"
+run 1 "eval --tokenizer missing" eval --model "$M" --tokenizer "$TMP/none.bin" --text "$TMP/two.txt"
+expect_in "$TMP/err" "--tokenizer $TMP/none.bin: No such file or directory" "missing tokenizer message"
+run 1 "eval --tokenizer of the wrong file" eval --model "$M" --tokenizer "$TMP/cut.bin" --text "$TMP/two.txt"
+expect_in "$TMP/err" "not a valid llama2.c tokenizer" "wrong tokenizer message"
+expect_in "$TMP/err" "exceeds the" "wrong tokenizer: the rule broken"
+# sweep: a file in the place of -o, empty or bad --configs: refused before any work
+SW="sweep --model $M --tokenizer $T --text $TMP/two.txt"
+echo "keep me" > "$TMP/out.file"
+run 1 "sweep -o an existing file" $SW --configs int8 -o "$TMP/out.file"
+expect_in "$TMP/err" "exists and is not a directory" "sweep -o file message"
+expect_not_in "$TMP/err" "asym" "sweep -o file fails before any eval"
+[ "$(cat "$TMP/out.file")" = "keep me" ] && ok || bad "sweep -o changed the file"
+expect_not_in "$TMP/out" "wrote" "sweep -o file says it wrote nothing"
+run 2 "sweep --configs ''" $SW --configs "" -o "$TMP/sw3"
+expect_in "$TMP/err" "--configs is empty" "sweep empty configs message"
+for cfg in "int8,,int4" "int8+page=0" "int8+page=x" "calib:abc" "int8+nope" "int8/" "/int8" "a/b/c"; do
+    run 2 "sweep --configs '$cfg'" $SW --calib-lines 1 --configs "$cfg" -o "$TMP/sw3"
+done
+run 2 "sweep --configs bogus" $SW --configs "int8,bogus" -o "$TMP/sw3"
+expect_in "$TMP/err" "bogus: unknown codec" "sweep names the bad entry's codec"
+expect_not_in "$TMP/err" "asym" "sweep bad codec fails before any eval"
+[ -e "$TMP/sw3" ] && bad "a refused sweep created its directory" || ok
+run 2 "sweep alloc: missing" $SW --configs "alloc:$TMP/none.json" -o "$TMP/sw3"
+run 2 "sweep calib: below the cheapest" sweep --model "$M" --tokenizer "$T" --text "$TXT" --max-lines 2 --calib-lines 1 --configs "calib:1" -o "$TMP/sw3"
+expect_in "$TMP/err" "below the cheapest allocation" "sweep calib:1 message"
+run 2 "sweep without -o" $SW --configs int8
+run 2 "sweep --jobs 0" $SW --configs int8 --jobs 0 -o "$TMP/sw3"
+# calibrate: every argument and the output are checked before the measurements
+C="calibrate --model $M --tokenizer $T --text $TMP/short.txt --max-tokens 16"
+run 1 "calibrate -o into a missing directory" $C --target-bits 5 -o "$TMP/no/such/a.json"
+expect_in "$TMP/err" "No such file or directory" "calibrate -o missing directory message"
+run 1 "calibrate -o a directory" $C --target-bits 5 -o "$TMP"
+expect_in "$TMP/err" "is a directory" "calibrate -o directory message"
+run 2 "calibrate --codecs bogus" $C --target-bits 5 -o "$TMP/x.json" --codecs bogus
+expect_in "$TMP/err" "'bogus' is not a candidate" "calibrate --codecs message"
+run 2 "calibrate --codecs without values" $C --target-bits 5 -o "$TMP/x.json" --codecs chan:int3
+expect_in "$TMP/err" "no candidate for the values" "calibrate --codecs keys only"
+run 2 "calibrate --target-bits 0" $C --target-bits 0 -o "$TMP/x.json"
+run 2 "calibrate --target-bits 40" $C --target-bits 40 -o "$TMP/x.json"
+run 2 "calibrate --jobs 0" $C --target-bits 5 -o "$TMP/x.json" --jobs 0
+run 2 "calibrate without -o" $C --target-bits 5
+expect_in "$TMP/err" "-o FILE" "calibrate missing -o message"
+[ -e "$TMP/x.json" ] && bad "a refused calibrate wrote its output" || ok
 
 finish

@@ -629,6 +629,9 @@ static void test_restore_failures(const char *url) {
         stats_text(b, after, sizeof after);
         TU_REPORT(strcmp(before, after) == 0, "stats '%s' became '%s'", before, after);
         CHECK(strstr(kvq_cache_last_error(b), "sweep/l1/p3") != NULL);
+        /* a snapshot that is not there: said so by name */
+        CHECK_STATUS(kvq_cache_load(b, s, "nothing-here"), KVQ_ERR_RANGE);
+        CHECK(strstr(kvq_cache_last_error(b), "no snapshot 'nothing-here'") != NULL);
         kvq_cache_free(b);
     }
     kvq_store_close(s);

@@ -322,6 +322,16 @@ static void run_store(const char *url, const char *name, tu_rng *r) {
               (unsigned long long)ts.pages[2]);
     CHECK(ts.tokens[0] <= 2 * 64 + 2 * 16 * 3);
     CHECK(ts.modeled_transfer_ms > 0);
+    {
+        /* bits per value counts the tokens held in memory: cold ones are in the store */
+        kvq_stats sv;
+        kvq_cache_config g;
+        CHECK_OK(kvq_cache_stats(c, -1, &sv));
+        CHECK_OK(kvq_cache_get_config(c, &g));
+        CHECK_EQ(sv.tokens_cold, ts.tokens[2]);
+        double vals = (double)(sv.tokens - sv.tokens_cold) * g.n_kv_heads * g.head_dim * 2;
+        CHECK_NEAR(sv.bits_per_value, sv.payload_bytes * 8.0 / vals, 1e-9);
+    }
     compare_kv(c, ref); /* cold tokens are read from the store */
     size_t jl;
     CHECK_OK(kvq_cache_stats_json(c, NULL, 0, &jl));

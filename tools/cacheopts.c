@@ -1,6 +1,7 @@
 /* cacheopts.c - parsing of the cache options shared by the model commands. */
 #include "cacheopts.h"
 #include "alloc_json.h"
+#include "cliargs.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,25 +29,13 @@ void kvqt_cacheopts_free(kvqt_cacheopts *o) {
     o->n_ovr = 0;
 }
 
-static int kvqt_count(const char *cmd, const char *opt, const char *v, size_t *out) {
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*v == '-' || end == v || *end) {
-        fprintf(stderr, "kvq %s: %s needs a count, got '%s'\n", cmd, opt, v);
-        return -1;
-    }
-    *out = (size_t)x;
-    return 1;
-}
-
 int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const char *cmd) {
     const char *a = argv[*i];
-    static const char *flags[] = {"--k-prerope", "--k-center"};
-    if (!strcmp(a, flags[0])) {
+    if (!strcmp(a, "--k-prerope")) {
         o->k_prerope = 1;
         return 1;
     }
-    if (!strcmp(a, flags[1])) {
+    if (!strcmp(a, "--k-center")) {
         o->k_center = 1;
         return 1;
     }
@@ -63,24 +52,29 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
         return -1;
     }
     const char *v = argv[++*i];
-    if (!strcmp(a, "--k-codec")) {
-        snprintf(o->k_codec, sizeof o->k_codec, "%s", v);
-    } else if (!strcmp(a, "--v-codec")) {
-        snprintf(o->v_codec, sizeof o->v_codec, "%s", v);
+    const size_t M = KVQT_MAX_COUNT;
+    if (!strcmp(a, "--k-codec") || !strcmp(a, "--v-codec")) {
+        char *dst = a[2] == 'k' ? o->k_codec : o->v_codec;
+        if (!*v || strlen(v) >= sizeof o->k_codec) {
+            fprintf(stderr, "kvq %s: %s needs a codec spec of 1..%zu characters (kvq codecs "
+                            "lists them)\n", cmd, a, sizeof o->k_codec - 1);
+            return -1;
+        }
+        snprintf(dst, sizeof o->k_codec, "%s", v);
+        o->codec_set = 1;
     } else if (!strcmp(a, "--k-layout")) {
         if (strcmp(v, "token") && strcmp(v, "channel")) {
-            fprintf(stderr, "kvq %s: --k-layout must be token or channel\n", cmd);
+            fprintf(stderr, "kvq %s: --k-layout must be token or channel, got '%s'\n", cmd, v);
             return -1;
         }
         o->k_layout_channel = !strcmp(v, "channel");
     } else if (!strcmp(a, "--prefix-store")) {
-        char err[256] = "";
-        kvq_store_close(o->prefix_store);
-        o->prefix_store = NULL;
-        if (kvq_store_open(&o->prefix_store, v, NULL, err, sizeof err) != KVQ_OK) {
-            fprintf(stderr, "kvq %s: --prefix-store %s: %s\n", cmd, v, err);
+        if (!*v) {
+            fprintf(stderr, "kvq %s: --prefix-store needs a store URL (file:DIR or "
+                            "redis://HOST:PORT), got ''\n", cmd);
             return -1;
         }
+        o->prefix_url = v;
     } else if (!strcmp(a, "--alloc")) {
         o->alloc_path = v;
         char err[256];
@@ -98,30 +92,59 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
         else if (!strcmp(v, "utility"))
             o->policy = KVQ_POLICY_UTILITY;
         else {
-            fprintf(stderr, "kvq %s: unknown policy '%s' (none, window, fifo, utility)\n", cmd, v);
+            fprintf(stderr, "kvq %s: --policy must be none, window, fifo or utility, got '%s'\n",
+                    cmd, v);
             return -1;
         }
     } else if (!strcmp(a, "--budget-ratio")) {
-        char *end;
-        o->budget_ratio = strtod(v, &end);
-        if (*end || !(o->budget_ratio > 0)) {
-            fprintf(stderr, "kvq %s: --budget-ratio needs a positive number\n", cmd);
-            return -1;
-        }
+        return kvqt_arg_double(cmd, a, v, 0, 1, 1, &o->budget_ratio) ? -1 : 1;
     } else if (!strcmp(a, "--budget")) {
-        return kvqt_count(cmd, a, v, &o->budget);
+        return kvqt_arg_size(cmd, a, v, 1, M, &o->budget) ? -1 : 1;
     } else if (!strcmp(a, "--window")) {
-        return kvqt_count(cmd, a, v, &o->window);
+        o->window_set = 1;
+        return kvqt_arg_size(cmd, a, v, 0, M, &o->window) ? -1 : 1;
     } else if (!strcmp(a, "--sinks")) {
-        return kvqt_count(cmd, a, v, &o->sinks);
+        o->sinks_set = 1;
+        return kvqt_arg_size(cmd, a, v, 0, M, &o->sinks) ? -1 : 1;
     } else if (!strcmp(a, "--page")) {
-        return kvqt_count(cmd, a, v, &o->page);
+        return kvqt_arg_size(cmd, a, v, 1, 4096, &o->page) ? -1 : 1;
     } else if (!strcmp(a, "--threads")) {
-        return kvqt_count(cmd, a, v, &o->threads);
+        return kvqt_arg_size(cmd, a, v, 1, 256, &o->threads) ? -1 : 1;
     } else if (!strcmp(a, "--recent")) {
-        return kvqt_count(cmd, a, v, &o->recent);
+        return kvqt_arg_size(cmd, a, v, 0, M, &o->recent) ? -1 : 1;
     }
     return 1;
+}
+
+int kvqt_cacheopts_check(const kvqt_cacheopts *o, const char *cmd) {
+    static const char *policies[] = {"none", "window", "fifo", "utility"};
+    const char *pn = (size_t)o->policy < 4 ? policies[o->policy] : "?";
+    if (o->budget && o->budget_ratio > 0) {
+        fprintf(stderr, "kvq %s: give --budget or --budget-ratio, not both\n", cmd);
+        return -1;
+    }
+    int budget = o->budget || o->budget_ratio > 0;
+    if (o->policy == KVQ_POLICY_NONE && (budget || o->window_set || o->sinks_set)) {
+        fprintf(stderr, "kvq %s: %s needs an eviction policy (--policy window, fifo or utility): "
+                        "without one nothing is evicted\n", cmd,
+                o->budget ? "--budget" : o->budget_ratio > 0 ? "--budget-ratio"
+                : o->window_set ? "--window" : "--sinks");
+        return -1;
+    }
+    if (o->policy != KVQ_POLICY_NONE && !budget) {
+        fprintf(stderr, "kvq %s: --policy %s needs a budget (--budget N or --budget-ratio R): "
+                        "without one it evicts nothing\n", cmd, pn);
+        return -1;
+    }
+    if (o->k_center && !o->center_values) {
+        fprintf(stderr,
+                "kvq %s: --k-center needs the centre from calibration data: give --alloc FILE "
+                "with a \"center\" (kvq calibrate writes one); the text under evaluation is "
+                "never used to estimate it\n",
+                cmd);
+        return -1;
+    }
+    return 0;
 }
 
 void kvqt_cacheopts_apply(const kvqt_cacheopts *o, kvq_cache_config *cfg) {
@@ -143,13 +166,38 @@ void kvqt_cacheopts_apply(const kvqt_cacheopts *o, kvq_cache_config *cfg) {
     cfg->n_threads = o->threads;
 }
 
+int kvqt_cacheopts_open_store(kvqt_cacheopts *o, const char *cmd) {
+    if (!o->prefix_url || o->prefix_store)
+        return 0;
+    char err[256] = "";
+    kvq_status st = kvq_store_open(&o->prefix_store, o->prefix_url, NULL, err, sizeof err);
+    if (st != KVQ_OK) {
+        fprintf(stderr, "kvq %s: --prefix-store %s: %s\n", cmd, o->prefix_url,
+                err[0] ? err : kvq_strerror(st));
+        o->prefix_store = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 void kvqt_cacheopts_usage(FILE *f) {
-    fprintf(f, "cache options: --k-codec C --v-codec C (f32) --k-layout token|channel --k-prerope\n"
-               "  --alloc FILE --k-center (the centre of --alloc's calibration data)\n"
-               "  --policy none|window|fifo|utility --budget N\n"
-               "  --budget-ratio R --window N (protected recent, 128) --sinks N (4) --page N (16)\n"
-               "  --recent N (f16 recent window, 0) --threads N (1)\n"
-               "  --prefix-store file:DIR|redis://HOST:PORT (reuse pages of shared prompt prefixes)\n");
+    fprintf(f,
+            "cache options:\n"
+            "  --k-codec C, --v-codec C  codecs of keys and values (f32; kvq codecs lists them)\n"
+            "  --k-layout token|channel  keys per token (token), or per channel in pages (KIVI)\n"
+            "  --k-prerope               store keys before RoPE; attention applies it\n"
+            "  --alloc FILE              a per-head allocation written by kvq calibrate\n"
+            "  --k-center                subtract the key centre of --alloc's calibration data\n"
+            "  --policy none|window|fifo|utility  eviction (none); a policy needs a budget:\n"
+            "  --budget N                tokens kept per layer, 1..2^30, or\n"
+            "  --budget-ratio R          ceil(R x the prefill or sequence length), 0 < R <= 1\n"
+            "  --window N                newest tokens a policy never evicts, 0..2^30 (128)\n"
+            "  --sinks N                 first tokens a policy never evicts, 0..2^30 (4)\n"
+            "  --page N                  tokens per page, 1..4096 (16)\n"
+            "  --recent N                newest tokens kept in f16, 0..2^30 (0)\n"
+            "  --threads N               attention threads, 1..256 (1)\n"
+            "  --prefix-store URL        file:DIR or redis://HOST:PORT: reuse the pages of\n"
+            "                            prompt prefixes stored by an earlier run\n");
 }
 
 void kvqt_cacheopts_describe(const kvqt_cacheopts *o, char *buf, size_t size) {

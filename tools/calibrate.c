@@ -47,6 +47,7 @@
 #include "kvq.h"
 #include "benchlib.h"
 #include "calibrate.h"
+#include "cliargs.h"
 #include "evalref.h"
 #include "modelopts.h"
 #include "tool.h"
@@ -798,12 +799,14 @@ static void cal_hex(FILE *f, const unsigned char *p, size_t n) {
         fprintf(f, "%02x", p[i]);
 }
 
-static int cal_write(const kvqt_calib *cb, const char *path, const kvqt_calib_report *r) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "kvq calibrate: cannot write %s\n", path);
-        return 1;
-    }
+typedef struct cal_wctx {
+    const kvqt_calib *cb;
+    const kvqt_calib_report *r;
+} cal_wctx;
+
+static int cal_write_json(FILE *f, void *ctx) {
+    const kvqt_calib *cb = ((const cal_wctx *)ctx)->cb;
+    const kvqt_calib_report *r = ((const cal_wctx *)ctx)->r;
     fprintf(f, "{\"kvq_alloc\": 1, \"target_bits\": %.4f, \"asymptotic_bits_per_value\": %.4f, "
                "\"fixed_bytes_per_sequence\": %.0f, \"bits_per_value\": %.4f, "
                "\"nominal_bits\": %.4f, \"kl\": %.6g, \"kl_estimate\": %.6g, \"nll\": %.6f, "
@@ -834,11 +837,13 @@ static int cal_write(const kvqt_calib *cb, const char *path, const kvqt_calib_re
     for (size_t i = 0; i < nc; i++)
         fprintf(f, "%s%.9g", i ? ", " : "", cb->center[i]);
     fprintf(f, "]}\n");
-    if (fclose(f) != 0) {
-        fprintf(stderr, "kvq calibrate: writing %s failed\n", path);
-        return 1;
-    }
     return 0;
+}
+
+/* The allocation file, written whole or not at all. */
+static int cal_write(const kvqt_calib *cb, const char *path, const kvqt_calib_report *r) {
+    cal_wctx w = {cb, r};
+    return kvqt_write_file(cb->o.cmd ? cb->o.cmd : "calibrate", path, cal_write_json, &w) ? 1 : 0;
 }
 
 int kvqt_calib_solve(kvqt_calib *cb, double target, const char *out, kvqt_calib_report *r) {
@@ -909,51 +914,180 @@ void kvqt_calib_print(const kvqt_calib *cb) {
 
 /* ---- the command ---------------------------------------------------------------- */
 
+/* ---- checks before the work ------------------------------------------------- */
+
+static int cal_in_menu(const cal_menu_item *menu, size_t n, const char *spec, size_t len) {
+    for (size_t i = 0; i < n; i++)
+        if (strlen(menu[i].codec) == len && !strncmp(menu[i].codec, spec, len))
+            return 1;
+    return 0;
+}
+
+static void cal_print_menus(FILE *f) {
+    fprintf(f, "keys:");
+    for (size_t i = 0; i < sizeof cal_keys / sizeof *cal_keys; i++)
+        fprintf(f, " %s", cal_keys[i].codec);
+    fprintf(f, "; values:");
+    for (size_t i = 0; i < sizeof cal_values / sizeof *cal_values; i++)
+        fprintf(f, " %s", cal_values[i].codec);
+}
+
+int kvqt_calib_check_codecs(const char *only, const char *cmd) {
+    if (!only)
+        return 0;
+    const size_t nk = sizeof cal_keys / sizeof *cal_keys, nv = sizeof cal_values / sizeof *cal_values;
+    int keys = 0, values = 0;
+    for (const char *p = only;;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        int k = cal_in_menu(cal_keys, nk, p, len), v = cal_in_menu(cal_values, nv, p, len);
+        if (!k && !v) {
+            fprintf(stderr, "kvq %s: --codecs: '%.*s' is not a candidate (", cmd, (int)len, p);
+            cal_print_menus(stderr);
+            fprintf(stderr, ")\n");
+            return -1;
+        }
+        keys |= k, values |= v;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    if (!keys || !values) {
+        fprintf(stderr, "kvq %s: --codecs %s has no candidate for the %s (", cmd, only,
+                keys ? "values" : "keys");
+        cal_print_menus(stderr);
+        fprintf(stderr, ")\n");
+        return -1;
+    }
+    return 0;
+}
+
+double kvqt_calib_cheapest(const kvq_model *m, const kvqt_calib_opts *o) {
+    kvqt_calib cb;
+    memset(&cb, 0, sizeof cb);
+    cb.m = m;
+    cb.o = *o;
+    kvq_model_get_info(m, &cb.in);
+    size_t d = cb.in.head_dim, ns = 64;
+    float *smp = malloc(ns * d * sizeof(float));
+    if (!smp)
+        return -1;
+    uint64_t r = 0x9e3779b97f4a7c15ull; /* any data: a codec's size does not depend on it */
+    for (size_t i = 0; i < ns * d; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        smp[i] = (float)((double)(r >> 11) * 0x1.0p-53 - 0.5);
+    }
+    double least[2] = {INFINITY, INFINITY};
+    for (int isv = 0; isv < 2; isv++) {
+        const cal_menu_item *menu = isv ? cal_values : cal_keys;
+        size_t nm = isv ? sizeof cal_values / sizeof *cal_values : sizeof cal_keys / sizeof *cal_keys;
+        for (size_t i = 0; i < nm; i++) {
+            if (!cal_allowed(o->only, menu[i].codec))
+                continue;
+            cal_cand c;
+            memset(&c, 0, sizeof c);
+            snprintf(c.codec, sizeof c.codec, "%s", menu[i].codec);
+            kvq_codec *k = NULL;
+            if (strncmp(c.codec, "chan:", 5) != 0 &&
+                !(k = cal_codec(c.codec, d, smp, ns, &c.state, &c.state_size)))
+                continue;
+            kvq_codec_free(k);
+            if (cal_unit_bits(&cb, isv, &c) == 0 && c.bits < least[isv])
+                least[isv] = c.bits;
+            free(c.state);
+        }
+    }
+    free(smp);
+    return isfinite(least[0]) && isfinite(least[1]) ? (least[0] + least[1]) / 2 : -1;
+}
+
+static void cal_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvq calibrate --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
+            "                     --target-bits B -o alloc.json [--json] [--verbose]\n"
+            "                     [--max-tokens N] [--stride N] [--jobs N] [--page N]\n"
+            "                     [--recent N] [--codecs LIST] [--measure-all]\n"
+            "  chooses a codec per layer, KV head and K/V from measurements of KL(f32 || kvq)\n"
+            "  decoding the text, within B asymptotic bits per value (a long sequence's bytes\n"
+            "  per token; the fixed bytes of a sequence are reported beside them), and writes\n"
+            "  the allocation, which every model command loads with --alloc FILE\n"
+            "  --target-bits B       0 < B <= 32, at least the cheapest allocation's bits\n"
+            "  -o FILE               the allocation (JSON); checked writable before the work\n"
+            "  --max-tokens N        predicted tokens of the sensitivity runs, 1..2^30 (640)\n"
+            "  --stride N            score every N-th of them, 1..2^30 (3)\n"
+            "  --jobs N              measuring threads, 1..256 (1)\n"
+            "  --page N              the allocation's cache page, 1..4096 (32)\n"
+            "  --recent N            its f16 recent window, 0..2^30 (0)\n"
+            "  --codecs LIST         restrict the candidates, e.g. nuq4 or chan:int3,tq3:norm=8\n"
+            "  --measure-all         measure every candidate of 4 bits and below\n"
+            "  --verbose             every unit's candidates and their KL on stderr\n"
+            "  --json                one JSON object on stdout instead of the table\n"
+            "  candidates: ");
+    cal_print_menus(f);
+    fprintf(f, "\nexit status: 0 ok, 1 failure (files, model, run), 2 usage error\n");
+}
+
 int kvq_tool_calibrate(int argc, char **argv) {
     const char *outp = NULL;
     double target = 0;
     int json = 0, verbose = 0;
     kvqt_calib_opts co;
     kvqt_calib_opts_init(&co);
-    const kvqt_opt opts[] = {{"--codecs", KVQT_OPT_STR, &co.only},
-                             {"--target-bits", KVQT_OPT_DOUBLE, &target},
-                             {"-o", KVQT_OPT_STR, &outp},
-                             {"--max-tokens", KVQT_OPT_SIZE, &co.sens_tokens},
-                             {"--stride", KVQT_OPT_SIZE, &co.stride},
-                             {"--page", KVQT_OPT_SIZE, &co.page},
-                             {"--recent", KVQT_OPT_SIZE, &co.recent},
-                             {"--jobs", KVQT_OPT_SIZE, &co.jobs},
-                             {"--measure-all", KVQT_OPT_FLAG, &co.measure_all},
-                             {"--verbose", KVQT_OPT_FLAG, &verbose},
-                             {"--json", KVQT_OPT_FLAG, &json}};
+    const size_t M = KVQT_MAX_COUNT;
+    const kvqt_opt opts[] = {KVQT_STR("--codecs", &co.only),
+                             KVQT_DOUBLE("--target-bits", &target, 0, 32, 1),
+                             KVQT_STR("-o", &outp),
+                             KVQT_SIZE("--max-tokens", &co.sens_tokens, 1, M),
+                             KVQT_SIZE("--stride", &co.stride, 1, M),
+                             KVQT_SIZE("--page", &co.page, 1, 4096),
+                             KVQT_SIZE("--recent", &co.recent, 0, M),
+                             KVQT_SIZE("--jobs", &co.jobs, 1, 256),
+                             KVQT_FLAG("--measure-all", &co.measure_all),
+                             KVQT_FLAG("--verbose", &verbose),
+                             KVQT_FLAG("--json", &json)};
     kvqt_modelopts mo;
     kvqt_modelopts_init(&mo, 1);
-    int bad = kvqt_model_args(argc, argv, "calibrate", &mo, NULL, opts, KVQT_NOPTS(opts));
-    if (bad == KVQT_ARGS_BAD_VALUE)
-        return 2;
-    if (bad || !kvqt_modelopts_complete(&mo) || !outp || !(target > 0) || co.sens_tokens < 1 ||
-        co.page < 1 || co.stride < 1 || co.jobs < 1 || co.jobs > 256) {
-        fprintf(stderr,
-                "usage: kvq calibrate --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
-                "                     --target-bits B -o alloc.json [--json] [--verbose]\n"
-                "  [--max-tokens N (640: predicted tokens of the sensitivity runs)]\n"
-                "  [--stride N (3: score every N-th of them)] [--jobs N (1: threads)]\n"
-                "  [--page N (32)] [--recent N (0: f16 recent window of the allocation)]\n"
-                "  [--codecs LIST (restrict the candidates, e.g. nuq4 or chan:int3,tq3:norm=8)]\n"
-                "  B bounds the asymptotic bits per value (a long sequence's bytes per token);\n"
-                "  the fixed bytes of a sequence (staging, recent window, page slack) are reported\n"
-                "  candidates: keys chan:int2 chan:int3 chan:int4 nuq2 nuq3 nuq4 tq3:norm=8\n"
-                "  tq4:norm=8 nuq5 nuq6 int8 f16; values nuq2 nuq3 nuq4 tq2:norm=8 tq3:norm=8\n"
-                "  tq4:norm=8 int4 nuq5 nuq6 int8 f16\n");
-        return 2;
+    const char *cmd = "calibrate";
+    int r0 = kvqt_model_args(argc, argv, cmd, &mo, NULL, opts, KVQT_NOPTS(opts));
+    if (r0 == KVQT_ARGS_HELP) {
+        cal_usage(stdout);
+        return KVQT_EXIT_OK;
     }
+    if (r0 != KVQT_ARGS_OK || kvqt_modelopts_require(&mo, cmd) != 0)
+        return KVQT_EXIT_USAGE;
+    if (!(target > 0))
+        return kvqt_usage_error(cmd, "--target-bits B is required");
+    if (!outp)
+        return kvqt_usage_error(cmd, "-o FILE (where the allocation goes) is required");
+    if (kvqt_calib_check_codecs(co.only, cmd) != 0)
+        return kvqt_usage_hint(cmd);
+    if (kvqt_check_output_file(cmd, "-o", outp) != 0)
+        return KVQT_EXIT_FAIL;
     co.progress = !json && isatty(2);
     co.verbose = verbose;
     kvqt_model_session ms;
-    if (kvqt_model_session_open(&ms, &mo, 1, "calibrate", " (or it has no lines)"))
-        return 1;
+    if (kvqt_model_session_open(&ms, &mo, 1, cmd))
+        return KVQT_EXIT_FAIL;
+    /* the cheapest allocation needs no measurement: refuse a target below
+     * it before the sensitivity runs */
+    double low = kvqt_calib_cheapest(ms.model, &co);
+    if (low < 0) {
+        kvq_model_info in;
+        kvq_model_get_info(ms.model, &in);
+        fprintf(stderr, "kvq calibrate: no candidate codec works at the model's head_dim %zu\n",
+                in.head_dim);
+        kvqt_model_session_close(&ms);
+        return KVQT_EXIT_FAIL;
+    }
+    if (target + 1e-9 < low) {
+        kvqt_model_session_close(&ms);
+        return kvqt_usage_error(cmd, "--target-bits %g is below the cheapest allocation, %.4f "
+                                     "asymptotic bits per value (page %zu%s%s)",
+                                target, low, co.page, co.only ? ", --codecs " : "",
+                                co.only ? co.only : "");
+    }
     double t0 = kvqb_now();
-    int rc = 1;
+    int rc = KVQT_EXIT_FAIL;
     kvqt_calib *cb = kvqt_calib_new(ms.model, ms.tok, ms.lines, ms.nlines, &co);
     kvqt_calib_report r;
     if (cb)

@@ -23,6 +23,7 @@ typedef struct kvqt_calib_opts {
     int measure_all;    /* measure every candidate of 4 bits and below, not one per family */
     int progress;       /* a progress line on stderr */
     int verbose;        /* every unit's candidates and their KL on stderr */
+    const char *cmd;    /* for messages ("calibrate" when NULL) */
 } kvqt_calib_opts;
 void kvqt_calib_opts_init(kvqt_calib_opts *o);
 
@@ -38,6 +39,14 @@ typedef struct kvqt_calib_report {
     size_t tokens, sens_tokens;
     double seconds_measure;  /* the sensitivity runs (once per kvqt_calib) */
 } kvqt_calib_report;
+
+/* Checks a --codecs list before any work: every name is a candidate and
+ * keys and values keep one each. 0, or -1 with the message printed. */
+int kvqt_calib_check_codecs(const char *only, const char *cmd);
+/* The asymptotic bits per value of the cheapest allocation o allows for
+ * m (each unit's cheapest candidate at o's page; sizes do not depend on
+ * the data, so nothing is measured); -1 when no candidate works. */
+double kvqt_calib_cheapest(const kvq_model *m, const kvqt_calib_opts *o);
 
 /* Encodes the lines, runs the f32 reference, estimates the key centres,
  * fits the candidates and measures every unit's sensitivities. NULL with a

@@ -7,7 +7,12 @@
  * Ends with a summary line; exits 1 when anything is corrupt or unreadable.
  */
 #include "kvq.h"
+#include "cliargs.h"
 #include "tool.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +80,55 @@ static void ins_json_str(FILE *f, const char *s, size_t n) {
     fputc('"', f);
 }
 
+/* A local store (DIR or file:DIR[?options]) must be a directory holding
+ * segment files (seg-NNNNNN.log, docs/record-format.md); a missing path is
+ * left to the store's own message. 1, or 0 with the message printed. */
+static int ins_is_store(const char *where) {
+    const char *p = strncmp(where, "file:", 5) == 0 ? where + 5 : where;
+    size_t n = strcspn(p, "?");
+    char *dir = malloc(n + 1);
+    if (!dir)
+        return 0;
+    memcpy(dir, p, n);
+    dir[n] = 0;
+    struct stat sb;
+    int ok = 1;
+    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "kvq inspect: %s is not a directory (a file store is a directory of "
+                        "seg-NNNNNN.log files)\n", dir);
+        ok = 0;
+    } else if (stat(dir, &sb) == 0) {
+        DIR *d = opendir(dir);
+        int segs = 0;
+        size_t other = 0;
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            unsigned id;
+            char tail[8];
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            if (sscanf(e->d_name, "seg-%6u.%7s", &id, tail) == 2 &&
+                (!strcmp(tail, "log") || !strcmp(tail, "tmp")))
+                segs++;
+            else
+                other++;
+        }
+        if (d)
+            closedir(d);
+        if (!d) {
+            fprintf(stderr, "kvq inspect: %s: %s\n", dir, strerror(errno));
+            ok = 0;
+        } else if (!segs) {
+            fprintf(stderr, "kvq inspect: %s is not a kvq store: it holds no segment files "
+                            "(seg-NNNNNN.log)%s\n", dir,
+                    other ? "" : "; it is empty (a store nothing was written to has none either)");
+            ok = 0;
+        }
+    }
+    free(dir);
+    return ok;
+}
+
 static void ins_usage(FILE *f) {
     fprintf(f, "usage: kvq inspect DIR|file:DIR|redis://HOST[:PORT][/NAMESPACE] [--prefix P] "
                "[--json]\n"
@@ -89,23 +143,26 @@ int kvq_tool_inspect(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = 1;
-        } else if (strcmp(argv[i], "--prefix") == 0 && i + 1 < argc) {
+        } else if (strcmp(argv[i], "--prefix") == 0) {
+            if (i + 1 >= argc)
+                return kvqt_usage_error("inspect", "--prefix needs a value");
             prefix = argv[++i];
-        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+        } else if (kvqt_is_help(argv[i])) {
             ins_usage(stdout);
-            return 0;
-        } else if (argv[i][0] == '-' || where) {
-            fprintf(stderr, "kvq inspect: unexpected argument '%s'\n", argv[i]);
-            ins_usage(stderr);
-            return 2;
+            return KVQT_EXIT_OK;
+        } else if (argv[i][0] == '-') {
+            return kvqt_usage_error("inspect", "unknown option '%s'", argv[i]);
+        } else if (where) {
+            return kvqt_usage_error("inspect", "one store at a time: '%s' after '%s'", argv[i],
+                                    where);
         } else {
             where = argv[i];
         }
     }
-    if (!where) {
-        ins_usage(stderr);
-        return 2;
-    }
+    if (!where || !*where)
+        return kvqt_usage_error("inspect", "which store? give DIR, file:DIR or redis://HOST:PORT");
+    if (strncmp(where, "redis://", 8) != 0 && !ins_is_store(where))
+        return KVQT_EXIT_FAIL;
     /* directories are opened readonly: no repair, and a shared lock */
     size_t wl = strlen(where);
     char *url = malloc(wl + 32);
@@ -122,7 +179,11 @@ int kvq_tool_inspect(int argc, char **argv) {
     kvq_status st = kvq_store_open(&s, url, NULL, err, sizeof err);
     free(url);
     if (st != KVQ_OK) {
-        fprintf(stderr, "kvq inspect: %s: %s\n", where, err);
+        const char *d = strncmp(where, "file:", 5) == 0 ? where + 5 : where;
+        if (!strncmp(err, d, strcspn(d, "?"))) /* the message names the directory */
+            fprintf(stderr, "kvq inspect: %s\n", err);
+        else
+            fprintf(stderr, "kvq inspect: %s: %s\n", where, err);
         return 1;
     }
     ins_list l = {NULL, 0, 0, 0};

@@ -9,33 +9,123 @@
  */
 #include "model_eval.h"
 #include "evalref.h"
+#include "cliargs.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd) {
+/* A cache for m with the options in o (shape from the model); NULL with st
+ * and msg set when kvq_cache_create refuses it. */
+static kvq_cache *kvqt_try_cache(const kvq_model *m, const kvqt_cacheopts *o,
+                                 kvq_cache_config *cfg_out, kvq_status *st, char *msg,
+                                 size_t msg_size) {
     kvq_cache_config cfg;
     kvq_cache_config_init(&cfg);
     kvq_model_cache_shape(m, &cfg);
-    if (o->center_values && o->center_count != cfg.n_layers * cfg.n_kv_heads * cfg.head_dim) {
-        fprintf(stderr, "kvq %s: the allocation's centre has %zu values, the model needs %zu\n",
-                cmd, o->center_count, cfg.n_layers * cfg.n_kv_heads * cfg.head_dim);
-        return NULL;
-    }
     kvqt_cacheopts_apply(o, &cfg);
-    char msg[256] = "";
+    msg[0] = 0;
     cfg.err_msg = msg;
-    cfg.err_msg_size = sizeof msg;
+    cfg.err_msg_size = msg_size;
+    if (cfg_out)
+        *cfg_out = cfg;
     kvq_cache *c = NULL;
-    kvq_status st = kvq_cache_create(&c, &cfg);
-    if (st != KVQ_OK) {
-        fprintf(stderr, "kvq %s: cache: %s (%s)\n", cmd, msg[0] ? msg : kvq_strerror(st),
-                kvq_strerror(st));
-        return NULL;
+    *st = kvq_cache_create(&c, &cfg);
+    if (!msg[0])
+        snprintf(msg, msg_size, "%s", kvq_strerror(*st));
+    return *st == KVQ_OK ? c : NULL;
+}
+
+/* The centre of --alloc must fit the model. */
+static int kvqt_center_fits(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd) {
+    kvq_model_info in;
+    kvq_model_get_info(m, &in);
+    size_t need = in.n_layers * in.n_kv_heads * in.head_dim;
+    if (o->center_values && o->center_count != need) {
+        fprintf(stderr, "kvq %s: --alloc %s: its centre has %zu values, the model needs %zu\n",
+                cmd, o->alloc_path ? o->alloc_path : "", o->center_count, need);
+        return 0;
     }
+    return 1;
+}
+
+kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd) {
+    if (!kvqt_center_fits(m, o, cmd))
+        return NULL;
+    char msg[256];
+    kvq_status st;
+    kvq_cache *c = kvqt_try_cache(m, o, NULL, &st, msg, sizeof msg);
+    if (!c)
+        fprintf(stderr, "kvq %s: cache: %s\n", cmd, msg);
     return c;
+}
+
+int kvqt_check_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd,
+                     int name_option) {
+    if (!kvqt_center_fits(m, o, cmd))
+        return KVQT_EXIT_USAGE;
+    kvq_model_info in;
+    kvq_model_get_info(m, &in);
+    kvqt_cacheopts *t = malloc(sizeof *t);
+    if (!t) {
+        fprintf(stderr, "kvq %s: out of memory\n", cmd);
+        return KVQT_EXIT_FAIL;
+    }
+    *t = *o; /* a shallow copy: not freed */
+    if (t->budget_ratio > 0) { /* the largest budget a sequence can get */
+        double b = ceil(t->budget_ratio * (double)in.seq_len);
+        t->budget = b < 1 ? 1 : (size_t)b;
+        t->budget_ratio = 0;
+    }
+    char msg[256], msg2[256];
+    kvq_status st, st2;
+    kvq_cache *c = kvqt_try_cache(m, t, NULL, &st, msg, sizeof msg);
+    int rc = KVQT_EXIT_OK;
+    if (c) {
+        kvq_cache_free(c);
+    } else if (st == KVQ_ERR_NOMEM || st == KVQ_ERR_IO) {
+        fprintf(stderr, "kvq %s: cache: %s\n", cmd, msg);
+        rc = KVQT_EXIT_FAIL;
+    } else {
+        /* name the option: the codecs one at a time in an f32 partner's place */
+        const char *opt = NULL, *val = NULL;
+        if (name_option && !t->n_ovr) {
+            char k[sizeof t->k_codec];
+            memcpy(k, t->k_codec, sizeof k);
+            snprintf(t->k_codec, sizeof t->k_codec, "f32");
+            int klay = t->k_layout_channel;
+            t->k_layout_channel = 0;
+            c = kvqt_try_cache(m, t, NULL, &st2, msg2, sizeof msg2);
+            memcpy(t->k_codec, k, sizeof k);
+            t->k_layout_channel = klay;
+            if (c)
+                opt = klay ? "--k-codec (with --k-layout channel)" : "--k-codec", val = o->k_codec;
+            kvq_cache_free(c);
+            if (!opt) {
+                snprintf(t->v_codec, sizeof t->v_codec, "f32");
+                c = kvqt_try_cache(m, t, NULL, &st2, msg2, sizeof msg2);
+                if (c)
+                    opt = "--v-codec", val = o->v_codec;
+                kvq_cache_free(c);
+            }
+            if (!opt && !strcmp(t->k_codec, o->v_codec) && !t->k_layout_channel &&
+                (st == KVQ_ERR_UNKNOWN_CODEC || st == KVQ_ERR_BAD_OPTION || st == KVQ_ERR_GROUP))
+                opt = "--k-codec and --v-codec", val = o->k_codec;
+        }
+        char hd[32] = ""; /* the model's head_dim, where the message leaves it out */
+        if (!strstr(msg, "head_dim"))
+            snprintf(hd, sizeof hd, " (head_dim %zu)", in.head_dim);
+        if (opt)
+            fprintf(stderr, "kvq %s: %s %s: %s%s\n", cmd, opt, val, msg, hd);
+        else if (name_option)
+            fprintf(stderr, "kvq %s: the cache options do not fit this model: %s\n", cmd, msg);
+        else
+            fprintf(stderr, "kvq %s: %s%s\n", cmd, msg, hd);
+        rc = KVQT_EXIT_USAGE;
+    }
+    free(t);
+    return rc;
 }
 
 void kvqt_evalopts_init(kvqt_evalopts *eo) {
@@ -389,6 +479,11 @@ int kvqt_eval_run_opts(const kvq_model *m, const kvq_tokenizer *tok, char **line
     ev_text text;
     ev_ctx cx;
     int rc = ev_text_make(&text, tok, lines, nlines, in.seq_len, cmd);
+    if (rc == 0 && text.n == 0) {
+        fprintf(stderr, "kvq %s: no selected line has two or more tokens: nothing to predict\n",
+                cmd);
+        rc = -1;
+    }
     if (rc == 0)
         rc = ev_ctx_init(&cx, m, o, eo, text.predicted);
     else

@@ -33,6 +33,13 @@ void kvqt_evalopts_init(kvqt_evalopts *eo);
 
 /* A cache for the model with options o; NULL with a message on error. */
 kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd);
+/* Checks, before a command works, that the cache options make a cache for
+ * this model (--budget-ratio at the model's whole context): the exit code,
+ * 0, 2 with the option to blame named when the cache refuses them ("--v-codec
+ * int4:g=32: group g=32 does not divide head_dim 8", with name_option),
+ * or 1 when memory runs out. */
+int kvqt_check_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd,
+                     int name_option);
 /* Teacher-forces every line through a cache with options o, as inference
  * runs: the first eo->prefill tokens of a line in one forward call, then one
  * token per call, each prediction's query seeing the cache as it was when

@@ -5,11 +5,9 @@
  * and the text's lines (see modelopts.h).
  */
 #include "modelopts.h"
+#include "cliargs.h"
 
-#include <ctype.h>
-#include <errno.h>
-#include <math.h>
-#include <stdint.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,77 +17,40 @@ void kvqt_modelopts_init(kvqt_modelopts *o, int with_text) {
     o->with_text = with_text;
 }
 
-/* Strict conversions of an option's value: 0, or -1 with a message. */
-static int kvqt_parse_ull(const char *cmd, const char *opt, const char *v,
-                          unsigned long long *out) {
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (!isdigit((unsigned char)v[0]) || *end || errno == ERANGE) {
-        fprintf(stderr, "kvq %s: %s needs a count (decimal digits), got '%s'\n", cmd, opt, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
-static int kvqt_parse_size(const char *cmd, const char *opt, const char *v, size_t *out) {
-    unsigned long long x;
-    if (kvqt_parse_ull(cmd, opt, v, &x) != 0)
-        return -1;
-    if (x > SIZE_MAX) {
-        fprintf(stderr, "kvq %s: %s %s is too large\n", cmd, opt, v);
-        return -1;
-    }
-    *out = (size_t)x;
-    return 0;
-}
-
-static int kvqt_parse_double(const char *cmd, const char *opt, const char *v, double *out) {
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x)) {
-        fprintf(stderr, "kvq %s: %s needs a number, got '%s'\n", cmd, opt, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 /* 1 when argv[*i] is one of the model options followed by its value (both
- * consumed), 0 when it is not, -1 on a bad value (message printed). */
+ * consumed), 0 when it is not, -1 on a bad or missing value (message
+ * printed). */
 static int kvqt_modelopts_parse(kvqt_modelopts *o, int argc, char **argv, int *i, const char *cmd) {
-    if (*i + 1 >= argc)
+    const char *a = argv[*i];
+    int is_path = !strcmp(a, "--model") || !strcmp(a, "--tokenizer") ||
+                  (o->with_text && !strcmp(a, "--text"));
+    int is_count = o->with_text && (!strcmp(a, "--skip") || !strcmp(a, "--max-lines"));
+    if (!is_path && !is_count)
         return 0;
-    const char *a = argv[*i], *v = argv[*i + 1];
-    const char **dst = NULL;
-    if (!strcmp(a, "--model"))
-        dst = &o->model;
-    else if (!strcmp(a, "--tokenizer"))
-        dst = &o->tokenizer;
-    else if (o->with_text && !strcmp(a, "--text"))
-        dst = &o->text;
-    if (dst) {
-        *dst = v;
-    } else if (o->with_text && !strcmp(a, "--skip")) {
-        if (kvqt_parse_size(cmd, a, v, &o->skip) != 0)
-            return -1;
-    } else if (o->with_text && !strcmp(a, "--max-lines")) {
-        if (kvqt_parse_size(cmd, a, v, &o->max_lines) != 0)
-            return -1;
-        if (o->max_lines == 0) {
-            fprintf(stderr, "kvq %s: --max-lines needs at least 1\n", cmd);
-            return -1;
-        }
-    } else {
-        return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kvq %s: %s needs a value\n", cmd, a);
+        return -1;
     }
-    ++*i;
+    const char *v = argv[++*i];
+    if (!strcmp(a, "--skip"))
+        return kvqt_arg_size(cmd, a, v, 0, KVQT_MAX_COUNT, &o->skip) ? -1 : 1;
+    if (!strcmp(a, "--max-lines"))
+        return kvqt_arg_size(cmd, a, v, 1, KVQT_MAX_COUNT, &o->max_lines) ? -1 : 1;
+    if (!*v) {
+        fprintf(stderr, "kvq %s: %s needs a file name, got ''\n", cmd, a);
+        return -1;
+    }
+    if (!strcmp(a, "--model"))
+        o->model = v;
+    else if (!strcmp(a, "--tokenizer"))
+        o->tokenizer = v;
+    else
+        o->text = v;
     return 1;
 }
 
 /* 1 when argv[*i] is one of opts (its value consumed), 0 when it is not, -1
- * on a bad value (message printed). */
+ * on a bad or missing value (message printed). */
 static int kvqt_opt_parse(const kvqt_opt *opts, size_t nopts, int argc, char **argv, int *i,
                           const char *cmd) {
     const char *a = argv[*i];
@@ -101,8 +62,10 @@ static int kvqt_opt_parse(const kvqt_opt *opts, size_t nopts, int argc, char **a
             *(int *)op->dst = 1;
             return 1;
         }
-        if (*i + 1 >= argc)
-            return 0;
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "kvq %s: %s needs a value\n", cmd, a);
+            return -1;
+        }
         const char *v = argv[++*i];
         int r = 0;
         switch (op->kind) {
@@ -110,13 +73,13 @@ static int kvqt_opt_parse(const kvqt_opt *opts, size_t nopts, int argc, char **a
             *(const char **)op->dst = v;
             break;
         case KVQT_OPT_SIZE:
-            r = kvqt_parse_size(cmd, a, v, (size_t *)op->dst);
+            r = kvqt_arg_size(cmd, a, v, (size_t)op->ilo, (size_t)op->ihi, (size_t *)op->dst);
             break;
         case KVQT_OPT_ULL:
-            r = kvqt_parse_ull(cmd, a, v, (unsigned long long *)op->dst);
+            r = kvqt_arg_ull(cmd, a, v, op->ilo, op->ihi, (unsigned long long *)op->dst);
             break;
         case KVQT_OPT_DOUBLE:
-            r = kvqt_parse_double(cmd, a, v, (double *)op->dst);
+            r = kvqt_arg_double(cmd, a, v, op->dlo, op->dhi, op->lo_open, (double *)op->dst);
             break;
         case KVQT_OPT_FLAG:
             break;
@@ -126,99 +89,128 @@ static int kvqt_opt_parse(const kvqt_opt *opts, size_t nopts, int argc, char **a
     return 0;
 }
 
-/* The options as a whole: a centre needs its values. */
-static int kvqt_cacheopts_consistent(const kvqt_cacheopts *co, const char *cmd) {
-    if (co->k_center && !co->center_values) {
-        fprintf(stderr,
-                "kvq %s: --k-center needs the centre from calibration data: give --alloc FILE "
-                "with a \"center\" (kvq calibrate writes one); the text under evaluation is "
-                "never used to estimate it\n",
-                cmd);
-        return -1;
-    }
-    return 0;
-}
-
 int kvqt_model_args(int argc, char **argv, const char *cmd, kvqt_modelopts *mo, kvqt_cacheopts *co,
                     const kvqt_opt *opts, size_t nopts) {
     for (int i = 1; i < argc; i++) {
+        if (kvqt_is_help(argv[i]))
+            return KVQT_ARGS_HELP;
         int r = co ? kvqt_cacheopts_parse(co, argc, argv, &i, cmd) : 0;
         if (!r)
-            r = kvqt_modelopts_parse(mo, argc, argv, &i, cmd);
+            r = mo ? kvqt_modelopts_parse(mo, argc, argv, &i, cmd) : 0;
         if (!r)
             r = kvqt_opt_parse(opts, nopts, argc, argv, &i, cmd);
-        if (r < 0)
-            return KVQT_ARGS_BAD_VALUE;
-        if (r)
+        if (r > 0)
             continue;
-        fprintf(stderr, "kvq %s: unknown or incomplete option '%s'\n", cmd, argv[i]);
-        return KVQT_ARGS_UNKNOWN;
+        if (r == 0)
+            fprintf(stderr, "kvq %s: %s '%s'\n", cmd,
+                    argv[i][0] == '-' && argv[i][1] ? "unknown option" : "unexpected argument",
+                    argv[i]);
+        fprintf(stderr, "(kvq %s --help prints the usage)\n", cmd);
+        return KVQT_ARGS_BAD;
     }
-    if (co && kvqt_cacheopts_consistent(co, cmd) != 0)
-        return KVQT_ARGS_BAD_VALUE;
+    if (co && kvqt_cacheopts_check(co, cmd) != 0) {
+        fprintf(stderr, "(kvq %s --help prints the usage)\n", cmd);
+        return KVQT_ARGS_BAD;
+    }
+    return KVQT_ARGS_OK;
+}
+
+int kvqt_modelopts_require(const kvqt_modelopts *o, const char *cmd) {
+    const char *miss[3];
+    size_t n = 0;
+    if (!o->model)
+        miss[n++] = "--model FILE";
+    if (!o->tokenizer)
+        miss[n++] = "--tokenizer FILE";
+    if (o->with_text && !o->text)
+        miss[n++] = "--text FILE";
+    if (!n)
+        return 0;
+    char buf[128] = "";
+    for (size_t i = 0; i < n; i++)
+        snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s",
+                 i == 0 ? "" : i + 1 == n ? " and " : ", ", miss[i]);
+    return kvqt_usage_error(cmd, "%s %s required", buf, n > 1 ? "are" : "is");
+}
+
+/* What is wrong with a file a loader refused: the file's own problems
+ * (missing, a directory, unreadable, empty), else the loader's status. */
+static void kvqt_load_error(const char *cmd, const char *opt, const char *path, kvq_status st,
+                            const char *what, const char *why) {
+    if (kvqt_check_input(cmd, opt, path) != 0)
+        return;
+    struct stat sb;
+    long long size = stat(path, &sb) == 0 ? (long long)sb.st_size : -1;
+    if ((st == KVQ_ERR_CORRUPT || st == KVQ_ERR_VERSION) && why && why[0])
+        fprintf(stderr, "kvq %s: %s %s: not a valid %s (%lld bytes): %s\n", cmd, opt, path, what,
+                size, why);
+    else if (st == KVQ_ERR_CORRUPT || st == KVQ_ERR_VERSION)
+        fprintf(stderr, "kvq %s: %s %s: not a valid %s (%lld bytes): %s\n", cmd, opt, path, what,
+                size, kvq_strerror(st));
+    else
+        fprintf(stderr, "kvq %s: %s %s: cannot load the %s: %s\n", cmd, opt, path, what,
+                kvq_strerror(st));
+}
+
+int kvqt_load_model(const char *cmd, const char *path, kvq_model **m) {
+    *m = NULL;
+    char why[256];
+    kvq_status st = kvq_model_load_msg(m, path, NULL, why, sizeof why);
+    if (st != KVQ_OK) {
+        kvqt_load_error(cmd, "--model", path, st, "llama2.c checkpoint", why);
+        return -1;
+    }
     return 0;
 }
 
-int kvqt_modelopts_complete(const kvqt_modelopts *o) {
-    return o->model && o->tokenizer && (!o->with_text || o->text);
-}
-
-static int kvqt_model_open(const char *model_path, const char *tok_path, kvq_model **m,
-                           kvq_tokenizer **t, const char *cmd) {
-    kvq_status st = kvq_model_load(m, model_path, NULL);
+int kvqt_load_tokenizer(const char *cmd, const char *path, size_t vocab, kvq_tokenizer **t) {
+    *t = NULL;
+    char why[256];
+    kvq_status st = kvq_tokenizer_load_msg(t, path, vocab, NULL, why, sizeof why);
     if (st != KVQ_OK) {
-        fprintf(stderr, "kvq %s: cannot load model %s: %s\n", cmd, model_path, kvq_strerror(st));
-        return -1;
-    }
-    kvq_model_info in;
-    kvq_model_get_info(*m, &in);
-    st = kvq_tokenizer_load(t, tok_path, in.vocab_size, NULL);
-    if (st != KVQ_OK) {
-        fprintf(stderr, "kvq %s: cannot load tokenizer %s: %s\n", cmd, tok_path, kvq_strerror(st));
-        kvq_model_free(*m);
-        *m = NULL;
+        char what[96];
+        snprintf(what, sizeof what, "llama2.c tokenizer for the model's %zu tokens", vocab);
+        kvqt_load_error(cmd, "--tokenizer", path, st, what, why);
         return -1;
     }
     return 0;
 }
 
-/* The non-empty lines of a file (newline and a trailing '\r' stripped), or
- * NULL when it cannot be opened. */
-static char **kvqt_read_lines(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 16, cnt = 0, len = 0, lcap = 0;
-    char **lines = malloc(cap * sizeof *lines), *line = NULL;
-    int ch;
-    for (;;) {
-        ch = fgetc(f);
-        if (ch == EOF || ch == '\n') {
-            if (len > 0 && line[len - 1] == '\r')
-                len--;
-            if (len > 0) {
-                line[len] = 0;
-                if (cnt == cap) {
-                    cap *= 2;
-                    lines = realloc(lines, cap * sizeof *lines);
-                }
-                lines[cnt++] = line;
-                line = NULL;
-                lcap = 0;
+/* The non-empty lines of a text (newline and a trailing '\r' cut), copied
+ * into separately owned strings; NULL when out of memory. */
+static char **kvqt_split_lines(const char *buf, size_t size, size_t *n) {
+    size_t cap = 16, cnt = 0;
+    char **lines = malloc(cap * sizeof *lines);
+    int oom = !lines;
+    for (size_t i = 0; !oom && i < size;) {
+        const char *nl = memchr(buf + i, '\n', size - i);
+        size_t end = nl ? (size_t)(nl - buf) : size, len = end - i;
+        if (len > 0 && buf[i + len - 1] == '\r')
+            len--;
+        if (len > 0 && cnt == cap) {
+            char **nv = realloc(lines, 2 * cap * sizeof *lines);
+            if (nv)
+                lines = nv, cap *= 2;
+            oom = !nv;
+        }
+        if (len > 0 && !oom) {
+            char *l = malloc(len + 1);
+            if (l) {
+                memcpy(l, buf + i, len);
+                l[len] = 0;
+                lines[cnt++] = l;
             }
-            len = 0;
-            if (ch == EOF)
-                break;
-            continue;
+            oom = !l;
         }
-        if (len + 2 > lcap) {
-            lcap = lcap ? 2 * lcap : 256;
-            line = realloc(line, lcap);
-        }
-        line[len++] = (char)ch;
+        i = end + 1;
     }
-    free(line);
-    fclose(f);
+    if (oom) {
+        for (size_t i = 0; lines && i < cnt; i++)
+            free(lines[i]);
+        free(lines);
+        lines = NULL;
+        cnt = 0;
+    }
     *n = cnt;
     return lines;
 }
@@ -237,25 +229,44 @@ static void kvqt_select_lines(kvqt_model_session *s, size_t skip, size_t max_lin
 }
 
 int kvqt_model_session_open(kvqt_model_session *s, const kvqt_modelopts *o, size_t min_lines,
-                            const char *cmd, const char *text_note) {
+                            const char *cmd) {
     memset(s, 0, sizeof *s);
     s->model_path = o->model;
-    if (kvqt_model_open(o->model, o->tokenizer, &s->model, &s->tok, cmd))
+    char *text = NULL;
+    size_t size = 0;
+    /* the text first: it is cheap to check */
+    if (o->with_text && kvqt_read_text(cmd, "--text", o->text, &text, &size) != 0)
         return -1;
+    if (kvqt_load_model(cmd, o->model, &s->model) != 0) {
+        free(text);
+        return -1;
+    }
+    kvq_model_info in;
+    kvq_model_get_info(s->model, &in);
+    if (kvqt_load_tokenizer(cmd, o->tokenizer, in.vocab_size, &s->tok) != 0) {
+        free(text);
+        kvqt_model_session_close(s);
+        return -1;
+    }
     if (!o->with_text)
         return 0;
-    s->lines = kvqt_read_lines(o->text, &s->nlines);
+    s->lines = kvqt_split_lines(text, size, &s->nlines);
+    free(text);
     if (!s->lines) {
-        fprintf(stderr, "kvq %s: cannot read %s%s\n", cmd, o->text, text_note);
+        fprintf(stderr, "kvq %s: --text %s: out of memory\n", cmd, o->text);
         kvqt_model_session_close(s);
         return -1;
     }
     size_t all = s->nlines;
     kvqt_select_lines(s, o->skip, o->max_lines);
     if (s->nlines < min_lines) {
-        fprintf(stderr, "kvq %s: %s: %zu non-empty lines, %zu selected (--skip %zu, --max-lines "
-                        "%zu); at least %zu needed\n",
-                cmd, o->text, all, s->nlines, o->skip, o->max_lines, min_lines);
+        if (all == 0)
+            fprintf(stderr, "kvq %s: --text %s: no line holds any text\n", cmd, o->text);
+        else
+            fprintf(stderr,
+                    "kvq %s: --text %s: %zu non-empty lines, %zu selected (--skip %zu, "
+                    "--max-lines %zu); at least %zu needed\n",
+                    cmd, o->text, all, s->nlines, o->skip, o->max_lines, min_lines);
         kvqt_model_session_close(s);
         return -1;
     }

@@ -15,9 +15,12 @@
  */
 #include "kvq.h"
 #include "benchlib.h"
+#include "cliargs.h"
+#include "modelopts.h"
 #include "npy.h"
 #include "tool.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -175,11 +178,20 @@ typedef struct {
     long n_kl;
 } sim_quality;
 
+/* What one cache gave for a query token: its attention output [QH][d], its
+ * per-KV-head token attention [H][n] over the positions pos[0..n), and the
+ * figures it adds to. */
+typedef struct {
+    const float *out, *tattn;
+    const int32_t *pos;
+    size_t n;
+    sim_quality *qa;
+} sim_view;
+
 /* Exact attention for layer l, query token t over tokens 0..t of the full
- * context; compares with the cache output and its per-KV-head token
- * attention (positions given in pos[0..n)). */
-static void sim_reference(const sim_data *D, size_t l, size_t t, const float *out,
-                          const float *tattn, const int32_t *pos, size_t n, sim_quality *qa,
+ * context, compared with each of the nv caches' outputs and token
+ * attention. */
+static void sim_reference(const sim_data *D, size_t l, size_t t, const sim_view *vw, size_t nv,
                           double *p, double *pg) {
     size_t H = D->H, QH = D->QH, d = D->d, G = QH / H, N = D->N;
     double sc = 1.0 / sqrt((double)d);
@@ -209,26 +221,30 @@ static void sim_reference(const sim_data *D, size_t l, size_t t, const float *ou
                 for (size_t j = 0; j <= t; j++)
                     o += p[j] * D->v[((l * N + j) * H + h) * d + c];
                 o /= sum;
-                double e = out[qh * d + c] - o;
-                qa->err2 += e * e;
-                qa->ref2 += o * o;
+                for (size_t k = 0; k < nv; k++) {
+                    double e = vw[k].out[qh * d + c] - o;
+                    vw[k].qa->err2 += e * e;
+                    vw[k].qa->ref2 += o * o;
+                }
             }
             for (size_t j = 0; j <= t; j++)
                 pg[j] += p[j] / sum / (double)G;
         }
-        double kl = 0, kept = 0;
-        for (size_t i = 0; i < n; i++) {
-            size_t j = (size_t)pos[i];
-            if (j > t)
-                continue;
-            double pc = tattn[h * n + i] / (double)G;
-            kept += pg[j];
-            if (pc > 0)
-                kl += pc * log(pc / fmax(pg[j], 1e-300));
+        for (size_t k = 0; k < nv; k++) {
+            double kl = 0, kept = 0;
+            for (size_t i = 0; i < vw[k].n; i++) {
+                size_t j = (size_t)vw[k].pos[i];
+                if (j > t)
+                    continue;
+                double pc = vw[k].tattn[h * vw[k].n + i] / (double)G;
+                kept += pg[j];
+                if (pc > 0)
+                    kl += pc * log(pc / fmax(pg[j], 1e-300));
+            }
+            vw[k].qa->kl += kl;
+            vw[k].qa->kept += kept;
+            vw[k].qa->n_kl++;
         }
-        qa->kl += kl;
-        qa->kept += kept;
-        qa->n_kl++;
     }
 }
 
@@ -255,7 +271,7 @@ typedef struct {
     double budget_ratio;
     const char *kc, *vc, *policy, *layout, *data;
     int prerope, center, json;
-    uint64_t seed;
+    unsigned long long seed;
     size_t hot_tokens, warm_tokens;
     const char *warm_codec, *cold;
     int verify, strict;
@@ -276,144 +292,163 @@ static int sim_parse_policy(const char *s, kvq_policy *p) {
     return 0;
 }
 
+/* The default V codec: int4 in groups of 32 where 32 divides head_dim,
+ * else int4 over the whole vector. */
+#define SIM_DEFAULT_V "int4:g=32"
+#define SIM_DEFAULT_V_SMALL "int4"
+
+/* What the synthetic workload is (see the top of the file). */
+#define SIM_SYNTH_TEXT                                                                             \
+    "synthetic (seeded): keys = a per-channel mean + Gaussian, 2 outlier channels x5, RoPE; "     \
+    "values Gaussian; each query aims at one earlier token (40%% 10 heavy hitters, 40%% the "     \
+    "last 64, 20%% any)"
+
 static void sim_usage(FILE *f) {
-    fprintf(f, "usage: kvq simulate [--layers 8] [--kv-heads 8] [--q-heads 32] [--head-dim 128]\n"
-               "  [--prompt 2048] [--decode 512] [--k-codec C] [--v-codec C]\n"
-               "  [--k-layout token|channel] [--k-prerope] [--k-center]\n"
-               "  [--policy none|window|fifo|utility] [--budget N | --budget-ratio R]\n"
-               "  [--window N (protected recent tokens, 128)] [--sinks N (4)] [--page N (16)]\n"
-               "  [--recent N (full-precision recent window, 0)] [--threads N (1)]\n"
-               "  [--data synthetic|DIR] [--quality-every N (16)] [--seed N] [--json]\n"
-               "  [--hot-tokens N] [--warm-tokens N] [--warm-codec C]\n"
-               "  [--cold file:DIR|redis://HOST:PORT|none] [--verify] [--strict-tiers]\n"
-               "  [--cold-ttl MS (records expire; Redis)]\n");
+    fprintf(f,
+            "usage: kvq simulate [--layers N] [--kv-heads N] [--q-heads N] [--head-dim N]\n"
+            "                    [--prompt N] [--decode N] [--k-codec C] [--v-codec C]\n"
+            "                    [--k-layout token|channel] [--k-prerope] [--k-center]\n"
+            "                    [--policy none|window|fifo|utility --budget N | --budget-ratio R\n"
+            "                     --window N --sinks N] [--page N] [--recent N] [--threads N]\n"
+            "                    [--data synthetic|DIR] [--quality-every N] [--seed N] [--json]\n"
+            "                    [--hot-tokens N] [--warm-tokens N] [--warm-codec C]\n"
+            "                    [--cold file:DIR|redis://HOST:PORT|none] [--verify]\n"
+            "                    [--strict-tiers] [--cold-ttl MS]\n"
+            "  a prefill (chunks of 256 tokens) and a decode through a kvq cache, beside exact\n"
+            "  f32 attention over the whole context, an f32 cache with the same eviction (what\n"
+            "  eviction alone costs) and an f32 cache without eviction (the time baseline)\n"
+            "  --layers N (8, 1..1024)  --kv-heads N (8, 1..1024)  --q-heads N (32, a multiple\n"
+            "  of --kv-heads)  --head-dim N (128, 1..1024)  --prompt N (2048, 1..2^30)\n"
+            "  --decode N (512, 0..2^30)\n"
+            "  --k-codec C (int8), --v-codec C (" SIM_DEFAULT_V ", or " SIM_DEFAULT_V_SMALL
+            " where 32 does not divide head_dim)\n"
+            "  --policy P (none): a policy needs --budget N (1..2^30) or --budget-ratio R\n"
+            "    (0 < R <= 1, of the prompt); --window N (128) and --sinks N (4) are its\n"
+            "    protected newest and first tokens\n"
+            "  --page N (16, 1..4096)  --recent N (f16 recent window, 0)  --threads N (1, 1..256)\n"
+            "  --data synthetic|DIR: synthetic K/V/Q (below), or DIR/k.npy, k_prerope.npy,\n"
+            "    v.npy [layers][tokens][heads][head_dim] and q.npy (the shapes come from the\n"
+            "    files; --prompt and --decode are clamped to their tokens)\n"
+            "  --quality-every N (16): compare every N-th decode step (and the last)\n"
+            "  --seed N (1, 0..2^64-1): the synthetic data's seed\n"
+            "  tiers: --hot-tokens N and --warm-tokens N per layer (0 = unlimited; pages of\n"
+            "    the sinks and the protected window stay hot),\n"
+            "    --warm-codec C, --cold URL (none), --verify (CRC of demoted blocks),\n"
+            "    --strict-tiers (a lost cold page fails the attend), --cold-ttl MS (Redis)\n"
+            "  synthetic data: " SIM_SYNTH_TEXT "\n"
+            "exit status: 0 ok, 1 failure, 2 usage error\n");
 }
 
-static int sim_need(int i, int argc, const char *opt) {
-    if (i + 1 >= argc) {
-        fprintf(stderr, "kvq simulate: %s needs a value\n", opt);
-        return 0;
-    }
-    return 1;
-}
-
-static int sim_size(const char *s, size_t *out) {
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*s == '-' || end == s || *end)
-        return -1;
-    *out = (size_t)v;
+/* The options as a whole: the one rule that is broken, or 0. */
+static int sim_check(const sim_opts *o, kvq_policy *pol, int window_set, int sinks_set) {
+    const char *cmd = "simulate";
+    if (sim_parse_policy(o->policy, pol) != 0)
+        return kvqt_usage_error(cmd, "--policy must be none, window, fifo or utility, got '%s'",
+                                o->policy);
+    if (strcmp(o->layout, "token") && strcmp(o->layout, "channel"))
+        return kvqt_usage_error(cmd, "--k-layout must be token or channel, got '%s'", o->layout);
+    if (o->QH % o->H)
+        return kvqt_usage_error(cmd, "--q-heads %zu must be a multiple of --kv-heads %zu", o->QH,
+                                o->H);
+    if (o->budget && o->budget_ratio > 0)
+        return kvqt_usage_error(cmd, "give --budget or --budget-ratio, not both");
+    int budget = o->budget || o->budget_ratio > 0;
+    int tiers = o->hot_tokens || o->warm_tokens;
+    /* sinks and the protected window also keep pages hot in the tiers */
+    if (*pol == KVQ_POLICY_NONE && (budget || (!tiers && (window_set || sinks_set))))
+        return kvqt_usage_error(cmd, "%s needs an eviction policy (--policy window, fifo or "
+                                     "utility): without one nothing is evicted",
+                                o->budget                ? "--budget"
+                                : o->budget_ratio > 0    ? "--budget-ratio"
+                                : window_set             ? "--window"
+                                                         : "--sinks");
+    if (*pol != KVQ_POLICY_NONE && !budget)
+        return kvqt_usage_error(cmd, "--policy %s needs a budget (--budget N or --budget-ratio "
+                                     "R): without one it evicts nothing", o->policy);
+    const char *tier_opt = o->warm_codec ? "--warm-codec" : o->cold ? "--cold"
+                         : o->verify ? "--verify" : o->strict ? "--strict-tiers"
+                         : o->cold_ttl_ms ? "--cold-ttl" : NULL;
+    if (!tiers && tier_opt)
+        return kvqt_usage_error(cmd, "%s needs tiers (--hot-tokens N or --warm-tokens N): "
+                                     "without them every page stays hot", tier_opt);
+    if (o->cold_ttl_ms && !o->cold)
+        return kvqt_usage_error(cmd, "--cold-ttl needs a cold store (--cold URL)");
     return 0;
 }
 
+/* Parses the command line into o: 0, KVQT_ARGS_HELP, or the exit code of a
+ * usage error (message printed). */
+static int sim_args(int argc, char **argv, sim_opts *o, kvq_policy *pol) {
+    const size_t M = KVQT_MAX_COUNT;
+    size_t window = SIZE_MAX, sinks = SIZE_MAX;
+    const char *cold = NULL;
+    const kvqt_opt opts[] = {
+        KVQT_SIZE("--layers", &o->L, 1, 1024), KVQT_SIZE("--kv-heads", &o->H, 1, 1024),
+        KVQT_SIZE("--q-heads", &o->QH, 1, 16384), KVQT_SIZE("--head-dim", &o->d, 1, 1024),
+        KVQT_SIZE("--prompt", &o->prompt, 1, M), KVQT_SIZE("--decode", &o->decode, 0, M),
+        KVQT_SIZE("--budget", &o->budget, 1, M), KVQT_SIZE("--window", &window, 0, M),
+        KVQT_SIZE("--sinks", &sinks, 0, M), KVQT_SIZE("--page", &o->page, 1, 4096),
+        KVQT_SIZE("--threads", &o->threads, 1, 256), KVQT_SIZE("--recent", &o->recent, 0, M),
+        KVQT_SIZE("--quality-every", &o->every, 1, M),
+        KVQT_SIZE("--hot-tokens", &o->hot_tokens, 0, M),
+        KVQT_SIZE("--warm-tokens", &o->warm_tokens, 0, M),
+        KVQT_SIZE("--cold-ttl", &o->cold_ttl_ms, 0, (size_t)1 << 31),
+        KVQT_DOUBLE("--budget-ratio", &o->budget_ratio, 0, 1, 1),
+        KVQT_ULL("--seed", &o->seed, 0, ULLONG_MAX), KVQT_STR("--k-codec", &o->kc),
+        KVQT_STR("--v-codec", &o->vc), KVQT_STR("--policy", &o->policy),
+        KVQT_STR("--k-layout", &o->layout), KVQT_STR("--data", &o->data),
+        KVQT_STR("--warm-codec", &o->warm_codec), KVQT_STR("--cold", &cold),
+        KVQT_FLAG("--k-prerope", &o->prerope), KVQT_FLAG("--k-center", &o->center),
+        KVQT_FLAG("--verify", &o->verify), KVQT_FLAG("--strict-tiers", &o->strict),
+        KVQT_FLAG("--json", &o->json)};
+    int r = kvqt_model_args(argc, argv, "simulate", NULL, NULL, opts, KVQT_NOPTS(opts));
+    if (r == KVQT_ARGS_HELP)
+        return KVQT_ARGS_HELP;
+    if (r != KVQT_ARGS_OK)
+        return KVQT_EXIT_USAGE;
+    const char *empty = !*o->kc ? "--k-codec" : o->vc && !*o->vc ? "--v-codec"
+                      : !*o->data ? "--data" : o->warm_codec && !*o->warm_codec ? "--warm-codec"
+                      : cold && !*cold ? "--cold" : NULL;
+    if (empty)
+        return kvqt_usage_error("simulate", "%s needs a value, got ''", empty);
+    o->cold = cold && strcmp(cold, "none") ? cold : NULL;
+    o->window = window == SIZE_MAX ? 128 : window;
+    o->sinks = sinks == SIZE_MAX ? 4 : sinks;
+    return sim_check(o, pol, window != SIZE_MAX, sinks != SIZE_MAX);
+}
+
+/* The figures of one cache against exact attention. */
+static void sim_figures(const sim_quality *q, double *rel, double *kl, double *kept) {
+    *rel = q->ref2 > 0 ? sqrt(q->err2 / q->ref2) : 0;
+    *kl = q->n_kl ? fmax(q->kl / (double)q->n_kl, 0) : 0; /* < 0: rounding of a zero */
+    *kept = q->n_kl ? q->kept / (double)q->n_kl : 0;
+}
+
 int kvq_tool_simulate(int argc, char **argv) {
-    sim_opts o = {8, 8, 32, 128, 2048, 512, 0, 128, 4, 16, 1, 0, 16, 0.0, "int8", "int4:g=32",
+    sim_opts o = {8, 8, 32, 128, 2048, 512, 0, 128, 4, 16, 1, 0, 16, 0.0, "int8", NULL,
                   "none", "token", "synthetic", 0, 0, 0, 1, 0, 0, NULL, NULL, 0, 0, 0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        struct {
-            const char *name;
-            size_t *dst;
-        } sz[] = {{"--layers", &o.L},     {"--kv-heads", &o.H},   {"--q-heads", &o.QH},
-                  {"--head-dim", &o.d},   {"--prompt", &o.prompt}, {"--decode", &o.decode},
-                  {"--budget", &o.budget}, {"--window", &o.window}, {"--sinks", &o.sinks},
-                  {"--page", &o.page},    {"--threads", &o.threads}, {"--recent", &o.recent},
-                  {"--quality-every", &o.every}, {"--hot-tokens", &o.hot_tokens},
-                  {"--warm-tokens", &o.warm_tokens}, {"--cold-ttl", &o.cold_ttl_ms}};
-        int done = 0;
-        for (size_t k = 0; k < sizeof sz / sizeof sz[0]; k++)
-            if (!strcmp(a, sz[k].name)) {
-                if (!sim_need(i, argc, a))
-                    return 2;
-                if (sim_size(argv[++i], sz[k].dst) != 0) {
-                    fprintf(stderr, "kvq simulate: %s: '%s' is not a count\n", a, argv[i]);
-                    return 2;
-                }
-                done = 1;
-            }
-        if (done)
-            continue;
-        if (!strcmp(a, "--k-codec") || !strcmp(a, "--v-codec") || !strcmp(a, "--policy") ||
-            !strcmp(a, "--k-layout") || !strcmp(a, "--data") || !strcmp(a, "--budget-ratio") ||
-            !strcmp(a, "--seed") || !strcmp(a, "--warm-codec") || !strcmp(a, "--cold")) {
-            if (!sim_need(i, argc, a))
-                return 2;
-            const char *v = argv[++i];
-            if (!strcmp(a, "--k-codec"))
-                o.kc = v;
-            else if (!strcmp(a, "--v-codec"))
-                o.vc = v;
-            else if (!strcmp(a, "--policy"))
-                o.policy = v;
-            else if (!strcmp(a, "--k-layout"))
-                o.layout = v;
-            else if (!strcmp(a, "--data"))
-                o.data = v;
-            else if (!strcmp(a, "--seed"))
-                o.seed = strtoull(v, NULL, 10);
-            else if (!strcmp(a, "--warm-codec"))
-                o.warm_codec = v;
-            else if (!strcmp(a, "--cold"))
-                o.cold = strcmp(v, "none") ? v : NULL;
-            else {
-                char *end;
-                o.budget_ratio = strtod(v, &end);
-                if (*end || !(o.budget_ratio > 0)) {
-                    fprintf(stderr, "kvq simulate: --budget-ratio needs a positive number\n");
-                    return 2;
-                }
-            }
-        } else if (!strcmp(a, "--k-prerope")) {
-            o.prerope = 1;
-        } else if (!strcmp(a, "--k-center")) {
-            o.center = 1;
-        } else if (!strcmp(a, "--verify")) {
-            o.verify = 1;
-        } else if (!strcmp(a, "--strict-tiers")) {
-            o.strict = 1;
-        } else if (!strcmp(a, "--json")) {
-            o.json = 1;
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            sim_usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "kvq simulate: unknown option '%s'\n", a);
-            sim_usage(stderr);
-            return 2;
-        }
+    kvq_policy pol = KVQ_POLICY_NONE;
+    int r = sim_args(argc, argv, &o, &pol);
+    if (r == KVQT_ARGS_HELP) {
+        sim_usage(stdout);
+        return KVQT_EXIT_OK;
     }
-    kvq_policy pol;
-    if (sim_parse_policy(o.policy, &pol) != 0) {
-        fprintf(stderr, "kvq simulate: unknown policy '%s' (none, window, fifo, utility)\n", o.policy);
-        return 2;
-    }
-    if (strcmp(o.layout, "token") && strcmp(o.layout, "channel")) {
-        fprintf(stderr, "kvq simulate: --k-layout must be token or channel\n");
-        return 2;
-    }
-    if (o.budget && o.budget_ratio > 0) {
-        fprintf(stderr, "kvq simulate: give --budget or --budget-ratio, not both\n");
-        return 2;
-    }
-    if (!o.L || !o.H || !o.QH || o.QH % o.H || !o.d || o.d > 1024 || !o.prompt || !o.page ||
-        !o.threads || !o.every) {
-        fprintf(stderr, "kvq simulate: shape must be positive, q-heads a multiple of kv-heads, "
-                        "head-dim <= 1024\n");
-        return 2;
-    }
+    if (r)
+        return r;
     sim_data D = {0};
     D.L = o.L, D.H = o.H, D.QH = o.QH, D.d = o.d, D.prompt = o.prompt, D.decode = o.decode;
     D.N = o.prompt + o.decode;
     int real = strcmp(o.data, "synthetic") != 0;
-    if (real) /* the prompt and decode lengths are clamped to the file's tokens */
-        D.decode = o.decode, D.prompt = o.prompt;
     if (real ? sim_load(&D, o.data) : sim_synth(&D, o.seed)) {
         if (!real)
             fprintf(stderr, "kvq simulate: out of memory for the workload\n");
         free(D.k), free(D.kpre), free(D.v), free(D.q);
-        return 1;
+        return KVQT_EXIT_FAIL;
     }
-    size_t L = D.L, H = D.H, QH = D.QH, d = D.d, N = D.N, G = QH / H;
+    size_t L = D.L, H = D.H, QH = D.QH, d = D.d, N = D.N;
+    int v_default = !o.vc;
+    if (v_default)
+        o.vc = d % 32 == 0 ? SIM_DEFAULT_V : SIM_DEFAULT_V_SMALL;
 
     kvq_cache_config cfg;
     kvq_cache_config_init(&cfg);
@@ -440,30 +475,55 @@ int kvq_tool_simulate(int argc, char **argv) {
         cfg.k_center_values = center;
     }
     kvq_cache_config hot_cfg = cfg; /* the same cache with every page hot */
+    /* the f32 cache with the same eviction: what eviction alone costs */
+    kvq_cache_config ev_cfg;
+    kvq_cache_config_init(&ev_cfg);
+    ev_cfg.n_layers = L, ev_cfg.n_kv_heads = H, ev_cfg.n_q_heads = QH, ev_cfg.head_dim = d;
+    ev_cfg.max_tokens = N, ev_cfg.k_codec = "f32", ev_cfg.v_codec = "f32";
+    ev_cfg.page_tokens = o.page, ev_cfg.sinks = o.sinks, ev_cfg.policy = pol;
+    ev_cfg.budget_tokens = o.budget, ev_cfg.budget_ratio = o.budget_ratio;
+    ev_cfg.protect_recent = o.window, ev_cfg.n_threads = o.threads;
     kvq_store *store = NULL;
-    if (o.cold) {
+    int tiers = o.hot_tokens || o.warm_tokens;
+    cfg.hot_tokens = o.hot_tokens, cfg.warm_tokens = o.warm_tokens;
+    cfg.warm_codec = o.warm_codec, cfg.verify_tiers = o.verify;
+    cfg.strict_tiers = o.strict, cfg.cold_ttl_ms = o.cold_ttl_ms;
+    cfg.err_msg = msg, cfg.err_msg_size = sizeof msg;
+    kvq_cache *cache = NULL, *ref = NULL, *allhot = NULL, *fev = NULL;
+    /* the configuration is checked before the cold store is opened (which
+     * may create its directory) */
+    kvq_status st = kvq_cache_create(&cache, &cfg);
+    kvq_cache_free(cache);
+    cache = NULL;
+    int rc = KVQT_EXIT_USAGE;
+    if (st == KVQ_OK && o.cold) {
         char serr[256] = "";
         kvq_status sst = kvq_store_open(&store, o.cold, NULL, serr, sizeof serr);
         if (sst != KVQ_OK) {
             fprintf(stderr, "kvq simulate: --cold %s: %s\n", o.cold, serr[0] ? serr : kvq_strerror(sst));
-            free(D.k), free(D.kpre), free(D.v), free(D.q);
-            return 2;
+            free(D.k), free(D.kpre), free(D.v), free(D.q), free(center);
+            return KVQT_EXIT_FAIL;
         }
     }
-    int tiers = o.hot_tokens || o.warm_tokens;
-    cfg.hot_tokens = o.hot_tokens, cfg.warm_tokens = o.warm_tokens;
-    cfg.warm_codec = o.warm_codec, cfg.cold_store = store, cfg.verify_tiers = o.verify;
-    cfg.strict_tiers = o.strict, cfg.cold_ttl_ms = o.cold_ttl_ms;
-    cfg.err_msg = msg, cfg.err_msg_size = sizeof msg;
-    kvq_cache *cache = NULL, *ref = NULL, *allhot = NULL;
-    kvq_status st = kvq_cache_create(&cache, &cfg);
+    cfg.cold_store = store;
+    if (st == KVQ_OK)
+        st = kvq_cache_create(&cache, &cfg);
     if (st == KVQ_OK && tiers)
         st = kvq_cache_create(&allhot, &hot_cfg);
     if (st != KVQ_OK) {
-        fprintf(stderr, "kvq simulate: cache: %s (%s)\n", msg[0] ? msg : kvq_strerror(st),
-                kvq_strerror(st));
-        free(D.k), free(D.kpre), free(D.v), free(D.q);
-        return 2;
+        if (st == KVQ_ERR_NOMEM)
+            rc = KVQT_EXIT_FAIL;
+        if (v_default && st == KVQ_ERR_GROUP && strstr(msg, SIM_DEFAULT_V_SMALL))
+            fprintf(stderr, "kvq simulate: cache: %s (--k-codec %s, the default --v-codec %s)\n",
+                    msg[0] ? msg : kvq_strerror(st), o.kc, o.vc);
+        else
+            fprintf(stderr, "kvq simulate: cache: %s\n", msg[0] ? msg : kvq_strerror(st));
+        if (rc == KVQT_EXIT_USAGE)
+            kvqt_usage_hint("simulate");
+        kvq_cache_free(cache);
+        kvq_store_close(store);
+        free(D.k), free(D.kpre), free(D.v), free(D.q), free(center);
+        return rc;
     }
     kvq_cache_config rcfg;
     kvq_cache_config_init(&rcfg);
@@ -471,13 +531,16 @@ int kvq_tool_simulate(int argc, char **argv) {
     rcfg.max_tokens = N, rcfg.k_codec = "f32", rcfg.v_codec = "f32", rcfg.page_tokens = o.page;
     rcfg.n_threads = o.threads;
     st = kvq_cache_create(&ref, &rcfg);
+    if (st == KVQ_OK)
+        st = kvq_cache_create(&fev, &ev_cfg);
     float *out = malloc(QH * d * sizeof(float) * 64), *tattn = malloc(H * N * sizeof(float));
-    (void)tiers;
-    int32_t *pos = malloc(N * sizeof(int32_t)), *qpos = malloc(64 * sizeof(int32_t));
+    float *ftattn = malloc(H * N * sizeof(float));
+    int32_t *pos = malloc(N * sizeof(int32_t)), *fpos = malloc(N * sizeof(int32_t));
+    int32_t *qpos = malloc(64 * sizeof(int32_t));
     double *p = malloc((N + 1) * sizeof(double)), *pg = malloc((N + 1) * sizeof(double));
-    if (st != KVQ_OK || !out || !tattn || !pos || !qpos || !p || !pg) {
+    if (st != KVQ_OK || !out || !tattn || !ftattn || !pos || !fpos || !qpos || !p || !pg) {
         fprintf(stderr, "kvq simulate: out of memory\n");
-        return 1;
+        return KVQT_EXIT_FAIL;
     }
     const float *K = o.prerope ? D.kpre : D.k;
     int tty = !o.json && isatty(2);
@@ -493,31 +556,35 @@ int kvq_tool_simulate(int argc, char **argv) {
             int32_t pp[256];
             for (size_t i = 0; i < m; i++)
                 pp[i] = (int32_t)(t0 + i);
+            const float *kk = K + (l * N + t0) * H * d, *vv = D.v + (l * N + t0) * H * d;
             double a0 = kvqb_now();
-            st = kvq_cache_append(cache, l, K + (l * N + t0) * H * d, D.v + (l * N + t0) * H * d, pp, m);
+            st = kvq_cache_append(cache, l, kk, vv, pp, m);
             double a1 = kvqb_now();
             if (st == KVQ_OK)
-                st = kvq_cache_append(ref, l, D.k + (l * N + t0) * H * d, D.v + (l * N + t0) * H * d, pp, m);
-            if (st == KVQ_OK && allhot)
-                st = kvq_cache_append(allhot, l, K + (l * N + t0) * H * d, D.v + (l * N + t0) * H * d, pp, m);
+                st = kvq_cache_append(ref, l, D.k + (l * N + t0) * H * d, vv, pp, m);
             t_app += a1 - a0;
             t_app_ref += kvqb_now() - a1;
+            if (st == KVQ_OK)
+                st = kvq_cache_append(fev, l, D.k + (l * N + t0) * H * d, vv, pp, m);
+            if (st == KVQ_OK && allhot)
+                st = kvq_cache_append(allhot, l, kk, vv, pp, m);
             n_app += m;
             size_t nq = m < 8 ? m : 8;
             for (size_t i = 0; i < nq; i++)
                 qpos[i] = (int32_t)(t0 + m - nq + i);
+            const float *qq = D.q + (l * N + t0 + m - nq) * QH * d;
             if (st == KVQ_OK)
-                st = sim_attend(cache, l, D.q + (l * N + t0 + m - nq) * QH * d, qpos, nq, out,
-                                QH * d * 64, NULL, 0, &retries);
+                st = sim_attend(cache, l, qq, qpos, nq, out, QH * d * 64, NULL, 0, &retries);
+            if (st == KVQ_OK)
+                st = kvq_cache_attend(fev, l, qq, qpos, nq, out, QH * d * 64, NULL, 0);
             if (st == KVQ_OK && allhot)
-                st = kvq_cache_attend(allhot, l, D.q + (l * N + t0 + m - nq) * QH * d, qpos, nq, out,
-                                      QH * d * 64, NULL, 0);
+                st = kvq_cache_attend(allhot, l, qq, qpos, nq, out, QH * d * 64, NULL, 0);
         }
         if (tty)
             fprintf(stderr, "\rprefill %zu/%zu", t0 + m, D.prompt);
     }
     /* decode */
-    sim_quality qa = {0};
+    sim_quality qa = {0}, fqa = {0};
     double hot_err2 = 0, hot_ref2 = 0;
     double t_dec = 0, t_dec_ref = 0, t_dapp = 0;
     size_t n_dapp = 0;
@@ -527,8 +594,9 @@ int kvq_tool_simulate(int argc, char **argv) {
         int sample = (s % o.every) == 0 || s + 1 == D.decode;
         for (size_t l = 0; l < L && st == KVQ_OK; l++) {
             const float *q = D.q + (l * N + t) * QH * d;
+            const float *vv = D.v + (l * N + t) * H * d, *kref = D.k + (l * N + t) * H * d;
             double a0 = kvqb_now();
-            st = kvq_cache_append(cache, l, K + (l * N + t) * H * d, D.v + (l * N + t) * H * d, &pt, 1);
+            st = kvq_cache_append(cache, l, K + (l * N + t) * H * d, vv, &pt, 1);
             double a1 = kvqb_now();
             if (st == KVQ_OK)
                 st = sim_attend(cache, l, q, &pt, 1, out, QH * d, sample ? tattn : NULL, H * N,
@@ -538,14 +606,20 @@ int kvq_tool_simulate(int argc, char **argv) {
             n_dapp++;
             t_dec += a2 - a0;
             if (st == KVQ_OK)
-                st = kvq_cache_append(ref, l, D.k + (l * N + t) * H * d, D.v + (l * N + t) * H * d, &pt, 1);
+                st = kvq_cache_append(ref, l, kref, vv, &pt, 1);
             float *ro = out + QH * d;
             if (st == KVQ_OK)
                 st = kvq_cache_attend(ref, l, q, &pt, 1, ro, QH * d, NULL, 0);
             t_dec_ref += kvqb_now() - a2;
+            float *fo = out + 3 * QH * d;
+            if (st == KVQ_OK)
+                st = kvq_cache_append(fev, l, kref, vv, &pt, 1);
+            if (st == KVQ_OK)
+                st = kvq_cache_attend(fev, l, q, &pt, 1, fo, QH * d, sample ? ftattn : NULL,
+                                      H * N);
             if (st == KVQ_OK && allhot) {
                 float *ho = out + 2 * QH * d;
-                st = kvq_cache_append(allhot, l, K + (l * N + t) * H * d, D.v + (l * N + t) * H * d, &pt, 1);
+                st = kvq_cache_append(allhot, l, K + (l * N + t) * H * d, vv, &pt, 1);
                 if (st == KVQ_OK)
                     st = kvq_cache_attend(allhot, l, q, &pt, 1, ho, QH * d, NULL, 0);
                 for (size_t i = 0; i < QH * d && st == KVQ_OK; i++) {
@@ -555,10 +629,13 @@ int kvq_tool_simulate(int argc, char **argv) {
                 }
             }
             if (st == KVQ_OK && sample) {
-                size_t n;
+                size_t n, fn;
                 kvq_cache_tokens(cache, l, &n);
                 kvq_cache_positions(cache, l, pos, N);
-                sim_reference(&D, l, t, out, tattn, pos, n, &qa, p, pg);
+                kvq_cache_tokens(fev, l, &fn);
+                kvq_cache_positions(fev, l, fpos, N);
+                sim_view vw[2] = {{out, tattn, pos, n, &qa}, {fo, ftattn, fpos, fn, &fqa}};
+                sim_reference(&D, l, t, vw, 2, p, pg);
             }
         }
         if (tty && (s % 8 == 0 || s + 1 == D.decode))
@@ -569,24 +646,30 @@ int kvq_tool_simulate(int argc, char **argv) {
     if (st != KVQ_OK) {
         const char *detail = kvq_cache_last_error(cache);
         fprintf(stderr, "kvq simulate: %s%s%s\n", kvq_strerror(st), detail[0] ? ": " : "", detail);
-        return 1;
+        return KVQT_EXIT_FAIL;
     }
     kvq_tier_stats tst;
     kvq_cache_tier_stats(cache, &tst);
-    (void)G;
     double step_ms = D.decode ? t_dec / (double)D.decode * 1e3 : 0;
     double ref_ms = D.decode ? t_dec_ref / (double)D.decode * 1e3 : 0;
     double app_ns = (t_app + t_dapp) / (double)(n_app + n_dapp) * 1e9;
-    double rel = qa.ref2 > 0 ? sqrt(qa.err2 / qa.ref2) : 0;
-    double kl = qa.n_kl ? qa.kl / (double)qa.n_kl : 0;
-    double kept = qa.n_kl ? qa.kept / (double)qa.n_kl : 0;
+    double rel, kl, kept, frel, fkl, fkept;
+    sim_figures(&qa, &rel, &kl, &kept);
+    sim_figures(&fqa, &frel, &fkl, &fkept);
     size_t jl;
     kvq_cache_stats_json(cache, NULL, 0, &jl);
     char *js = malloc(jl + 1);
     kvq_cache_stats_json(cache, js, jl + 1, &jl);
-    kvq_stats tot, rtot;
+    kvq_stats tot, rtot, ftot;
     kvq_cache_stats(cache, -1, &tot);
     kvq_cache_stats(ref, -1, &rtot);
+    kvq_cache_stats(fev, -1, &ftot);
+    /* cold pages' records are in the store, not in the cache's stored bytes */
+    uint64_t cold_tok = tst.tokens[2], res_tok = tot.tokens - cold_tok;
+    double vals_per_tok = (double)(H * d * 2);
+    double res_bits = res_tok ? (double)tot.payload_bytes * 8 / ((double)res_tok * vals_per_tok) : 0;
+    double cold_bits = cold_tok ? (double)tst.bytes[2] * 8 / ((double)cold_tok * vals_per_tok) : 0;
+    const char *desc = real ? "real K/V/Q from .npy files" : "";
     if (o.json) {
         printf("{\"config\": {\"layers\": %zu, \"kv_heads\": %zu, \"q_heads\": %zu, \"head_dim\": "
                "%zu, \"prompt\": %zu, \"decode\": %zu, \"k_codec\": ",
@@ -596,13 +679,26 @@ int kvq_tool_simulate(int argc, char **argv) {
         kvqb_json_str(stdout, o.vc);
         printf(", \"k_layout\": \"%s\", \"k_prerope\": %s, \"k_center\": %s, \"policy\": \"%s\", "
                "\"budget\": %zu, \"budget_ratio\": %g, \"window\": %zu, \"sinks\": %zu, \"page\": "
-               "%zu, \"recent\": %zu, \"threads\": %zu, \"data\": ",
+               "%zu, \"recent\": %zu, \"threads\": %zu, \"seed\": %llu, \"data\": ",
                o.layout, o.prerope ? "true" : "false", o.center ? "true" : "false", o.policy,
-               o.budget, o.budget_ratio, o.window, o.sinks, o.page, o.recent, o.threads);
+               o.budget, o.budget_ratio, o.window, o.sinks, o.page, o.recent, o.threads, o.seed);
         kvqb_json_str(stdout, o.data);
-        printf("}, \"stats\": %s, \"quality\": {\"attn_rel_err\": %.6g, \"attn_kl\": %.6g, "
-               "\"attn_mass_kept\": %.6g, \"samples\": %ld",
-               js, rel, kl, kept, qa.n_kl);
+        printf(", \"data_description\": ");
+        if (real)
+            kvqb_json_str(stdout, desc);
+        else
+            printf("\"" SIM_SYNTH_TEXT "\"");
+        printf("}, \"stats\": %s, \"accounting\": {\"tokens\": %llu, \"tokens_cold\": %llu, "
+               "\"cold_record_bytes\": %llu, \"bits_per_value_resident\": %.6g, "
+               "\"bits_per_value_cold_records\": %.6g}",
+               js, (unsigned long long)tot.tokens, (unsigned long long)cold_tok,
+               (unsigned long long)tst.bytes[2], res_bits, cold_bits);
+        printf(", \"quality\": {\"attn_rel_err\": %.6g, \"attn_kl\": %.6g, "
+               "\"attn_mass_kept\": %.6g, \"samples\": %ld, \"f32_same_eviction\": "
+               "{\"attn_rel_err\": %.6g, \"attn_kl\": %.6g, \"attn_mass_kept\": %.6g, "
+               "\"tokens\": %llu, \"tokens_evicted\": %llu}",
+               rel, kl, kept, qa.n_kl, frel, fkl, fkept, (unsigned long long)ftot.tokens,
+               (unsigned long long)ftot.tokens_evicted);
         if (allhot)
             printf(", \"attn_rel_err_vs_all_hot\": %.6g, \"lost_pages\": %llu, \"lost_tokens\": "
                    "%llu, \"store_retries\": %lu",
@@ -615,44 +711,62 @@ int kvq_tool_simulate(int argc, char **argv) {
                (unsigned long long)rtot.stored_bytes);
     } else {
         printf("kvq simulate: %zu layers, %zu KV heads, %zu query heads, head_dim %zu, prompt %zu, "
-               "decode %zu, data %s, %zu thread(s)\n",
-               L, H, QH, d, D.prompt, D.decode, o.data, o.threads);
-        printf("cache: K %s (%s%s%s), V %s, page %zu, recent f16 window %zu, policy %s", o.kc,
-               o.layout, o.prerope ? ", pre-RoPE" : "", o.center ? ", centred" : "", o.vc, o.page,
-               o.recent, o.policy);
+               "decode %zu, %zu thread(s)\n",
+               L, H, QH, d, D.prompt, D.decode, o.threads);
+        if (real)
+            printf("data: %s, %s\n", o.data, desc);
+        else
+            printf("data: " SIM_SYNTH_TEXT ", seed %llu\n", o.seed);
+        printf("cache: K %s (%s%s%s), V %s%s, page %zu, recent f16 window %zu, policy %s", o.kc,
+               o.layout, o.prerope ? ", pre-RoPE" : "", o.center ? ", centred" : "", o.vc,
+               v_default ? " (default)" : "", o.page, o.recent, o.policy);
         if (pol != KVQ_POLICY_NONE)
             printf(" (budget %zu%s, sinks %zu, protected %zu)", o.budget,
                    o.budget_ratio > 0 ? " from ratio" : "", o.sinks, o.window);
         printf("\n\n");
-        printf("  %-28s %14s %14s\n", "", "kvq cache", "f32 cache");
-        printf("  %-28s %14llu %14llu\n", "tokens stored (all layers)",
+        printf("  %-30s %14s %18s\n", "", "kvq cache", "f32 no eviction");
+        printf("  %-30s %14llu %18llu\n", "tokens stored (all layers)",
                (unsigned long long)tot.tokens, (unsigned long long)rtot.tokens);
-        printf("  %-28s %14llu %14llu\n", "tokens evicted", (unsigned long long)tot.tokens_evicted,
+        if (tiers)
+            printf("  %-30s %14llu %18s\n", "  of which in the cold tier", (unsigned long long)cold_tok,
+                   "0");
+        printf("  %-30s %14llu %18llu\n", "tokens evicted", (unsigned long long)tot.tokens_evicted,
                (unsigned long long)rtot.tokens_evicted);
-        printf("  %-28s %14.2f %14.2f\n", "stored MiB", tot.stored_bytes / 1048576.0,
-               rtot.stored_bytes / 1048576.0);
-        printf("  %-28s %14.2f %14.2f\n", "  payload MiB", tot.payload_bytes / 1048576.0,
+        printf("  %-30s %14.2f %18.2f\n", tiers ? "stored MiB (hot and warm)" : "stored MiB",
+               tot.stored_bytes / 1048576.0, rtot.stored_bytes / 1048576.0);
+        printf("  %-30s %14.2f %18.2f\n", "  payload MiB", tot.payload_bytes / 1048576.0,
                rtot.payload_bytes / 1048576.0);
-        printf("  %-28s %14.2f %14.2f\n", "  metadata MiB", tot.metadata_bytes / 1048576.0,
+        printf("  %-30s %14.2f %18.2f\n", "  metadata MiB", tot.metadata_bytes / 1048576.0,
                rtot.metadata_bytes / 1048576.0);
-        printf("  %-28s %14.2f %14.2f\n", "peak stored MiB", tot.peak_stored_bytes / 1048576.0,
+        printf("  %-30s %14.2f %18.2f\n", "peak stored MiB", tot.peak_stored_bytes / 1048576.0,
                rtot.peak_stored_bytes / 1048576.0);
-        printf("  %-28s %14.3f %14.3f\n", "bits per value (payload)", tot.bits_per_value,
-               rtot.bits_per_value);
-        printf("  %-28s %14.3f %14.3f\n", "bits per value (all bytes)", tot.total_bits_per_value,
-               rtot.total_bits_per_value);
-        printf("  %-28s %14.4f %14.4f\n", "fragmentation", tot.fragmentation, rtot.fragmentation);
-        printf("  %-28s %14.2f %14.2f\n", "MiB read by attention", tot.bytes_read / 1048576.0,
+        if (tiers) {
+            printf("  %-30s %14.2f %18s\n", "cold tier records MiB", tst.bytes[2] / 1048576.0, "-");
+            printf("  %-30s %14.3f %18.3f\n", "bits per value (hot and warm)", res_bits,
+                   rtot.bits_per_value);
+            printf("  %-30s %14.3f %18s\n", "bits per value (cold records)", cold_bits, "-");
+        } else {
+            printf("  %-30s %14.3f %18.3f\n", "bits per value (payload)", tot.bits_per_value,
+                   rtot.bits_per_value);
+            printf("  %-30s %14.3f %18.3f\n", "bits per value (all bytes)",
+                   tot.total_bits_per_value, rtot.total_bits_per_value);
+        }
+        printf("  %-30s %14.4f %18.4f\n", "fragmentation", tot.fragmentation, rtot.fragmentation);
+        printf("  %-30s %14.2f %18.2f\n", "MiB read by attention", tot.bytes_read / 1048576.0,
                rtot.bytes_read / 1048576.0);
-        printf("  %-28s %14.2f %14.2f\n", "MiB written (encoded)", tot.bytes_written / 1048576.0,
+        printf("  %-30s %14.2f %18.2f\n", "MiB written (encoded)", tot.bytes_written / 1048576.0,
                rtot.bytes_written / 1048576.0);
-        printf("  %-28s %14.4f %14.4f\n", "decode step ms", step_ms, ref_ms);
-        printf("  %-28s %14.1f %14.1f\n", "append ns/token/layer", app_ns,
+        printf("  %-30s %14.4f %18.4f\n", "decode step ms", step_ms, ref_ms);
+        printf("  %-30s %14.1f %18.1f\n", "append ns/token/layer", app_ns,
                (t_app_ref) / (double)(n_app ? n_app : 1) * 1e9);
-        printf("\nquality vs exact f32 attention over the full context (%ld samples):\n", qa.n_kl);
-        printf("  attention output rel. error  %.5f\n", rel);
-        printf("  KL(cache || f32) of weights  %.5f\n", kl);
-        printf("  f32 attention mass kept      %.5f\n", kept);
+        printf("\nquality vs exact f32 attention over the full context (%ld samples each):\n",
+               qa.n_kl);
+        printf("  %-30s %14s %18s\n", "", "kvq cache", "f32 same eviction");
+        printf("  %-30s %14.5f %18.5f\n", "attention output rel. error", rel, frel);
+        printf("  %-30s %14.5f %18.5f\n", "KL(cache || f32) of weights", kl, fkl);
+        printf("  %-30s %14.5f %18.5f\n", "f32 attention mass kept", kept, fkept);
+        printf("  (the f32 cache with the same eviction shows what eviction alone costs%s)\n",
+               pol == KVQ_POLICY_NONE ? "; no policy: nothing" : "");
         if (allhot) {
             kvq_tier_stats ts;
             kvq_cache_tier_stats(cache, &ts);
@@ -662,6 +776,9 @@ int kvq_tool_simulate(int argc, char **argv) {
             printf("  pages hot/warm/cold          %llu / %llu / %llu\n",
                    (unsigned long long)ts.pages[0], (unsigned long long)ts.pages[1],
                    (unsigned long long)ts.pages[2]);
+            printf("  tokens hot/warm/cold         %llu / %llu / %llu\n",
+                   (unsigned long long)ts.tokens[0], (unsigned long long)ts.tokens[1],
+                   (unsigned long long)ts.tokens[2]);
             printf("  demotions / promotions       %llu / %llu (failures %llu, dropped %llu)\n",
                    (unsigned long long)ts.demotions, (unsigned long long)ts.promotions,
                    (unsigned long long)ts.demotion_failures, (unsigned long long)ts.dropped_pages);
@@ -680,9 +797,10 @@ int kvq_tool_simulate(int argc, char **argv) {
     free(js);
     kvq_cache_free(cache);
     kvq_cache_free(ref);
+    kvq_cache_free(fev);
     kvq_cache_free(allhot);
     kvq_store_close(store);
-    free(out), free(tattn), free(pos), free(qpos), free(p), free(pg);
+    free(out), free(tattn), free(ftattn), free(pos), free(fpos), free(qpos), free(p), free(pg);
     free(D.k), free(D.kpre), free(D.v), free(D.q), free(center);
-    return 0;
+    return KVQT_EXIT_OK;
 }

@@ -25,10 +25,10 @@
 #include "benchlib.h"
 #include "cacheopts.h"
 #include "calibrate.h"
+#include "cliargs.h"
 #include "model_eval.h"
 #include "tool.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,7 +95,7 @@ static double sw_overlap(const sw_box *a, const sw_box *b) {
 /* The plot: markers numbered in the plot, and beside it the list of the
  * numbered configurations by kind (the legend), each with its fixed bytes
  * per sequence; numbers stay legible where twenty long labels would not. */
-static void sw_svg(const char *path, const char *title, const sw_row *rows, size_t n) {
+static int sw_svg(FILE *f, const char *title, const sw_row *rows, size_t n) {
     const double ml = 80, pw = 760, mt = 50, mb = 60, panel = 360, W = ml + pw + panel;
     double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
     int used[SW_KINDS] = {0};
@@ -109,13 +109,10 @@ static void sw_svg(const char *path, const char *title, const sw_row *rows, size
         used[rows[i].kind] = 1;
         nok++;
     }
-    FILE *f = nok ? fopen(path, "w") : NULL;
     sw_box *boxes = malloc((2 * n + 1) * sizeof *boxes);
-    if (!f || !boxes) {
-        if (f)
-            fclose(f);
+    if (!nok || !boxes) {
         free(boxes);
-        return;
+        return -1;
     }
     /* the list: one row per configuration and per kind heading */
     double rh = 17, lh = (double)(nok + 3 * SW_KINDS) * rh, Hh = fmax(620, mt + lh + 20);
@@ -228,14 +225,10 @@ static void sw_svg(const char *path, const char *title, const sw_row *rows, size
 #undef SY
     fprintf(f, "</svg>\n");
     free(boxes);
-    fclose(f);
+    return 0;
 }
 
-static int sw_csv(const char *path, const sw_row *rows, size_t n) {
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "config,kind,asymptotic_bits_per_value,fixed_bytes_per_sequence,bits_per_value,"
+static int sw_csv(FILE *f, const sw_row *rows, size_t n) {    fprintf(f, "config,kind,asymptotic_bits_per_value,fixed_bytes_per_sequence,bits_per_value,"
                "total_bits_per_value,kl,kl_stderr,kl_median,kl_p99,nll,nll_f32,delta_nll_pct,"
                "delta_nll_stderr_pct,ppl,ppl_f32,top1_agree,tokens\n");
     for (size_t i = 0; i < n; i++) {
@@ -249,31 +242,6 @@ static int sw_csv(const char *path, const sw_row *rows, size_t n) {
                 r->kl_stderr, r->kl_median, r->kl_p99, r->nll, r->nll_f32,
                 100 * (r->nll - r->nll_f32) / r->nll_f32, 100 * r->delta_nll_stderr / r->nll_f32,
                 exp(r->nll), exp(r->nll_f32), r->top1, r->tokens);
-    }
-    return fclose(f) == 0 ? 0 : -1;
-}
-
-/* Parses the modifiers after the first '+' of spec (cut there). */
-static int sw_modifiers(char *spec, kvqt_cacheopts *o, int *center, int *page_set,
-                        int *recent_set) {
-    char *plus = strchr(spec, '+');
-    if (!plus)
-        return 0;
-    *plus = 0;
-    char *save = NULL;
-    for (char *mod = strtok_r(plus + 1, "+", &save); mod; mod = strtok_r(NULL, "+", &save)) {
-        if (!strcmp(mod, "prerope"))
-            o->k_prerope = 1;
-        else if (!strcmp(mod, "center"))
-            *center = 1;
-        else if (!strncmp(mod, "page=", 5) && atoi(mod + 5) > 0)
-            o->page = (size_t)atoi(mod + 5), *page_set = 1;
-        else if (!strncmp(mod, "recent=", 7) && atoi(mod + 7) >= 0)
-            o->recent = (size_t)atoi(mod + 7), *recent_set = 1;
-        else {
-            fprintf(stderr, "kvq sweep: unknown modifier '+%s'\n", mod);
-            return -1;
-        }
     }
     return 0;
 }
@@ -303,133 +271,336 @@ static kvqt_calib *sw_calib_get(sw_calib *cbs, size_t *n, const kvqt_model_sessi
     return cb;
 }
 
+/* One entry of --configs, parsed before any work. */
+typedef struct sw_entry {
+    char label[160];
+    int kind;            /* SW_FIXED, SW_CALIB, SW_ALLOC */
+    char k[96], v[96];   /* SW_FIXED */
+    double bits;         /* SW_CALIB */
+    char alloc[4096];    /* SW_ALLOC */
+    int prerope, center, page_set, recent_set;
+    size_t page, recent;
+} sw_entry;
+
+/* Parses one entry (see the top of the file): 0, or -1 with the rule it
+ * breaks printed. */
+static int sw_parse_entry(const char *tok, sw_entry *e) {
+    memset(e, 0, sizeof *e);
+    const char *cmd = "sweep";
+    if (!*tok) {
+        fprintf(stderr, "kvq sweep: --configs has an empty entry (entries are separated by ',')\n");
+        return -1;
+    }
+    if (strlen(tok) >= sizeof e->label) {
+        fprintf(stderr, "kvq sweep: --configs entry '%.40s...' is longer than %zu characters\n",
+                tok, sizeof e->label - 1);
+        return -1;
+    }
+    snprintf(e->label, sizeof e->label, "%.159s", tok); /* shorter: checked above */
+    char spec[160];
+    snprintf(spec, sizeof spec, "%.159s", tok);
+    char *plus = strchr(spec, '+');
+    if (plus) {
+        *plus = 0;
+        for (char *mod = plus + 1; mod;) {
+            char *next = strchr(mod, '+');
+            if (next)
+                *next++ = 0;
+            char opt[256];
+            snprintf(opt, sizeof opt, "--configs %.159s: +%.20s", tok, mod);
+            if (!strcmp(mod, "prerope")) {
+                e->prerope = 1;
+            } else if (!strcmp(mod, "center")) {
+                e->center = 1;
+            } else if (!strncmp(mod, "page=", 5)) {
+                if (kvqt_arg_size(cmd, opt, mod + 5, 1, 4096, &e->page))
+                    return -1;
+                e->page_set = 1;
+            } else if (!strncmp(mod, "recent=", 7)) {
+                if (kvqt_arg_size(cmd, opt, mod + 7, 0, KVQT_MAX_COUNT, &e->recent))
+                    return -1;
+                e->recent_set = 1;
+            } else {
+                fprintf(stderr, "kvq sweep: --configs %s: unknown modifier '+%s' (+prerope, "
+                                "+center, +page=N, +recent=N)\n", tok, mod);
+                return -1;
+            }
+            mod = next;
+        }
+    }
+    if (!strncmp(spec, "calib:", 6)) {
+        e->kind = SW_CALIB;
+        char opt[256];
+        snprintf(opt, sizeof opt, "--configs %.159s: the bits of calib:BITS", tok);
+        return kvqt_arg_double(cmd, opt, spec + 6, 0, 32, 1, &e->bits);
+    }
+    if (!strncmp(spec, "alloc:", 6)) {
+        e->kind = SW_ALLOC;
+        if (!spec[6]) {
+            fprintf(stderr, "kvq sweep: --configs %s: alloc: needs a file name\n", tok);
+            return -1;
+        }
+        snprintf(e->alloc, sizeof e->alloc, "%s", tok + 6);
+        char *p = strchr(e->alloc, '+');
+        if (p)
+            *p = 0;
+        return 0;
+    }
+    e->kind = SW_FIXED;
+    char *slash = strchr(spec, '/');
+    if (slash)
+        *slash = 0;
+    const char *k = spec, *v = slash ? slash + 1 : spec;
+    if (strlen(k) >= sizeof e->k || strlen(v) >= sizeof e->v) {
+        fprintf(stderr, "kvq sweep: --configs %s: a codec spec is longer than %zu characters\n",
+                tok, sizeof e->k - 1);
+        return -1;
+    }
+    if (!*k || !*v || strchr(v, '/')) {
+        fprintf(stderr, "kvq sweep: --configs %s: a fixed entry is CODEC or KCODEC/VCODEC\n", tok);
+        return -1;
+    }
+    snprintf(e->k, sizeof e->k, "%.95s", k);
+    snprintf(e->v, sizeof e->v, "%.95s", v);
+    return 0;
+}
+
+/* The cache options of an entry, but for a calib: entry's allocation and
+ * the centre (set by the caller); 0, or -1 with a message. */
+static int sw_entry_opts(const sw_entry *e, kvqt_cacheopts *o) {
+    kvqt_cacheopts_init(o);
+    if (e->prerope)
+        o->k_prerope = 1;
+    if (e->page_set)
+        o->page = e->page;
+    if (e->recent_set)
+        o->recent = e->recent;
+    if (e->kind == SW_FIXED) {
+        snprintf(o->k_codec, sizeof o->k_codec, "%s", e->k);
+        snprintf(o->v_codec, sizeof o->v_codec, "%s", e->v);
+    } else if (e->kind == SW_ALLOC) {
+        char err[256];
+        if (kvqt_alloc_load_into(e->alloc, o, err, sizeof err) != 0) {
+            fprintf(stderr, "kvq sweep: --configs %s: %s: %s\n", e->label, e->alloc, err);
+            return -1;
+        }
+        o->alloc_path = e->alloc;
+    }
+    return 0;
+}
+
+static void sw_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvq sweep --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
+            "                 [--configs LIST] [--calib-lines N] [--calib-tokens N]\n"
+            "                 [--jobs N] -o DIR\n"
+            "  evaluates every configuration of LIST as kvq eval does (decoding) and writes\n"
+            "  DIR/sweep.csv and DIR/sweep.svg (asymptotic bits per value against KL);\n"
+            "  DIR is created when missing and must not be a file\n"
+            "  --configs LIST        comma-separated entries: CODEC | KCODEC/VCODEC |\n"
+            "                        calib:BITS | alloc:FILE, each optionally followed by\n"
+            "                        +prerope +center +page=N +recent=N\n"
+            "  --calib-lines N       the first N selected lines calibrate calib: and +center\n"
+            "                        entries; every entry is evaluated on the lines after them\n"
+            "  --calib-tokens N      predicted tokens of the sensitivity runs, 1..2^30 (640)\n"
+            "  --jobs N              calibration threads, 1..256 (1)\n"
+            "  default LIST: %s,\n  and with --calib-lines also %s\n"
+            "exit status: 0 ok, 1 failure (files, model, a configuration that failed), 2 usage "
+            "error\n",
+            sw_default, sw_default_calib);
+}
+
+typedef struct sw_csv_ctx {
+    const sw_row *rows;
+    size_t n;
+} sw_csv_ctx;
+
+static int sw_csv_write(FILE *f, void *ctx) {
+    const sw_csv_ctx *c = (const sw_csv_ctx *)ctx;
+    return sw_csv(f, c->rows, c->n);
+}
+
+typedef struct sw_svg_ctx {
+    const char *title;
+    const sw_row *rows;
+    size_t n;
+} sw_svg_ctx;
+
+static int sw_svg_write(FILE *f, void *ctx) {
+    const sw_svg_ctx *c = (const sw_svg_ctx *)ctx;
+    return sw_svg(f, c->title, c->rows, c->n);
+}
+
 int kvq_tool_sweep(int argc, char **argv) {
-    const char *dir = NULL, *configs = NULL;
+    const char *dir = NULL, *configs = NULL, *cmd = "sweep";
     kvqt_calib_opts co;
     kvqt_calib_opts_init(&co);
+    co.cmd = cmd;
     size_t calib_lines = 0;
-    const kvqt_opt opts[] = {{"--configs", KVQT_OPT_STR, &configs},
-                             {"-o", KVQT_OPT_STR, &dir},
-                             {"--calib-lines", KVQT_OPT_SIZE, &calib_lines},
-                             {"--calib-tokens", KVQT_OPT_SIZE, &co.sens_tokens},
-                             {"--jobs", KVQT_OPT_SIZE, &co.jobs}};
+    const kvqt_opt opts[] = {KVQT_STR("--configs", &configs), KVQT_STR("-o", &dir),
+                             KVQT_SIZE("--calib-lines", &calib_lines, 0, KVQT_MAX_COUNT),
+                             KVQT_SIZE("--calib-tokens", &co.sens_tokens, 1, KVQT_MAX_COUNT),
+                             KVQT_SIZE("--jobs", &co.jobs, 1, 256)};
     kvqt_modelopts mo;
     kvqt_modelopts_init(&mo, 1);
-    int bad = kvqt_model_args(argc, argv, "sweep", &mo, NULL, opts, KVQT_NOPTS(opts));
-    if (bad == KVQT_ARGS_BAD_VALUE)
-        return 2;
-    if (bad || !kvqt_modelopts_complete(&mo) || !dir || co.jobs < 1 || co.jobs > 256 ||
-        co.sens_tokens < 1) {
-        fprintf(stderr,
-                "usage: kvq sweep --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
-                "                 [--configs LIST] [--calib-lines N] [--calib-tokens N (640)]\n"
-                "                 [--jobs N (1)] -o DIR          # DIR/sweep.csv, DIR/sweep.svg\n"
-                "  LIST entries: CODEC | KCODEC/VCODEC | calib:BITS | alloc:FILE, with\n"
-                "  +prerope +center +page=N +recent=N; calib: and +center calibrate on the first\n"
-                "  --calib-lines lines, and every entry is evaluated on the lines after them\n"
-                "  default: %s, and with --calib-lines %s\n",
-                sw_default, sw_default_calib);
-        return 2;
+    int r0 = kvqt_model_args(argc, argv, cmd, &mo, NULL, opts, KVQT_NOPTS(opts));
+    if (r0 == KVQT_ARGS_HELP) {
+        sw_usage(stdout);
+        return KVQT_EXIT_OK;
     }
+    if (r0 != KVQT_ARGS_OK || kvqt_modelopts_require(&mo, cmd) != 0)
+        return KVQT_EXIT_USAGE;
+    if (!dir)
+        return kvqt_usage_error(cmd, "-o DIR (where sweep.csv and sweep.svg go) is required");
     char deflist[512];
     if (!configs) {
         snprintf(deflist, sizeof deflist, "%s%s%s", sw_default, calib_lines ? "," : "",
                  calib_lines ? sw_default_calib : "");
         configs = deflist;
     }
-    if (!calib_lines && (strstr(configs, "calib:") || strstr(configs, "+center"))) {
-        fprintf(stderr, "kvq sweep: calib: and +center entries need calibration lines "
-                        "(--calib-lines N)\n");
-        return 2;
+    if (!*configs)
+        return kvqt_usage_error(cmd, "--configs is empty: give at least one configuration");
+    /* every entry is parsed before any work */
+    sw_entry *ent = calloc(SW_MAX, sizeof *ent);
+    if (!ent) {
+        fprintf(stderr, "kvq sweep: out of memory\n");
+        return KVQT_EXIT_FAIL;
     }
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "kvq sweep: cannot create %s\n", dir);
-        return 1;
+    size_t n = 0;
+    int rc = KVQT_EXIT_OK, need_calib = 0;
+    for (const char *p = configs; rc == 0;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char tok[200];
+        if (n == SW_MAX) {
+            rc = kvqt_usage_error(cmd, "--configs has more than %d entries", SW_MAX);
+            break;
+        }
+        snprintf(tok, sizeof tok, "%.*s", (int)(len < 199 ? len : 199), p);
+        if (sw_parse_entry(len < 199 ? tok : p, &ent[n]) != 0) {
+            rc = kvqt_usage_hint(cmd);
+            break;
+        }
+        need_calib |= ent[n].kind == SW_CALIB || ent[n].center;
+        n++;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    if (rc == 0 && need_calib && !calib_lines)
+        rc = kvqt_usage_error(cmd, "calib: and +center entries need calibration lines "
+                                   "(--calib-lines N)");
+    /* saved allocations load before anything is measured */
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        kvqt_cacheopts o;
+        if (ent[i].kind == SW_ALLOC && sw_entry_opts(&ent[i], &o) != 0)
+            rc = kvqt_usage_hint(cmd);
+        if (ent[i].kind == SW_ALLOC)
+            kvqt_cacheopts_free(&o);
+    }
+    struct stat sb; /* a file in the way fails at once; the directory is made after the checks */
+    if (rc == 0 && stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "kvq sweep: -o %s: exists and is not a directory\n", dir);
+        rc = KVQT_EXIT_FAIL;
     }
     kvqt_model_session ms;
-    if (kvqt_model_session_open(&ms, &mo, 1, "sweep", ""))
-        return 1;
-    if (calib_lines >= ms.nlines) {
-        fprintf(stderr, "kvq sweep: --calib-lines %zu leaves none of the %zu selected lines to "
-                        "evaluate\n", calib_lines, ms.nlines);
+    memset(&ms, 0, sizeof ms);
+    if (rc == 0 && kvqt_model_session_open(&ms, &mo, 1, cmd) != 0)
+        rc = KVQT_EXIT_FAIL;
+    if (rc == 0 && calib_lines >= ms.nlines)
+        rc = kvqt_usage_error(cmd, "--calib-lines %zu leaves none of the %zu selected lines to "
+                                   "evaluate", calib_lines, ms.nlines);
+    /* every configuration makes a cache for this model, and every calib:
+     * target is above the cheapest allocation, before the first eval */
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        const sw_entry *e = &ent[i];
+        kvqt_cacheopts o;
+        if (e->kind == SW_CALIB) {
+            kvqt_calib_opts c2 = co;
+            c2.page = e->page_set ? e->page : co.page;
+            c2.recent = e->recent_set ? e->recent : co.recent;
+            double low = kvqt_calib_cheapest(ms.model, &c2);
+            if (low < 0 || e->bits + 1e-9 < low)
+                rc = kvqt_usage_error(cmd, "--configs %s: %g bits is below the cheapest "
+                                           "allocation, %.4f bits per value (page %zu)",
+                                      e->label, e->bits, low, c2.page);
+            continue;
+        }
+        if (sw_entry_opts(e, &o) != 0) {
+            rc = KVQT_EXIT_USAGE;
+            continue;
+        }
+        if (e->center) { /* the centre comes from calibration: any values of the right size */
+            kvq_model_info in;
+            kvq_model_get_info(ms.model, &in);
+            o.center_count = in.n_layers * in.n_kv_heads * in.head_dim;
+            o.center_values = calloc(o.center_count, sizeof(float));
+            o.k_center = 1;
+        }
+        char what[200];
+        snprintf(what, sizeof what, "sweep: --configs %s", e->label);
+        if (!e->center || o.center_values)
+            rc = kvqt_check_cache(ms.model, &o, what, 0);
+        kvqt_cacheopts_free(&o);
+    }
+    if (rc == 0 && kvqt_check_output_dir(cmd, "-o", dir) != 0)
+        rc = KVQT_EXIT_FAIL;
+    if (rc) {
         kvqt_model_session_close(&ms);
-        return 2;
+        free(ent);
+        return rc;
     }
     char **eval_lines = ms.lines + calib_lines;
     size_t n_eval = ms.nlines - calib_lines;
-    char *list = strdup(configs);
-    sw_row *rows = calloc(SW_MAX, sizeof *rows);
-    size_t n = 0;
+    sw_row *rows = calloc(n, sizeof *rows);
     /* calibrations by (page, recent): calib: entries with +page= / +recent=
      * modifiers measure under those settings */
     sw_calib cbs[SW_MAX_CALIB];
-    size_t ncb = 0;
+    size_t ncb = 0, nok = 0;
     kvqt_calib *cb = NULL;
-    int rc = 0, progress = isatty(2);
+    int progress = isatty(2);
     co.progress = progress;
-    char *lsave = NULL;
-    for (char *tok = list ? strtok_r(list, ",", &lsave) : NULL; tok && rows && n < SW_MAX;
-         tok = strtok_r(NULL, ",", &lsave)) {
-        sw_row *r = &rows[n++];
-        snprintf(r->label, sizeof r->label, "%s", tok);
+    for (size_t i = 0; rows && i < n; i++) {
+        const sw_entry *e = &ent[i];
+        sw_row *r = &rows[i];
+        snprintf(r->label, sizeof r->label, "%s", e->label);
+        r->kind = e->kind;
         kvqt_cacheopts o;
-        kvqt_cacheopts_init(&o);
-        char spec[160];
-        snprintf(spec, sizeof spec, "%s", tok);
-        int center = 0, page_set = 0, recent_set = 0, need_calib = !strncmp(spec, "calib:", 6);
-        if (sw_modifiers(spec, &o, &center, &page_set, &recent_set) != 0) {
-            rc = 1;
+        if (sw_entry_opts(e, &o) != 0)
             continue;
-        }
-        need_calib |= center;
-        if (need_calib) {
+        if (e->kind == SW_CALIB || e->center) {
             kvqt_calib_opts c2 = co;
-            if (!strncmp(spec, "calib:", 6)) {
-                c2.page = page_set ? o.page : co.page;
-                c2.recent = recent_set ? o.recent : co.recent;
+            if (e->kind == SW_CALIB) {
+                c2.page = e->page_set ? e->page : co.page;
+                c2.recent = e->recent_set ? e->recent : co.recent;
             }
-            cb = sw_calib_get(cbs, &ncb, &ms, calib_lines, &c2, strncmp(spec, "calib:", 6) != 0);
+            cb = sw_calib_get(cbs, &ncb, &ms, calib_lines, &c2, e->kind != SW_CALIB);
             if (!cb) {
-                rc = 1;
+                kvqt_cacheopts_free(&o);
                 break;
             }
         }
         char err[256];
-        if (!strncmp(spec, "calib:", 6)) {
-            r->kind = SW_CALIB;
+        if (e->kind == SW_CALIB) {
             char path[4096];
-            snprintf(path, sizeof path, "%s/alloc-%s.json", dir, tok + 6);
+            snprintf(path, sizeof path, "%s/alloc-%s.json", dir, e->label + 6);
             kvqt_calib_report cr;
-            if (kvqt_calib_solve(cb, strtod(spec + 6, NULL), path, &cr) != 0 ||
+            if (kvqt_calib_solve(cb, e->bits, path, &cr) != 0 ||
                 kvqt_alloc_load_into(path, &o, err, sizeof err) != 0) {
-                fprintf(stderr, "kvq sweep: %s: calibration failed\n", tok);
-                rc = 1;
+                fprintf(stderr, "kvq sweep: %s: calibration failed\n", e->label);
+                kvqt_cacheopts_free(&o);
                 continue;
             }
             fprintf(stderr, "%-42s calibration text: KL %.5f (units alone %.5f), %.0f s measuring\n",
-                    tok, cr.kl, cr.kl_estimate, cr.seconds_measure);
-        } else if (!strncmp(spec, "alloc:", 6)) {
-            r->kind = SW_ALLOC;
-            if (kvqt_alloc_load_into(spec + 6, &o, err, sizeof err) != 0) {
-                fprintf(stderr, "kvq sweep: %s: %s\n", spec + 6, err);
-                rc = 1;
-                continue;
-            }
-        } else {
-            r->kind = SW_FIXED;
-            char *slash = strchr(spec, '/');
-            if (slash)
-                *slash = 0;
-            snprintf(o.k_codec, sizeof o.k_codec, "%.95s", spec);
-            snprintf(o.v_codec, sizeof o.v_codec, "%.95s", slash ? slash + 1 : spec);
+                    e->label, cr.kl, cr.kl_estimate, cr.seconds_measure);
         }
-        if (center) {
+        if (e->center) {
             size_t nc;
             const float *c = kvqt_calib_center(cb, &nc);
             free(o.center_values);
             o.center_values = malloc(nc * sizeof(float));
             if (!o.center_values) {
-                rc = 1;
+                kvqt_cacheopts_free(&o);
                 continue;
             }
             memcpy(o.center_values, c, nc * sizeof(float));
@@ -437,33 +608,53 @@ int kvq_tool_sweep(int argc, char **argv) {
             o.k_center = 1;
         }
         double t0 = kvqb_now();
-        if (kvqt_eval_run(ms.model, ms.tok, eval_lines, n_eval, &o, progress, &r->r) == 0) {
+        kvqt_evalopts eo;
+        kvqt_evalopts_init(&eo);
+        eo.cmd = cmd;
+        if (kvqt_eval_run_opts(ms.model, ms.tok, eval_lines, n_eval, &o, &eo, progress, &r->r) == 0) {
             r->ok = 1;
+            nok++;
             fprintf(stderr, "%-42s asym %6.3f bits  fixed %7.0f B  KL %.5f  dNLL %+.3f%%  top1 %.4f  "
                             "(%.1f s)\n", r->label, r->r.asymptotic_bits_per_value,
                     r->r.fixed_bytes_per_sequence, r->r.kl,
                     100 * (r->r.nll - r->r.nll_f32) / r->r.nll_f32, r->r.top1, kvqb_now() - t0);
         } else {
-            fprintf(stderr, "kvq sweep: %s: eval failed\n", tok);
-            rc = 1;
+            fprintf(stderr, "kvq sweep: %s: eval failed\n", e->label);
         }
         kvqt_cacheopts_free(&o);
     }
-    char path[4096], title[512];
-    snprintf(path, sizeof path, "%s/sweep.csv", dir);
-    if (!rows || sw_csv(path, rows, n) != 0)
-        rc = 1;
-    const char *base = strrchr(mo.model, '/');
-    snprintf(title, sizeof title, "kvq sweep: %s, decoding %zu lines%s", base ? base + 1 : mo.model,
-             n_eval, calib_lines ? " not seen by calibration" : "");
-    snprintf(path, sizeof path, "%s/sweep.svg", dir);
-    if (rows)
-        sw_svg(path, title, rows, n);
-    printf("wrote %s/sweep.csv and %s/sweep.svg (%zu configurations)\n", dir, dir, n);
+    rc = rows && nok == n ? KVQT_EXIT_OK : KVQT_EXIT_FAIL;
+    if (!rows) {
+        fprintf(stderr, "kvq sweep: out of memory\n");
+    } else if (nok == 0) {
+        fprintf(stderr, "kvq sweep: no configuration succeeded: nothing written to %s\n", dir);
+    } else {
+        char csv[4096], svg[4096], title[512];
+        snprintf(csv, sizeof csv, "%s/sweep.csv", dir);
+        snprintf(svg, sizeof svg, "%s/sweep.svg", dir);
+        const char *base = strrchr(mo.model, '/');
+        snprintf(title, sizeof title, "kvq sweep: %s, decoding %zu lines%s",
+                 base ? base + 1 : mo.model, n_eval, calib_lines ? " not seen by calibration" : "");
+        sw_csv_ctx cc = {rows, n};
+        sw_svg_ctx sc = {title, rows, n};
+        if (kvqt_write_file(cmd, csv, sw_csv_write, &cc) != 0 ||
+            kvqt_write_file(cmd, svg, sw_svg_write, &sc) != 0) {
+            rc = KVQT_EXIT_FAIL;
+        } else {
+            printf("wrote %s and %s (%zu of %zu configurations)\n", csv, svg, nok, n);
+            if (nok < n) {
+                fprintf(stderr, "kvq sweep: failed, and left out of the files:");
+                for (size_t i = 0; i < n; i++)
+                    if (!rows[i].ok)
+                        fprintf(stderr, " %s", rows[i].label);
+                fprintf(stderr, "\n");
+            }
+        }
+    }
     for (size_t i = 0; i < ncb; i++)
         kvqt_calib_free(cbs[i].cb);
     free(rows);
-    free(list);
+    free(ent);
     kvqt_model_session_close(&ms);
     return rc;
 }

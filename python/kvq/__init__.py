@@ -1,22 +1,30 @@
 """kvq: Python binding of libkvq, the compressed KV cache library.
 
     import kvq
-    c = kvq.Codec("tq3", 128)                  # codecs on numpy arrays [..., head_dim]
+    c = kvq.Codec("tq3", 128)                  # codecs on arrays [..., head_dim]
     codes = c.encode(x); y = c.decode(codes)
     cache = kvq.KVCache(layers=2, kv_heads=4, q_heads=8, head_dim=64, max_tokens=4096,
                         k_codec="int8", v_codec="tq3", policy="utility", budget=1024)
     cache.append(0, k, v)                      # [n_tokens, kv_heads, head_dim]
     out = cache.attend(0, q, positions)        # [n_queries, q_heads, head_dim]
+    cache.observe_attention(0, weights)        # or: attention you computed drives eviction
+
+Arrays are numpy arrays or CPU torch tensors (float32 read in place; float16,
+bfloat16, float64 converted; other dtypes raise TypeError); results come back
+in the caller's type. torch is optional and never imported by the package.
 
 The library is libkvq.so, found (first match wins) at an explicit path
-(kvq.load(path), or lib= on the classes), at $KVQ_LIB, or at build/libkvq.so
-of this repository. Failures raise kvq.KvqError with the status code, the
-library's message and the detailed message creation functions give.
+(kvq.load(path), or lib= on the classes), at $KVQ_LIB, at build/libkvq.so of
+the clone the package was imported from, or through the system loader
+(libkvq.so.0 after `make install`). Failures raise kvq.KvqError with the status
+code, the library's message and the library's detailed message.
 
 Needs numpy (Debian: apt-get install python3-numpy) and the standard library.
 """
 
 from ._lib import KvqError, KvqShapeError, Lib, Status, default_library_path, load
+
+__version__ = "0.1.0"
 from .cache import KVCache
 from .codec import Codec
 from .compat import AdaptiveKVCache, CompressedKV, KVCompressor, TurboQuantCompressor

@@ -8,10 +8,15 @@ Lib object returned by load().
 
 Where the library comes from, first match wins: an explicit path given to
 load() (or the lib= argument of the classes), the environment variable
-KVQ_LIB, then build/libkvq.so of the repository this package lives in.
+KVQ_LIB, build/libkvq.so of the clone this package was imported from (the
+library built from the same sources: an older installed one does not shadow
+it), then the system loader (an installed libkvq.so.0: `make install`, then
+ldconfig, or LD_LIBRARY_PATH). Lib.path and Lib.found_by say which one was
+loaded.
 """
 
 import ctypes
+import ctypes.util
 import enum
 import os
 import threading
@@ -176,6 +181,7 @@ STATS_FIELDS = [
     ("fragmentation", c_double),
     ("asymptotic_bits_per_value", c_double),
     ("fixed_bytes", c_uint64),
+    ("tokens_cold", c_uint64),
 ]
 
 
@@ -233,6 +239,7 @@ _PROTOS = {
     "kvq_cache_free": (None, [_P]),
     "kvq_cache_append": (c_int, [_P, _SZ, _P, _P, _P, _SZ]),
     "kvq_cache_attend": (c_int, [_P, _SZ, _P, _P, _SZ, _P, _SZ, _P, _SZ]),
+    "kvq_cache_observe_attention": (c_int, [_P, _SZ, _P, _SZ, _SZ, _SZ]),
     "kvq_cache_tokens": (c_int, [_P, _SZ, _SZP]),
     "kvq_cache_positions": (c_int, [_P, _SZ, _P, _SZ]),
     "kvq_cache_get_kv": (c_int, [_P, _SZ, c_int, _SZ, _SZ, _P, _P, _SZ]),
@@ -272,9 +279,35 @@ def _missing(path, name):
 
 
 def default_library_path():
-    """build/libkvq.so of the repository that holds this package."""
+    """build/libkvq.so of the clone that holds this package (python/kvq in
+    the repository); an installed package has none."""
     here = os.path.dirname(os.path.abspath(__file__))
     return os.path.normpath(os.path.join(here, "..", "..", "build", "libkvq.so"))
+
+
+SYSTEM_NAME = "libkvq.so.0"  # the soname `make install` installs
+
+
+class _DlInfo(Structure):
+    _fields_ = [("dli_fname", c_char_p), ("dli_fbase", c_void_p), ("dli_sname", c_char_p),
+                ("dli_saddr", c_void_p)]
+
+
+def _file_of(dll, name):
+    """The file the dynamic loader mapped for a library it found by name
+    (dladdr on one of its functions), or the name where that is unknown."""
+    for libc in (None, "libdl.so.2"):
+        try:
+            dladdr = ctypes.CDLL(libc).dladdr
+        except (OSError, AttributeError):
+            continue
+        dladdr.argtypes = [c_void_p, POINTER(_DlInfo)]
+        dladdr.restype = c_int
+        info = _DlInfo()
+        addr = ctypes.cast(dll.kvq_version_string, c_void_p).value
+        if dladdr(addr, ctypes.byref(info)) and info.dli_fname:
+            return os.path.realpath(info.dli_fname.decode("utf-8", "replace"))
+    return name
 
 
 class Handle:
@@ -307,9 +340,10 @@ class Lib:
     """One loaded libkvq with its functions declared (attribute access gives
     the ctypes function, e.g. lib.kvq_codec_encode)."""
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, how="path"):
         self.dll = ctypes.CDLL(path)
+        self.path = _file_of(self.dll, path) if how == "system" else path
+        self.found_by = how  # "path", "KVQ_LIB", "system" or "clone"
         missing = []
         for name, (res, args) in _PROTOS.items():
             try:
@@ -358,24 +392,82 @@ _cache = {}
 _lock = threading.Lock()
 
 
+def _load_file(path, how):
+    path = os.path.abspath(os.fspath(path))
+    lib = _cache.get(path)
+    if lib is None:
+        if not os.path.exists(path):
+            raise OSError("libkvq not found at %s (%s): build it with `make` (build/libkvq.so) "
+                          "or give the path of an installed libkvq.so" %
+                          (path, "from KVQ_LIB" if how == "KVQ_LIB" else "given explicitly"))
+        lib = Lib(path, how)
+        _cache[path] = lib
+    return lib
+
+
+def _in_clone():
+    """Whether this package is python/kvq of a kvq clone (not an installed copy)."""
+    root = os.path.dirname(os.path.dirname(default_library_path()))
+    return os.path.exists(os.path.join(root, "include", "kvq.h"))
+
+
+def _load_system(tried):
+    """libkvq.so.0 through the dynamic loader (ld.so.cache, LD_LIBRARY_PATH),
+    or None (with the reason appended to tried)."""
+    names = [SYSTEM_NAME]
+    found = ctypes.util.find_library("kvq")
+    if found and found not in names:
+        names.append(found)
+    for name in names:
+        lib = _cache.get("system:" + name)
+        if lib is not None:
+            return lib
+        try:
+            lib = Lib(name, "system")
+        except OSError as e:
+            tried.append("the system loader's %s (%s)" % (name, e))
+            continue
+        # a library already loaded from a path has this soname too: the
+        # loader hands that one back, and so do we
+        lib = _cache.setdefault(os.path.abspath(lib.path), lib) if lib.path != name else lib
+        _cache["system:" + name] = lib
+        return lib
+    return None
+
+
 def load(path=None):
-    """Returns the Lib for path (or KVQ_LIB, or the default path); each
-    library file is loaded once per process."""
+    """The Lib for path; without one, the first found of $KVQ_LIB, this
+    clone's build/libkvq.so (when the package is imported from a clone),
+    the system loader's libkvq.so.0 (an installed library) and, for an
+    installed package, nothing more. Each library is loaded once per
+    process. Raises OSError saying what was tried when none is found."""
     if isinstance(path, Lib):
         return path
-    if path is None:
-        path = os.environ.get("KVQ_LIB") or default_library_path()
-    path = os.path.abspath(os.fspath(path))
     with _lock:
-        lib = _cache.get(path)
-        if lib is None:
-            if not os.path.exists(path):
-                raise OSError(
-                    "libkvq not found at %s: build it with `make` (build/libkvq.so), or set "
-                    "KVQ_LIB, or pass the path explicitly" % path)
-            lib = Lib(path)
-            _cache[path] = lib
-        return lib
+        if path is not None:
+            return _load_file(path, "path")
+        env = os.environ.get("KVQ_LIB")
+        if env:
+            return _load_file(env, "KVQ_LIB")
+        tried = ["$KVQ_LIB (not set)"]
+        clone = default_library_path()
+        in_clone = _in_clone()
+        if in_clone:
+            # the library built from the same sources as this package: an
+            # older installed one must not shadow it
+            if os.path.exists(clone):
+                return _load_file(clone, "clone")
+            tried.append("this clone's %s (no such file: run `make`)" % clone)
+        lib = _load_system(tried)
+        if lib is not None:
+            return lib
+        if not in_clone:
+            tried.append("no clone's build folder (this package is installed at %s)"
+                         % os.path.dirname(os.path.abspath(__file__)))
+        raise OSError(
+            "libkvq not found. Tried " + "; ".join(tried) + ". Build it in the clone with "
+            "`make` (build/libkvq.so), or install it with `make install` and run `ldconfig` "
+            "(or add its lib folder to LD_LIBRARY_PATH), or set KVQ_LIB=/path/to/libkvq.so.")
 
 
 def err_buffer():

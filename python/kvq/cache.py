@@ -1,5 +1,5 @@
 """kvq.KVCache: the compressed, paged KV cache of libkvq (kvq_cache) on
-numpy arrays.
+numpy arrays and CPU torch tensors.
 
 Shapes follow the C API: keys/values are [n_tokens, kv_heads, head_dim] per
 layer, queries and attention outputs [n_queries, q_heads, head_dim]. Query
@@ -16,18 +16,52 @@ set_precision, set_budget) must not run concurrently on one cache.
 
 import ctypes
 import json
+import operator
 
 import numpy as np
 
-from . import _lib
+from . import _arrays, _lib
 from ._lib import KvqShapeError
-from .codec import Codec, f32, ptr
+from .codec import Codec, ptr
 
 __all__ = ["KVCache"]
 
 
 def _spec_of(codec):
     return codec.spec if isinstance(codec, Codec) else str(codec)
+
+
+def _index(x, what, where):
+    """An int argument (a layer, a head): ints and numpy/torch integer
+    scalars; floats and bools raise TypeError."""
+    if isinstance(x, bool):
+        raise TypeError("%s: %s must be an int, got %r" % (where, what, x))
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise TypeError("%s: %s must be an int, got %r" % (where, what, x)) from None
+
+
+def _result_kind(as_torch):
+    """The Kind of results asked for with as_torch (False, True or a torch
+    dtype)."""
+    if as_torch is False or as_torch is None:
+        return _arrays.NUMPY
+    if _arrays.torch_module() is None:
+        raise TypeError("as_torch needs torch: import torch first")
+    return _arrays.Kind(True, None if as_torch is True else as_torch)
+
+
+def _positions(p, n, what, where):
+    """int32 positions for n tokens/queries (one int for all queries of
+    attend is expanded by the caller)."""
+    pos, _ = _arrays.ints(p, what, where)
+    pos = pos.reshape(-1)
+    if pos.shape[0] != n:
+        raise KvqShapeError("%s has %d entries for %d" % (what, pos.shape[0], n), where)
+    if pos.size and (pos.min() < 0 or pos.max() >= 2**31 - 1):
+        raise KvqShapeError("%s must be in 0..2^31-2" % what, where)
+    return np.ascontiguousarray(pos, dtype=np.int32)
 
 
 class KVCache(_lib.Handle):
@@ -133,7 +167,7 @@ class KVCache(_lib.Handle):
             cfg.overrides = ctypes.cast(arr, ctypes.POINTER(_lib.kvq_codec_override))
             cfg.n_overrides = len(ov)
         if k_center_values is not None:
-            cv = f32(k_center_values)
+            cv, _ = _arrays.floats(k_center_values, "k_center_values", "KVCache")
             want = (int(layers), int(kv_heads), int(head_dim))
             if cv.shape != want:
                 raise KvqShapeError("k_center_values must have shape %s, got %s" % (want, cv.shape),
@@ -202,20 +236,23 @@ class KVCache(_lib.Handle):
         self.lib.check(st, where, text)
 
     def _layer(self, layer, where):
-        if not 0 <= int(layer) < self.layers:
+        layer = _index(layer, "layer", where)
+        if not 0 <= layer < self.layers:
             raise KvqShapeError("layer %r is outside 0..%d" % (layer, self.layers - 1), where)
-        return int(layer)
+        return layer
 
     # ---- append / attend ----
     def append(self, layer, k, v, positions=None):
         """Appends tokens to a layer: k, v [n_tokens, kv_heads, head_dim] (or
-        [kv_heads, head_dim] for one token); positions [n_tokens] strictly
-        increasing ints continuing after the last appended one (None: the
-        next positions in order). With a policy the layer holds at most its
+        [kv_heads, head_dim] for one token), float arrays or CPU tensors
+        (float32 is read in place); positions [n_tokens] strictly increasing
+        ints continuing after the last appended one (None: the next
+        positions in order). With a policy the layer holds at most its
         budget after the call. On error nothing is stored."""
         where = "KVCache.append"
         layer = self._layer(layer, where)
-        k, v = f32(k), f32(v)
+        k, _ = _arrays.floats(k, "k", where)
+        v, _ = _arrays.floats(v, "v", where)
         hd = (self.kv_heads, self.head_dim)
         if k.ndim == 2:
             k = k[None]
@@ -229,13 +266,7 @@ class KVCache(_lib.Handle):
             return
         pp = None
         if positions is not None:
-            pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
-            if pos.shape[0] != n:
-                raise KvqShapeError("positions has %d entries for %d tokens" % (pos.shape[0], n),
-                                    where)
-            if pos.size and (pos.min() < 0 or pos.max() >= 2**31 - 1):
-                raise KvqShapeError("positions must be in 0..2^31-2", where)
-            pos = pos.astype(np.int32)
+            pos = _positions(positions, n, "positions", where)
             pp = ptr(pos)
         st = self.lib.kvq_cache_append(self.handle, layer, ptr(k), ptr(v), pp, n)
         self._check(st, "kvq_cache_append(layer %d, %d tokens)" % (layer, n))
@@ -245,14 +276,15 @@ class KVCache(_lib.Handle):
         [q_heads, head_dim] for one query) at q_positions (one int per query,
         or one int for all) over the layer's stored tokens.
 
-        Returns out with q's shape; with return_token_attention also the
-        attention each stored token received, summed over the query heads of
-        its KV head's group and over the queries: float32 [kv_heads, n_tokens]
-        in ascending position order (the order of positions(layer)). Under
-        the utility policy every attend updates the eviction scores."""
+        Returns out with q's shape (and type: a tensor for a tensor q, in
+        its dtype); with return_token_attention also the attention each
+        stored token received, summed over the query heads of its KV head's
+        group and over the queries: float32 [kv_heads, n_tokens] in
+        ascending position order (the order of positions(layer)). Under the
+        utility policy every attend updates the eviction scores."""
         where = "KVCache.attend"
         layer = self._layer(layer, where)
-        q = f32(q)
+        q, kind = _arrays.floats(q, "q", where)
         single = q.ndim == 2
         if single:
             q = q[None]
@@ -260,7 +292,7 @@ class KVCache(_lib.Handle):
             raise KvqShapeError("q must have shape [n_queries, %d, %d], got %s" %
                                 (self.q_heads, self.head_dim, q.shape), where)
         n = q.shape[0]
-        qp = np.asarray(q_positions, dtype=np.int64)
+        qp, _ = _arrays.ints(q_positions, "q_positions", where)
         if qp.ndim == 0:
             qp = np.full(n, int(qp), dtype=np.int64)
         qp = qp.reshape(-1)
@@ -284,7 +316,53 @@ class KVCache(_lib.Handle):
             self._check(st, "kvq_cache_attend(layer %d, %d queries)" % (layer, n))
         if single:
             out = out[0]
-        return (out, ta) if return_token_attention else out
+        out = kind.wrap(out)
+        return (out, kind.wrap_raw(ta)) if return_token_attention else out
+
+    def observe_attention(self, layer, weights, n_queries=None):
+        """Attention computed outside kvq (FlashAttention, a PyTorch module)
+        for the layer's stored tokens, in place of attend: under the utility
+        policy it updates the eviction scores as attend would, then evicts
+        to the budget and settles staged tokens as an attend that reached
+        the newest token does (kvq_cache_observe_attention).
+
+        weights: the softmax weights over the layer's tokens in ascending
+        position order (positions(layer); one column per stored token,
+        tokens(layer) columns), per query head (q_heads rows) or per KV head
+        (kv_heads rows, each summed over its group's query heads), as
+          [n_queries, heads, n_tokens]  one slice per query, or
+          [heads, n_tokens]             summed over n_queries queries
+                                        (n_queries defaults to 1).
+        A float array or CPU tensor. Negative weights, NaN/Inf, or rows
+        summing to more than n_queries probability distributions can raise
+        KvqError; the cache is then unchanged."""
+        where = "KVCache.observe_attention"
+        layer = self._layer(layer, where)
+        w, _ = _arrays.floats(weights, "weights", where)
+        nt = self.tokens(layer)
+        if w.ndim == 3:
+            if n_queries is not None and _index(n_queries, "n_queries", where) != w.shape[0]:
+                raise KvqShapeError("weights has %d queries, n_queries says %d"
+                                    % (w.shape[0], n_queries), where)
+            n_queries = w.shape[0]
+            w = np.ascontiguousarray(w.sum(axis=0, dtype=np.float32))
+        elif w.ndim == 2:
+            n_queries = 1 if n_queries is None else _index(n_queries, "n_queries", where)
+        else:
+            raise KvqShapeError("weights must have shape [n_queries, heads, %d] or [heads, %d], "
+                                "got %s" % (nt, nt, w.shape), where)
+        if w.shape[0] not in (self.q_heads, self.kv_heads) or w.shape[1] != nt:
+            raise KvqShapeError("weights must have %d (query heads) or %d (KV heads) rows of %d "
+                                "(the tokens stored in layer %d), got %s"
+                                % (self.q_heads, self.kv_heads, nt, layer, w.shape), where)
+        if n_queries <= 0:
+            raise KvqShapeError("n_queries must be positive, got %d" % n_queries, where)
+        buf = w if w.size else np.zeros(1, dtype=np.float32)
+        self._err.value = b""
+        st = self.lib.kvq_cache_observe_attention(self.handle, layer, ptr(buf), w.shape[0], nt,
+                                                  n_queries)
+        self._check(st, "kvq_cache_observe_attention(layer %d, %d queries)" % (layer, n_queries),
+                    detail=True)
 
     # ---- read back ----
     def tokens(self, layer):
@@ -295,26 +373,31 @@ class KVCache(_lib.Handle):
                     "kvq_cache_tokens")
         return n.value
 
-    def positions(self, layer):
-        """Positions of the stored tokens of a layer, ascending (int32)."""
+    def positions(self, layer, as_torch=False):
+        """Positions of the stored tokens of a layer, ascending (int32; an
+        int32 tensor with as_torch)."""
         layer = self._layer(layer, "KVCache.positions")
         n = self.tokens(layer)
         out = np.zeros(max(n, 1), dtype=np.int32)
         self._check(self.lib.kvq_cache_positions(self.handle, layer, ptr(out), out.size),
                     "kvq_cache_positions")
-        return out[:n]
+        return _result_kind(as_torch).wrap_raw(out[:n])
 
-    def get_kv(self, layer, head=-1, first=0, count=None):
+    def get_kv(self, layer, head=-1, first=0, count=None, as_torch=False):
         """Decodes stored tokens first..first+count-1 (ascending position) of
         a layer to float32: returns (k, v), each [count, kv_heads, head_dim]
         for head=-1 or [count, head_dim] for one KV head. Keys come back as
-        stored (post-RoPE unless k_prerope) with any centre added back."""
+        stored (post-RoPE unless k_prerope) with any centre added back.
+        as_torch: float32 tensors, or a torch dtype to convert to (the
+        program must have imported torch)."""
         where = "KVCache.get_kv"
         layer = self._layer(layer, where)
         n = self.tokens(layer)
+        head = _index(head, "head", where)
+        first = _index(first, "first", where)
         if count is None:
-            count = max(n - int(first), 0)
-        count, first, head = int(count), int(first), int(head)
+            count = max(n - first, 0)
+        count = _index(count, "count", where)
         if first < 0 or count < 0:
             raise KvqShapeError("first and count must be non-negative", where)
         nh = self.kv_heads if head < 0 else 1
@@ -327,14 +410,32 @@ class KVCache(_lib.Handle):
                     (layer, head, first, count))
         if head >= 0:
             k, v = k[:, 0], v[:, 0]
-        return k, v
+        kind = _result_kind(as_torch)
+        return kind.wrap(k), kind.wrap(v)
 
     # ---- precision, budget, stats ----
-    def set_precision(self, codec, layer=-1, head=-1, values=False):
-        """Re-encodes the K (values=False) or V codec of a layer (-1: all)
-        and KV head (-1: all) with codec (a spec or Codec); new tokens use it.
+    def set_precision(self, layer=-1, head=-1, values=False, codec=None):
+        """Re-encodes the K (values=False) or V (values=True) codec of a
+        layer (-1: all) and KV head (-1: all) with codec (a spec or Codec,
+        required); new tokens use it. The arguments are in the order of
+        kvq_cache_set_precision(cache, layer, kv_head, is_value, codec):
+        set_precision(0, -1, True, "int4") or
+        set_precision(layer=0, values=True, codec="int4").
         Returns the added error: sum ||old - new||^2 / sum ||old||^2 over
         the re-encoded vectors."""
+        where = "KVCache.set_precision"
+        if isinstance(layer, (str, Codec)):
+            raise TypeError("%s(layer, head, values, codec): the codec comes last, as in "
+                            "kvq_cache_set_precision (got %r as the layer)" % (where, layer))
+        layer = _index(layer, "layer", where)
+        head = _index(head, "head", where)
+        if not isinstance(values, (bool, np.bool_)) and values not in (0, 1):
+            raise TypeError("%s: values must be a bool (False: keys, True: values), got %r"
+                            % (where, values))
+        if codec is None:
+            raise TypeError("%s(layer, head, values, codec): no codec given" % where)
+        if not isinstance(codec, (str, Codec)):
+            raise TypeError("%s: codec must be a spec string or a Codec, got %r" % (where, codec))
         nmse = ctypes.c_double(0.0)
         spec = _spec_of(codec)
         self._err.value = b""
@@ -347,13 +448,17 @@ class KVCache(_lib.Handle):
 
     def set_budget(self, budget):
         """Evicts every layer down to budget tokens now (needs a policy)."""
-        st = self.lib.kvq_cache_set_budget(self.handle, int(budget))
+        budget = _index(budget, "budget", "KVCache.set_budget")
+        if budget <= 0:
+            raise KvqShapeError("budget must be positive, got %d" % budget, "KVCache.set_budget")
+        st = self.lib.kvq_cache_set_budget(self.handle, budget)
         self._check(st, "kvq_cache_set_budget(%d)" % budget)
 
     def stats(self, layer=-1):
         """Every kvq_stats field as a dict (layer=-1: total over layers)."""
+        layer = _index(layer, "layer", "KVCache.stats")
         s = _lib.kvq_stats()
-        st = self.lib.kvq_cache_stats(self.handle, int(layer), ctypes.byref(s))
+        st = self.lib.kvq_cache_stats(self.handle, layer, ctypes.byref(s))
         self._check(st, "kvq_cache_stats(layer %d)" % layer)
         return s.to_dict()
 

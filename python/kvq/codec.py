@@ -1,9 +1,14 @@
-"""kvq.Codec: one libkvq codec handle working on numpy arrays.
+"""kvq.Codec: one libkvq codec handle working on numpy arrays and CPU torch
+tensors.
 
 A codec turns each vector of head_dim floats into vector_bytes bytes. Arrays
 of any leading shape are accepted: the last axis is the vector (head_dim
 floats, or vector_bytes bytes once encoded). The fused score and accumulate
 calls work on the encoded bytes, exactly as the cache's attention does.
+Values are float arrays or tensors (float32 read in place; float16,
+bfloat16, float64 converted), encoded data is uint8 (or bytes); any other
+dtype raises TypeError (see _arrays.py). Results come back as the caller's
+type: numpy in, numpy out; torch in, torch out.
 
 Ownership: the Codec owns its kvq_codec handle and frees it in close() (or
 when garbage collected). A codec may be shared by threads except while fit()
@@ -14,24 +19,31 @@ import ctypes
 
 import numpy as np
 
-from . import _lib
+from . import _arrays, _lib
 from ._lib import KvqShapeError
 
 __all__ = ["Codec"]
 
 
-def f32(x):
-    return np.ascontiguousarray(x, dtype=np.float32)
-
-
-def u8(b):
-    if isinstance(b, (bytes, bytearray, memoryview)):
-        return np.frombuffer(bytes(b), dtype=np.uint8)
-    return np.ascontiguousarray(b, dtype=np.uint8)
-
-
 def ptr(a):
     return a.ctypes.data
+
+
+def _out_array(out, shape, where):
+    """The float32 numpy view of an out= argument (a numpy array or a CPU
+    tensor) that C may write into; anything else raises."""
+    msg = ("out must be a writeable C-contiguous float32 array or CPU tensor of shape %s"
+           % (shape,))
+    if _arrays.is_tensor(out):
+        torch = _arrays.torch_module()
+        if (out.device.type != "cpu" or out.dtype != torch.float32 or tuple(out.shape) != shape
+                or not out.is_contiguous() or out.requires_grad):
+            raise KvqShapeError(msg, where)
+        return out.numpy()
+    if (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise KvqShapeError(msg, where)
+    return out
 
 
 class Codec(_lib.Handle):
@@ -103,14 +115,15 @@ class Codec(_lib.Handle):
 
     # ---- shape helpers ----
     def _vectors(self, x, what, where):
-        x = f32(x)
+        """(float32 array [..., head_dim], Kind of the caller)"""
+        x, kind = _arrays.floats(x, what, where)
         if x.ndim == 0 or x.shape[-1] != self.head_dim:
             raise KvqShapeError("%s must have shape [..., %d], got %s" %
                                 (what, self.head_dim, x.shape), where)
-        return x
+        return x, kind
 
     def _codes(self, b, what, where):
-        b = u8(b)
+        b, _ = _arrays.codes(b, what, where)
         if b.ndim == 0:
             raise KvqShapeError("%s must be an array of encoded bytes" % what, where)
         # a flat buffer of several whole vectors becomes [n, vector_bytes]
@@ -126,25 +139,30 @@ class Codec(_lib.Handle):
 
     # ---- encode / decode ----
     def encode(self, x):
-        """x [..., head_dim] floats -> uint8 [..., vector_bytes]. NaN/Inf
-        raise KvqError(KVQ_ERR_NONFINITE)."""
-        x = self._vectors(x, "x", "Codec.encode")
+        """x [..., head_dim] floats -> uint8 [..., vector_bytes] (a uint8
+        tensor for a tensor x). NaN/Inf raise KvqError(KVQ_ERR_NONFINITE)."""
+        x, kind = self._vectors(x, "x", "Codec.encode")
         n = x.size // self.head_dim
         out = np.empty(x.shape[:-1] + (self.vector_bytes,), dtype=np.uint8)
         if n:
             st = self.lib.kvq_codec_encode(self.handle, ptr(out), out.nbytes, ptr(x), n)
             self.lib.check(st, "kvq_codec_encode(%s)" % self.spec)
-        return out
+        return kind.wrap_raw(out)
 
-    def decode(self, b):
+    def decode(self, b, dtype=None):
         """uint8 [..., vector_bytes] (or a bytes object holding whole vectors)
-        -> float32 [..., head_dim]."""
+        -> float32 [..., head_dim]; a uint8 tensor gives a float32 tensor
+        (dtype: a torch dtype for another float type). Other dtypes raise
+        TypeError."""
+        is_t = _arrays.is_tensor(b)
         b = self._codes(b, "encoded data", "Codec.decode")
         out = np.empty(b.shape[:-1] + (self.head_dim,), dtype=np.float32)
         if b.size:
             st = self.lib.kvq_codec_decode(self.handle, ptr(out), out.size, ptr(b), b.nbytes)
             self.lib.check(st, "kvq_codec_decode(%s)" % self.spec)
-        return out
+        if is_t:
+            return _arrays.Kind(True, dtype).wrap(out)
+        return out if dtype is None else out.astype(dtype)
 
     def roundtrip(self, x):
         return self.decode(self.encode(x))
@@ -153,7 +171,7 @@ class Codec(_lib.Handle):
     def score(self, q, enc):
         """Inner products <q_i, k_j> on the encoded keys: q [..., head_dim],
         enc [..., vector_bytes] -> float32 q.shape[:-1] + enc.shape[:-1]."""
-        q = self._vectors(q, "q", "Codec.score")
+        q, kind = self._vectors(q, "q", "Codec.score")
         enc = self._codes(enc, "keys", "Codec.score")
         nq = q.size // self.head_dim
         nk = enc.size // self.vector_bytes
@@ -162,38 +180,39 @@ class Codec(_lib.Handle):
             st = self.lib.kvq_codec_score(self.handle, ptr(out), out.size, ptr(q), nq, ptr(enc),
                                           enc.nbytes)
             self.lib.check(st, "kvq_codec_score(%s)" % self.spec)
-        return out
+        return kind.wrap(out)
 
     def accumulate(self, w, enc, out=None):
         """Weighted sum of the encoded values: w [..., n_vals] weights over
         enc [n_vals, vector_bytes] (any leading shape, flattened) ->
-        float32 w.shape[:-1] + (head_dim,). With out (float32, C-contiguous,
-        that shape) the sum is added to out in place, as the C call does."""
-        enc = self._codes(enc, "values", "Codec.accumulate")
+        float32 w.shape[:-1] + (head_dim,) (w's type). With out (float32,
+        C-contiguous, that shape: a numpy array or a CPU tensor) the sum is
+        added to out in place, as the C call does, and out is returned."""
+        where = "Codec.accumulate"
+        enc = self._codes(enc, "values", where)
         nv = enc.size // self.vector_bytes
-        w = f32(w)
+        w, kind = _arrays.floats(w, "w", where)
         if w.ndim == 0 or w.shape[-1] != nv:
             raise KvqShapeError("w must have shape [..., %d] (one weight per encoded value), "
-                                "got %s" % (nv, w.shape), "Codec.accumulate")
+                                "got %s" % (nv, w.shape), where)
         shape = w.shape[:-1] + (self.head_dim,)
+        given = out
         if out is None:
             out = np.zeros(shape, dtype=np.float32)
-        elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape
-              or not out.flags.c_contiguous or not out.flags.writeable):
-            raise KvqShapeError("out must be a writeable C-contiguous float32 array of shape %s"
-                                % (shape,), "Codec.accumulate")
+        else:
+            out = _out_array(out, shape, where)
         nq = w.size // nv if nv else int(np.prod(w.shape[:-1]))
         if nq and nv:
             st = self.lib.kvq_codec_accumulate(self.handle, ptr(out), out.size, ptr(w), nq,
                                                ptr(enc), enc.nbytes)
             self.lib.check(st, "kvq_codec_accumulate(%s)" % self.spec)
-        return out
+        return given if given is not None else kind.wrap(out)
 
     # ---- state ----
     def fit(self, samples):
         """Fits codec state (nuq tables, a norm=8 range) from sample vectors
         [..., head_dim]; a no-op for codecs without state."""
-        x = self._vectors(samples, "samples", "Codec.fit")
+        x, _ = self._vectors(samples, "samples", "Codec.fit")
         n = x.size // self.head_dim
         st = self.lib.kvq_codec_fit(self.handle, ptr(x), n)
         self.lib.check(st, "kvq_codec_fit(%s)" % self.spec)

@@ -8,14 +8,18 @@ the adaptive cache takes per-step key/value of shape (heads, new_tokens,
 head_dim). All memory figures are real: they are the byte sizes of the
 encoded numpy buffers and codec state blobs held, or the library's own
 accounting of what the cache has allocated.
+
+Both take numpy arrays or CPU torch tensors (float32 read in place;
+float16, bfloat16, float64 converted; other dtypes raise TypeError) and
+give results back in the caller's type.
 """
 
 import numpy as np
 
-from . import _lib
+from . import _arrays, _lib
 from ._lib import KvqShapeError
-from .cache import KVCache
-from .codec import Codec, f32
+from .cache import KVCache, _index
+from .codec import Codec
 
 __all__ = ["CompressedKV", "KVCompressor", "TurboQuantCompressor", "AdaptiveKVCache"]
 
@@ -46,7 +50,8 @@ class CompressedKV:
         self.k_state = bytes(k_state)
         self.v_state = bytes(v_state)
         self.original_bytes = int(original_bytes)
-        self.dtype = np.dtype(dtype)
+        self.dtype = dtype  # of the input: a numpy dtype, or a torch dtype (torch True)
+        self.torch = False
 
     @property
     def n_values(self):
@@ -161,25 +166,43 @@ class KVCompressor:
         return c.encode(x), c.spec, state
 
     def compress(self, k, v):
-        """k, v: float arrays (layers, heads, seq, head_dim), or any
-        [..., head_dim]; NaN/Inf raise KvqError."""
-        k_in, v_in = np.asarray(k), np.asarray(v)
-        if k_in.ndim == 0 or v_in.ndim == 0:
-            raise KvqShapeError("k and v must be arrays [..., head_dim]", "KVCompressor.compress")
-        original = int(k_in.nbytes + v_in.nbytes)
-        kx, vx = f32(k_in), f32(v_in)
+        """k, v: float arrays or CPU tensors (layers, heads, seq, head_dim),
+        or any [..., head_dim]; NaN/Inf raise KvqError, other dtypes
+        TypeError."""
+        where = "KVCompressor.compress"
+        original = 0
+        for x in (k, v):
+            if _arrays.is_tensor(x):
+                original += x.element_size() * x.numel()
+            elif isinstance(x, np.ndarray):
+                original += x.nbytes
+            else:
+                original += np.asarray(x).nbytes
+        kx, kind = _arrays.floats(k, "k", where)
+        vx, _ = _arrays.floats(v, "v", where)
+        if kx.ndim == 0 or vx.ndim == 0:
+            raise KvqShapeError("k and v must be arrays [..., head_dim]", where)
         kc, ks, kst = self._encode(self.k_codec, kx)
         vc, vs, vst = self._encode(self.v_codec, vx)
-        return CompressedKV(kc, vc, ks, vs, kx.shape, vx.shape, kst, vst, original,
-                            k_in.dtype)
+        dtype = kind.dtype if kind.torch else np.asarray(k).dtype
+        c = CompressedKV(kc, vc, ks, vs, kx.shape, vx.shape, kst, vst, original, dtype)
+        c.torch = kind.torch
+        return c
 
-    def decompress(self, c, dtype=np.float32):
-        """(k, v) decoded from a CompressedKV, shaped as given to compress."""
+    def decompress(self, c, dtype=None):
+        """(k, v) decoded from a CompressedKV, shaped as given to compress:
+        numpy float32 (or dtype) for numpy input; for tensor input, CPU
+        tensors in the input's dtype (or dtype, a torch dtype)."""
         if not isinstance(c, CompressedKV):
             raise KvqShapeError("decompress expects a CompressedKV", "KVCompressor.decompress")
         kd = self._codec(c.k_spec, c.k_shape[-1], c.k_state).decode(c.k_codes)
         vd = self._codec(c.v_spec, c.v_shape[-1], c.v_state).decode(c.v_codes)
         kd, vd = kd.reshape(c.k_shape), vd.reshape(c.v_shape)
+        if c.torch:
+            if _arrays.torch_module() is None:
+                raise TypeError("this CompressedKV was made from tensors: import torch first")
+            kind = _arrays.Kind(True, c.dtype if dtype is None else dtype)
+            return kind.wrap(kd), kind.wrap(vd)
         if dtype is not None and np.dtype(dtype) != np.float32:
             kd, vd = kd.astype(dtype), vd.astype(dtype)
         return kd, vd
@@ -196,32 +219,35 @@ class AdaptiveKVCache:
                     k_codec="int8", v_codec="tq3", policy="utility", sinks=4,
                     protect_recent=None, max_tokens=1 << 20, lib=None, **options)
 
-    heads are KV heads; q_heads (default heads) are the query heads of
-    update(query=...)/attend. protect_recent (the newest tokens that are
-    never evicted) defaults to min(128, budget // 4); when sinks +
+    heads are KV heads; q_heads (default heads) are the query heads of the
+    attention weights and queries. protect_recent (the newest tokens that
+    are never evicted) defaults to min(128, budget // 4); when sinks +
     protect_recent exceed the budget, the protected window (then the sinks)
     shrink to fit, so the effective budget per layer is min(budget,
-    max_tokens) (stats() reports it). Other KVCache options (page, recent_window, k_layout, threads, ...)
-    pass through **options.
+    max_tokens) (stats() reports it). Other KVCache options (page,
+    recent_window, k_layout, threads, ...) pass through **options.
 
     Layouts (heads first, as in the prototypes): keys/values
     (heads, new_tokens, head_dim), a leading batch axis of 1 allowed, or
     (heads, head_dim) for one token; queries (q_heads, n_queries, head_dim)
-    or (q_heads, head_dim).
+    or (q_heads, head_dim). numpy arrays or CPU torch tensors; get_kv and
+    attend answer in the type of the last key given to update.
 
-    How attention weights are used. The library scores tokens by the
-    attention it computes itself: every attend over the compressed keys
-    updates each token's utility (EMA: 0.9 old + 0.1 new, a new token starts
-    at 1.0) and eviction drops the lowest-utility tokens outside the sinks and
-    the protected recent window. It has no call to import attention computed
-    elsewhere. So update(key, value, attention_weights, query=q) runs an
-    attend with the query q after appending, which is what drives eviction;
-    attention_weights are then only checked (finite numbers). Without a
-    query, attention_weights cannot influence eviction: they are checked
-    and counted in stats()["ignored_attention_weights"], and the tokens keep
-    the utility from earlier attends; the budget is then applied at once
-    (the new tokens may go too, as in a prefill compressed after the fact).
-    Pass the query to get utility eviction after attention.
+    update(key, value, attention_weights) is for callers that compute
+    attention themselves: the weights are those of the new queries over the
+    layer's tokens after the append (the kept tokens in position order, the
+    new ones last), per query head or per KV head:
+        (heads, n_tokens)                one query (a decode step)
+        (heads, n_queries, n_tokens)     several queries (a prefill chunk)
+        (1, heads, n_queries, n_tokens)  with a batch axis of 1
+    They update each token's utility as kvq's own attention would (EMA:
+    0.9 old + 0.1 new, a new token starts at 1.0) through
+    kvq_cache_observe_attention, which then evicts the lowest-utility
+    tokens outside the sinks and the protected recent window down to the
+    budget. update(key, value, query=q) instead lets kvq attend with q and
+    returns the output; the weights kvq computes then drive eviction.
+    Without either, the budget is applied at once (the new tokens may go
+    too, as in a prefill compressed without attention).
     """
 
     def __init__(self, heads, head_dim, budget, layers=1, q_heads=None, k_codec="int8",
@@ -240,12 +266,13 @@ class AdaptiveKVCache:
                              v_codec=v_codec, policy=policy, budget=self.budget, sinks=sinks,
                              protect_recent=protect_recent, lib=lib, **options)
         self._next_pos = [0] * self.layers
+        self._kind = _arrays.NUMPY
         self.attention_updates = 0
-        self.ignored_attention_weights = 0
+        self.observed_weights = 0
 
     def _tokens_major(self, x, what):
         """(heads, n, d) / (1, heads, n, d) / (heads, d) -> [n, heads, d]."""
-        x = f32(x)
+        x, kind = _arrays.floats(x, what, "AdaptiveKVCache")
         if x.ndim == 4 and x.shape[0] == 1:
             x = x[0]
         if x.ndim == 2:
@@ -253,47 +280,93 @@ class AdaptiveKVCache:
         if x.ndim != 3 or x.shape[0] != self.heads or x.shape[2] != self.head_dim:
             raise KvqShapeError("%s must have shape (%d heads, new_tokens, %d), got %s" %
                                 (what, self.heads, self.head_dim, x.shape), "AdaptiveKVCache")
-        return np.ascontiguousarray(x.transpose(1, 0, 2))
+        return np.ascontiguousarray(x.transpose(1, 0, 2)), kind
+
+    def _weights(self, attention_weights, layer, n_after):
+        """The weights as (rows [heads, n_after], n_queries), checked before
+        anything is appended (the C call checks them again)."""
+        where = "AdaptiveKVCache.update"
+        w, _ = _arrays.floats(attention_weights, "attention_weights", where)
+        if w.ndim == 4 and w.shape[0] == 1:
+            w = w[0]
+        if w.ndim == 3:
+            nq = w.shape[1]
+            w = w.sum(axis=1, dtype=np.float32)
+        elif w.ndim == 2:
+            nq = 1
+        else:
+            nq = 0
+        if nq == 0 or w.shape[0] not in (self.q_heads, self.heads) or w.shape[1] != n_after:
+            raise KvqShapeError(
+                "attention_weights must have shape ([1,] heads, [n_queries,] %d): %d query heads "
+                "or %d KV heads, over the %d tokens layer %d holds after the append (position "
+                "order, new tokens last); got %s" % (n_after, self.q_heads, self.heads, n_after,
+                                                     layer, np.shape(attention_weights)), where)
+        if not np.all(np.isfinite(w)):
+            raise _lib.KvqError(_lib.Status.ERR_NONFINITE,
+                                self.cache.lib.strerror(_lib.Status.ERR_NONFINITE),
+                                "attention_weights contain NaN or Inf", where)
+        group = 1 if w.shape[0] == self.q_heads else self.q_heads // self.heads
+        # the bound of kvq_cache_observe_attention: softmax rows of nq queries
+        # (x the group for KV-head rows), with 1/32 for the engine's rounding
+        if w.size and (w.min() < 0 or
+                       w.sum(axis=1, dtype=np.float64).max() > nq * group * (1 + 1 / 32)):
+            raise _lib.KvqError(_lib.Status.ERR_RANGE, self.cache.lib.strerror(
+                _lib.Status.ERR_RANGE), "attention_weights must be softmax probabilities (>= 0, "
+                "each query's row summing to at most 1)", where)
+        return np.ascontiguousarray(w), nq
 
     def update(self, key, value, attention_weights=None, layer=0, query=None,
                query_position=None, positions=None):
-        """Appends key/value (heads, new_tokens, head_dim) to layer, evicting
-        down to the budget by utility. With query (q_heads, [n_queries,]
-        head_dim), runs attention for it at query_position (default: the
-        newest position) afterwards and returns the output (q_heads,
-        [n_queries,] head_dim); otherwise returns None. See the class
-        docstring for how attention_weights are used."""
-        k = self._tokens_major(key, "key")
-        v = self._tokens_major(value, "value")
+        """Appends key/value (heads, new_tokens, head_dim) to layer, then
+        evicts down to the budget by utility: with attention_weights
+        (computed by the caller; see the class docstring) through them, or
+        with query (q_heads, [n_queries,] head_dim) by attending with it at
+        query_position (default: the newest position) and returning the
+        output (q_heads, [n_queries,] head_dim). Returns None otherwise.
+        Everything is checked before the append: on error the cache is
+        unchanged."""
+        where = "AdaptiveKVCache.update"
+        if attention_weights is not None and query is not None:
+            raise TypeError("%s: give attention_weights (attention you computed) or query "
+                            "(kvq attends), not both" % where)
+        layer = _index(layer, "layer", where)
+        if not 0 <= layer < self.layers:
+            raise KvqShapeError("layer %r is outside 0..%d" % (layer, self.layers - 1), where)
+        k, kind = self._tokens_major(key, "key")
+        v, _ = self._tokens_major(value, "value")
         if k.shape != v.shape:
             raise KvqShapeError("key and value shapes differ: %s vs %s" % (k.shape, v.shape),
-                                "AdaptiveKVCache.update")
+                                where)
         n = k.shape[0]
         if positions is None:
             pos = np.arange(self._next_pos[layer], self._next_pos[layer] + n, dtype=np.int64)
         else:
-            pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+            pos, _ = _arrays.ints(positions, "positions", where)
+            pos = pos.reshape(-1)
+        w = None
+        if attention_weights is not None:
+            w, nq = self._weights(attention_weights, layer, self.cache.tokens(layer) + n)
         self.cache.append(layer, k, v, pos)
+        self._kind = kind
         if n:
             self._next_pos[layer] = int(pos[-1]) + 1
-        if attention_weights is not None:
-            aw = np.asarray(attention_weights, dtype=np.float64)
-            if not np.all(np.isfinite(aw)):
-                raise _lib.KvqError(_lib.Status.ERR_NONFINITE,
-                                    self.cache.lib.strerror(_lib.Status.ERR_NONFINITE),
-                                    "attention_weights", "AdaptiveKVCache.update")
-            if query is None:
-                self.ignored_attention_weights += 1
+        if w is not None:
+            self.cache.observe_attention(layer, w, nq)
+            self.attention_updates += 1
+            self.observed_weights += 1
+            return None
         if query is None:
-            self.cache.set_budget(self.effective_budget)  # no attend will do it
+            self.cache.set_budget(self.effective_budget)  # no attention will do it
             return None
         qp = self._next_pos[layer] - 1 if query_position is None else query_position
         return self.attend(query, layer, qp)
 
     def attend(self, query, layer=0, position=None):
         """Attention of query (q_heads, [n_queries,] head_dim) at position
-        (default: the newest) over the layer; updates the utility scores."""
-        q = f32(query)
+        (default: the newest) over the layer; updates the utility scores.
+        The output has the query's type."""
+        q, kind = _arrays.floats(query, "query", "AdaptiveKVCache.attend")
         single = q.ndim == 2
         if single:
             q = q[:, None, :]
@@ -306,16 +379,19 @@ class AdaptiveKVCache:
         out = self.cache.attend(layer, np.ascontiguousarray(q.transpose(1, 0, 2)), position)
         self.attention_updates += 1
         out = out.transpose(1, 0, 2)
-        return out[:, 0] if single else out
+        return kind.wrap(np.ascontiguousarray(out[:, 0] if single else out))
 
     def get_kv(self, layer=0):
         """(k, v) of the tokens kept, decoded: each (heads, n_tokens, head_dim),
-        in ascending position order (see positions())."""
+        in ascending position order (see positions()), in the type of the
+        last key given to update."""
         k, v = self.cache.get_kv(layer)
-        return k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+        k = np.ascontiguousarray(k.transpose(1, 0, 2))
+        v = np.ascontiguousarray(v.transpose(1, 0, 2))
+        return self._kind.wrap(k), self._kind.wrap(v)
 
     def positions(self, layer=0):
-        return self.cache.positions(layer)
+        return self._kind.wrap_raw(self.cache.positions(layer))
 
     def __len__(self):
         return self.cache.tokens(0)
@@ -324,7 +400,8 @@ class AdaptiveKVCache:
         """The cache's kvq_stats (layer=-1: all layers) plus: effective_budget,
         fp16_bytes / fp32_bytes (the kept tokens stored plainly),
         ratio_vs_fp16 (fp16_bytes / stored_bytes), attention_updates (attends
-        run), ignored_attention_weights (updates whose weights had no query)."""
+        and observed weights), observed_weights (updates whose weights drove
+        eviction)."""
         s = self.cache.stats(layer)
         values = s["tokens"] * self.heads * self.head_dim * 2
         s["effective_budget"] = self.effective_budget
@@ -332,7 +409,7 @@ class AdaptiveKVCache:
         s["fp32_bytes"] = values * 4
         s["ratio_vs_fp16"] = s["fp16_bytes"] / s["stored_bytes"] if s["stored_bytes"] else 0.0
         s["attention_updates"] = self.attention_updates
-        s["ignored_attention_weights"] = self.ignored_attention_weights
+        s["observed_weights"] = self.observed_weights
         return s
 
     def close(self):

@@ -11,7 +11,7 @@ import ctypes
 
 import numpy as np
 
-from . import _lib
+from . import _arrays, _lib
 from ._lib import KvqShapeError
 from .cache import KVCache
 from .codec import ptr
@@ -59,14 +59,21 @@ class Model(_lib.Handle):
         return KVCache(**kw)
 
     def forward(self, cache, tokens, pos0=0, last_only=False, logits=True):
-        """Runs tokens at positions pos0.. through the model, appending their
-        K/V to cache. Returns float32 logits [n, vocab] ([vocab] with
-        last_only), or None with logits=False."""
-        toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64).reshape(-1),
-                                    dtype=np.int32)
+        """Runs tokens (ints: a list, an integer array or tensor) at
+        positions pos0.. through the model, appending their K/V to cache.
+        Returns float32 logits [n, vocab] ([vocab] with last_only; a tensor
+        for tensor tokens), or None with logits=False."""
+        where = "Model.forward"
+        if not isinstance(cache, KVCache):
+            raise TypeError("%s: cache must be a KVCache (Model.cache() makes one)" % where)
+        toks, kind = _arrays.ints(tokens, "tokens", where)
+        toks = toks.reshape(-1)
+        if toks.size and (toks.min() < 0 or toks.max() >= self.vocab_size):
+            raise KvqShapeError("token ids must be in 0..%d" % (self.vocab_size - 1), where)
+        toks = np.ascontiguousarray(toks, dtype=np.int32)
         n = toks.shape[0]
         if n == 0:
-            raise KvqShapeError("no tokens", "Model.forward")
+            raise KvqShapeError("no tokens", where)
         out, op, cap = None, None, 0
         if logits:
             out = np.zeros((1 if last_only else n, self.vocab_size), dtype=np.float32)
@@ -76,13 +83,13 @@ class Model(_lib.Handle):
         self.lib.check(st, "kvq_model_forward(%d tokens at %d)" % (n, pos0))
         if out is None:
             return None
-        return out[0] if last_only else out
+        return kind.wrap(out[0] if last_only else out)
 
     def generate(self, cache, prompt, steps, pos0=0):
         """Greedy decoding: feeds prompt, then `steps` argmax tokens; returns
         the generated tokens (not the prompt)."""
-        prompt = list(prompt)
-        logits = self.forward(cache, prompt, pos0, last_only=True)
+        prompt = _arrays.ints(prompt, "prompt", "Model.generate")[0].reshape(-1).tolist()
+        logits = np.asarray(self.forward(cache, prompt, pos0, last_only=True))
         pos = pos0 + len(prompt)
         outs = []
         for _ in range(steps):
@@ -90,7 +97,7 @@ class Model(_lib.Handle):
             outs.append(t)
             if len(outs) == steps:
                 break
-            logits = self.forward(cache, [t], pos, last_only=True)
+            logits = np.asarray(self.forward(cache, [t], pos, last_only=True))
             pos += 1
         return outs
 

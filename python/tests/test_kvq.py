@@ -539,7 +539,7 @@ class TestKVCache(unittest.TestCase):
         out = ch.attend(0, q, [n - 1])
         np.testing.assert_allclose(out, ref_attend(k, v, pos, q, [n - 1]), atol=1e-3)
         with self.assertRaises(kvq.KvqError) as cm:
-            ch.set_precision("int8")
+            ch.set_precision(-1, -1, False, "int8")
         self.assertEqual(cm.exception.status, kvq.Status.ERR_UNSUPPORTED)
 
         fitted = kvq.Codec("nuq4", d).fit(V.reshape(-1, d))
@@ -661,7 +661,7 @@ class TestKVCache(unittest.TestCase):
         names = [n for n, _ in _lib.STATS_FIELDS]
         tot = c.stats()
         self.assertEqual(list(tot), names)
-        self.assertEqual(len(names), 18)
+        self.assertEqual(len(names), 19)  # kvq_stats in kvq.h, tokens_cold last
         per = [c.stats(layer) for layer in range(3)]
         for name in names:
             if name in ("bits_per_value", "total_bits_per_value", "fragmentation",
@@ -719,7 +719,7 @@ class TestKVCache(unittest.TestCase):
             c.attend(layer, gauss(r, 1, QH, d), [n - 1])  # settles the prefill
         k0, v0 = c.get_kv(0)
         before = c.stats(0)
-        added = c.set_precision("int4", layer=0, values=True)
+        added = c.set_precision(0, -1, True, "int4")  # the order of kvq_cache_set_precision
         k1, v1 = c.get_kv(0)
         np.testing.assert_array_equal(k1, k0)  # keys untouched
         self.assertAlmostEqual(added, nmse(v0, v1), delta=1e-6)
@@ -737,16 +737,16 @@ class TestKVCache(unittest.TestCase):
                              attn_tol("int8") * np.abs(ref).max())
         c.append(0, K[:1] * 0 + 1, V[:1], [n])
         # one head's keys of every layer, a Codec object as the codec
-        added = c.set_precision(kvq.Codec("int2", d), head=1)
+        added = c.set_precision(head=1, codec=kvq.Codec("int2", d))
         self.assertGreater(added, 0.01)
         self.assertLess(added, NMSE_BOUND["int2"] * 1.5)
         self.assertEqual(c.stats()["reencodes"], n * H + (n + 1) + n)
         with self.assertRaises(kvq.KvqError) as cm:
-            c.set_precision("int3", values=True)
+            c.set_precision(-1, -1, True, "int3")
         self.assertEqual(cm.exception.status, kvq.Status.ERR_UNKNOWN_CODEC)
         self.assertIn("int3", cm.exception.detail)
         with self.assertRaises(kvq.KvqError) as cm:
-            c.set_precision("int8", layer=2)
+            c.set_precision(2, -1, False, "int8")
         self.assertEqual(cm.exception.status, kvq.Status.ERR_RANGE)
         self.assertEqual(cm.exception.detail, "")  # no stale message from the previous error
 
@@ -883,6 +883,7 @@ class TestCompat(unittest.TestCase):
             kvq.KVCompressor(k_codec="tq9").compress(k, v)
 
     def test_adaptive_cache(self):
+        """update(key, value, query=q): kvq attends and its weights evict."""
         r = rng(21)
         H, QH, d = 2, 4, 16
         u = np.zeros(d, np.float32)
@@ -896,7 +897,7 @@ class TestCompat(unittest.TestCase):
                 k[:, 0] = 5.0 * u
             v = gauss(r, H, 1, d)
             q = np.tile(10.0 * u, (QH, 1))
-            out = ac.update(k, v, attention_weights=np.ones((QH, t + 1)) / (t + 1), query=q)
+            out = ac.update(k, v, query=q)
             self.assertEqual(out.shape, (QH, d))
             self.assertLessEqual(len(ac), 24)
         keys, vals = ac.get_kv()
@@ -915,16 +916,13 @@ class TestCompat(unittest.TestCase):
         self.assertEqual(s["tokens"], 24)
         self.assertEqual(s["tokens_evicted"], 80 - 24)
         self.assertEqual(s["attention_updates"], 81)
-        self.assertEqual(s["ignored_attention_weights"], 0)
+        self.assertEqual(s["observed_weights"], 0)
         self.assertEqual(s["fp16_bytes"], 24 * H * d * 2 * 2)
         self.assertAlmostEqual(s["ratio_vs_fp16"], s["fp16_bytes"] / s["stored_bytes"])
-        # weights without a query cannot steer eviction: counted, not used
-        ac.update(gauss(r, H, 1, d), gauss(r, H, 1, d), attention_weights=np.ones((H, 25)))
-        self.assertEqual(ac.stats()["ignored_attention_weights"], 1)
-        with self.assertRaises(kvq.KvqError) as cm:
-            ac.update(gauss(r, H, 1, d), gauss(r, H, 1, d),
-                      attention_weights=np.full((H, 25), np.nan))
-        self.assertEqual(cm.exception.status, kvq.Status.ERR_NONFINITE)
+        # weights and a query together: which attention should evict is unclear
+        with self.assertRaises(TypeError):
+            ac.update(gauss(r, H, 1, d), gauss(r, H, 1, d), attention_weights=np.ones((H, 25)),
+                      query=q)
         with self.assertRaises(kvq.KvqShapeError):
             ac.update(gauss(r, H + 1, 1, d), gauss(r, H + 1, 1, d))
 

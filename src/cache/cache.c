@@ -307,8 +307,6 @@ void kvq_cache_free(kvq_cache *c) {
         kvq__free(&c->alloc, c->layers);
     }
     kvq__pool_free(c->pool, &c->alloc);
-    kvq__free(&c->alloc, c->rawsc);
-    kvq__free(&c->alloc, c->parts);
     if (c->work) {
         for (size_t t = 0; t < c->n_threads; t++)
             kvq__work_free(c, &c->work[t]);
@@ -331,24 +329,52 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
     *out = NULL;
     if (cfg->err_msg && cfg->err_msg_size)
         cfg->err_msg[0] = 0;
-    if (cfg->n_layers == 0 || cfg->n_kv_heads == 0 || cfg->n_q_heads == 0 ||
-        cfg->n_q_heads % cfg->n_kv_heads != 0 || cfg->max_tokens == 0 ||
-        cfg->max_tokens > (1u << 30)) {
-        kvq__cerr(cfg, "bad shape: layers, kv heads, q heads (a multiple of kv heads) and "
-                       "max_tokens (<= 2^30) must be positive");
+    /* each refusal names the one rule it breaks */
+    if (cfg->n_layers == 0 || cfg->n_kv_heads == 0 || cfg->n_q_heads == 0) {
+        kvq__cerr(cfg, "bad shape: n_layers %zu, n_kv_heads %zu, n_q_heads %zu: each must be >= 1",
+                  cfg->n_layers, cfg->n_kv_heads, cfg->n_q_heads);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (cfg->n_q_heads % cfg->n_kv_heads != 0) {
+        kvq__cerr(cfg, "bad shape: n_q_heads %zu is not a multiple of n_kv_heads %zu",
+                  cfg->n_q_heads, cfg->n_kv_heads);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (cfg->max_tokens == 0 || cfg->max_tokens > (1u << 30)) {
+        kvq__cerr(cfg, "bad shape: max_tokens %zu is outside 1..2^30", cfg->max_tokens);
         return KVQ_ERR_INVALID_ARG;
     }
     if (cfg->head_dim < 1 || cfg->head_dim > KVQ__MAX_HEAD_DIM) {
         kvq__cerr(cfg, "head_dim %zu is outside 1..%d", cfg->head_dim, KVQ__MAX_HEAD_DIM);
         return KVQ_ERR_HEAD_DIM;
     }
-    if (cfg->page_tokens < 1 || cfg->page_tokens > 4096 || cfg->n_threads > 256 ||
-        (int)cfg->policy < 0 || cfg->policy > KVQ_POLICY_UTILITY || !(cfg->budget_ratio >= 0) ||
-        (cfg->k_layout != KVQ_LAYOUT_TOKEN && cfg->k_layout != KVQ_LAYOUT_CHANNEL) ||
-        (cfg->k_prerope && (!(cfg->rope_theta > 0) || cfg->rope_dims > cfg->head_dim ||
-                            cfg->rope_dims % 2 != 0))) {
-        kvq__cerr(cfg, "bad option: page_tokens 1..4096, n_threads <= 256, a known policy and "
-                       "layout, budget_ratio >= 0, rope_theta > 0, even rope_dims <= head_dim");
+    if (cfg->page_tokens < 1 || cfg->page_tokens > 4096) {
+        kvq__cerr(cfg, "page_tokens %zu is outside 1..4096", cfg->page_tokens);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (cfg->n_threads > 256) {
+        kvq__cerr(cfg, "n_threads %zu is above 256", cfg->n_threads);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if ((int)cfg->policy < 0 || cfg->policy > KVQ_POLICY_UTILITY) {
+        kvq__cerr(cfg, "policy %d is not a kvq_policy", (int)cfg->policy);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (!(cfg->budget_ratio >= 0)) {
+        kvq__cerr(cfg, "budget_ratio %g must be a number >= 0", cfg->budget_ratio);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (cfg->k_layout != KVQ_LAYOUT_TOKEN && cfg->k_layout != KVQ_LAYOUT_CHANNEL) {
+        kvq__cerr(cfg, "k_layout %d is not a kvq_layout", (int)cfg->k_layout);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (cfg->k_prerope && !(cfg->rope_theta > 0)) {
+        kvq__cerr(cfg, "k_prerope needs rope_theta > 0, got %g", cfg->rope_theta);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (cfg->k_prerope && (cfg->rope_dims > cfg->head_dim || cfg->rope_dims % 2 != 0)) {
+        kvq__cerr(cfg, "rope_dims %zu must be even and at most head_dim %zu", cfg->rope_dims,
+                  cfg->head_dim);
         return KVQ_ERR_INVALID_ARG;
     }
     if (cfg->recent_window > cfg->max_tokens) {

@@ -11,12 +11,14 @@
 #include "cache_impl.h"
 #include "../kernels/kernels.h"
 
-/* A decode step over a long context splits each KV head's pages into chunks
- * of this many tokens (at most KVQ__MAX_CHUNKS), so that few KV heads still
- * keep every thread busy; the split depends on the context, not on the
- * number of threads. */
-#define KVQ__CHUNK_TOKENS 2048
-#define KVQ__MAX_CHUNKS 64
+/* A decode step splits the pages into at most 16 chunks of at least 16
+ * pages (a function of the context only, never of the number of threads),
+ * worked by any thread for every head and merged in chunk order. */
+#define KVQ__MAX_CHUNKS 16
+#define KVQ__MAX_DECODE_HEADS 256
+/* bytes of a page area prefetched ahead by the driver (the kernels of large
+ * areas prefetch the rest ahead of their own reads) */
+#define KVQ__PF_AREA 2048
 
 /* RoPE at position pos on one vector (pairs (2i, 2i+1), llama2.c order). */
 static void kvq__rope(const kvq_cache *c, float *x, int32_t pos) {
@@ -64,13 +66,13 @@ typedef struct {
     int any_pend;
 } kvq__pstate;
 
-/* Work of one attend. Without a split, item i is KV head i (every tile and
- * page, finished in place). With a split (one tile of rows and a long
- * context), item i is KV head i / n_chunks over the pages of chunk
- * i % n_chunks, and its state goes to parts; fold jobs then merge the chunks
- * of each head in chunk order. The items and chunks depend only on the
- * cache, the layer and the call, never on the number of threads, so the
- * output is the same with any number of threads. */
+/* Work of one attend. A decode step (one query token, QH <= rows_max):
+ * item i is chunk i of the pages, worked for every head page after page
+ * (kvq__decode_pages), its state in parts; fold jobs then merge the chunks
+ * of each head in chunk order. Otherwise item i is KV head i (every tile and
+ * page, finished in place). The items and chunks depend only on the cache,
+ * the layer and the call, never on the number of threads, so the output is
+ * the same with any number of threads. */
 typedef struct {
     kvq_cache *c;
     kvq__layer *ly;
@@ -79,10 +81,12 @@ typedef struct {
     size_t T;
     float *out;
     float *attn;  /* [H][slots] sums of attention weights, or NULL */
-    float *rawsc; /* raw scores for attn: split: [H][nr][slots]; else [job][rows_max][slots] */
+    float *rawsc; /* raw scores for attn: decode: [QH][slots]; else [job][rows_max][slots] */
     size_t n_chunks, chunk_pages, n_items, n_jobs;
-    float *parts; /* split: [H][n_chunks] states of part_floats each */
+    float *parts; /* decode: [n_chunks] states of part_floats each (QH rows) */
     size_t part_floats;
+    int decode; /* one query token, every head's rows in one tile: items are chunks of pages
+                   worked page-major for every head (kvq__decode_pages) */
 } kvq__attn_call;
 
 /* Scores of the keys of page p for head h into sc (stride ss) for the nr
@@ -215,7 +219,8 @@ static int32_t kvq__tile_setup(const kvq__attn_call *jb, kvq__work *w, size_t h,
  * accumulated with the exponentiated weights, into the state ps. rawsc
  * (rows of slots_cap, or NULL) receives the raw scores. */
 static void kvq__attend_pages(const kvq__attn_call *jb, kvq__work *w, size_t h, size_t nr,
-                              int32_t qmax, size_t p0, size_t p1, kvq__pstate *ps, float *rawsc) {
+                              int32_t qmax, size_t p0, size_t p1, kvq__pstate *ps, float *rawsc,
+                              int init) {
     kvq_cache *c = jb->c;
     kvq__layer *ly = jb->ly;
     const kvq__head *hd = &ly->heads[h], *wd = &ly->wheads[h];
@@ -227,15 +232,18 @@ static void kvq__attend_pages(const kvq__attn_call *jb, kvq__work *w, size_t h, 
     uint8_t *cls = w->cls, *vcls = w->vcls;
     size_t *bp = w->bpages;
     int *bne = w->bne, *bnp = w->bnp;
-    for (size_t r = 0; r < nr; r++) {
-        ps->m[r] = -INFINITY;
-        ps->l[r] = 0.0f;
+    if (init) {
+        for (size_t r = 0; r < nr; r++) {
+            ps->m[r] = -INFINITY;
+            ps->l[r] = 0.0f;
+        }
+        if (warm)
+            memset(ps->accw, 0, nr * walen * sizeof(float));
+        memset(ps->acc, 0, nr * alen * sizeof(float));
+        memset(ps->accs, 0, nr * d * sizeof(float));
+        ps->any_pend = 0;
     }
-    if (warm)
-        memset(ps->accw, 0, nr * walen * sizeof(float));
-    memset(ps->acc, 0, nr * alen * sizeof(float));
-    memset(ps->accs, 0, nr * d * sizeof(float));
-    int any_pend = 0;
+    int any_pend = ps->any_pend;
     size_t p = p0;
     while (p < p1) {
         /* gather a block of pages with tokens visible to the tile */
@@ -274,10 +282,10 @@ static void kvq__attend_pages(const kvq__attn_call *jb, kvq__work *w, size_t h, 
             if (p + 1 < p1 && ly->pages[p + 1].block) {
                 const kvq__page *nx = &ly->pages[p + 1];
                 const kvq__head *nh = kvq__page_heads(ly, nx) + h;
-                kvq__prefetch(nx->block + nh->k_off, nh->k_hdr + P * nh->kbytes, 0);
+                kvq__prefetch(nx->block + nh->k_off, KVQ__MIN(KVQ__PF_AREA, nh->k_hdr + P * nh->kbytes), 0);
             }
             if (vne)
-                kvq__prefetch(pg->block + ph->v_off, P * ph->vbytes, 1);
+                kvq__prefetch(pg->block + ph->v_off, KVQ__MIN(KVQ__PF_AREA, P * ph->vbytes), 1);
             bp[nb] = p;
             bne[nb] = vne;
             bnp[nb] = vnp;
@@ -448,37 +456,198 @@ static kvq__pstate kvq__part_state(const kvq__attn_call *jb, size_t item, size_t
     return s;
 }
 
+/* A decode step (one query token) over pages [p0, p1) for every KV head at
+ * once, page after page: the heads' areas of a page block are read in
+ * order (two sequential streams, keys and values) while the next block is
+ * prefetched, instead of one small area per page and head. ps[h] holds the
+ * state of head h's G rows; the rows of every head were prepared in w by
+ * kvq__decode_setup. Pages that are fully encoded, hot (or warm with the
+ * hot codecs) and keys not in the channel layout or pre-RoPE take the fast
+ * path; any other page goes through kvq__attend_pages for that page. */
+static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qmax, size_t p0,
+                              size_t p1, kvq__pstate *ps, float *rawsc) {
+    kvq_cache *c = jb->c;
+    kvq__layer *ly = jb->ly;
+    const size_t P = c->P, d = c->d, G = c->G, H = c->H, slots = ly->slots_cap;
+    const int pre = c->cfg.k_prerope;
+    const int warm = ly->tier_pages[KVQ__TIER_WARM] > 0 && c->warm_distinct;
+    for (size_t h = 0; h < H; h++) {
+        for (size_t r = 0; r < G; r++) {
+            ps[h].m[r] = -INFINITY;
+            ps[h].l[r] = 0.0f;
+        }
+        memset(ps[h].acc, 0, G * ly->heads[h].vc->acc_len * sizeof(float));
+        memset(ps[h].accw, 0, G * ly->wheads[h].vc->acc_len * sizeof(float));
+        memset(ps[h].accs, 0, G * d * sizeof(float));
+        ps[h].any_pend = 0;
+    }
+    float *sc = w->sc;
+    /* a query at the newest position sees every token (positions increase) */
+    const int all_visible = ly->appended && qmax >= ly->last_pos;
+    for (size_t p = p0; p < p1; p++) {
+        const kvq__page *pg = &ly->pages[p];
+        if (!pg->block || pg->min_pos > qmax)
+            continue;
+        const kvq__page *nx = p + 1 < p1 ? &ly->pages[p + 1] : NULL;
+        int fast = !pre && pg->n_pending == 0 && pg->n_valid == P &&
+                   (pg->tier == KVQ__TIER_HOT || !c->warm_distinct);
+        if (fast && !all_visible)
+            for (size_t i = 0; i < P; i++)
+                fast &= ly->pos[p * P + i] <= qmax;
+        for (size_t h = 0; h < H; h++) {
+            const kvq__head *ph = kvq__page_heads(ly, pg) + h;
+            if (nx && nx->block) {
+                const kvq__head *nh = kvq__page_heads(ly, nx) + h;
+                size_t kb = nh->k_hdr + P * nh->kbytes, vb = P * nh->vbytes;
+                kvq__prefetch(nx->block + nh->k_off, KVQ__MIN(KVQ__PF_AREA, kb), 0);
+                kvq__prefetch(nx->block + nh->v_off, KVQ__MIN(KVQ__PF_AREA, vb), 0);
+            }
+            float *raw = rawsc ? rawsc + h * G * slots : NULL;
+            if (!fast || ph->kchan_bits) {
+                kvq__work wh = *w;
+                wh.qs += h * G * d;
+                wh.qpk += h * G * c->max_qp;
+                wh.qpw += h * G * c->max_qp;
+                wh.qtk += h * G * c->max_qp;
+                wh.qtw += h * G * c->max_qp;
+                wh.qpf += h * G * c->f16->qp_bytes;
+                wh.cdot += h * G;
+                wh.rqp += h * G;
+                wh.bytes_read = 0;
+                kvq__attend_pages(jb, &wh, h, G, qmax, p, p + 1, &ps[h], raw, 0);
+                w->bytes_read += wh.bytes_read;
+                continue;
+            }
+            const kvq_codec *kc = ph->kc;
+            const uint8_t *ka = pg->block + ph->k_off;
+            if (!ph->ktiled)
+                kc->k.score(kc, sc, P, w->qpk + h * G * c->max_qp, G, ka, P);
+            else if (kc->k.tscore)
+                kc->k.tscore(kc, sc, P, w->qtk + h * G * c->max_qp, G, ka, P);
+            else
+                kvq__tile_score_rows(kc, &kc->k, sc, P, w->qpk + h * G * c->max_qp, G, ka, P,
+                                     w->rows);
+            const size_t alen = ph->vc->acc_len, walen = ly->wheads[h].vc->acc_len;
+            kvq__pstate *st = &ps[h];
+            for (size_t r = 0; r < G; r++) {
+                float *s = sc + r * P, cd = w->cdot[h * G + r];
+                if (cd != 0.0f)
+                    for (size_t i = 0; i < P; i++)
+                        s[i] += cd;
+                if (raw)
+                    memcpy(raw + r * slots + p * P, s, P * sizeof(float));
+                float bm = s[0];
+                for (size_t i = 1; i < P; i++)
+                    bm = s[i] > bm ? s[i] : bm;
+                if (bm > st->m[r]) {
+                    if (st->l[r] > 0.0f) {
+                        /* every accumulator of the row: warm and staged ones too */
+                        float f = expf(st->m[r] - bm);
+                        for (size_t i = 0; i < alen; i++)
+                            st->acc[r * alen + i] *= f;
+                        if (warm)
+                            for (size_t i = 0; i < walen; i++)
+                                st->accw[r * walen + i] *= f;
+                        if (st->any_pend)
+                            for (size_t i = 0; i < d; i++)
+                                st->accs[r * d + i] *= f;
+                        st->l[r] *= f;
+                    }
+                    st->m[r] = bm;
+                }
+                st->l[r] += c->exp_block(s, P, st->m[r]);
+            }
+            kvq__vaccum(ph, st->acc, alen, sc, P, G, pg->block + ph->v_off, P, w->rows);
+            w->bytes_read += ph->k_hdr + P * ph->kbytes + P * ph->vbytes;
+        }
+    }
+}
+
+/* Prepares the query rows of every KV head of a decode step in w: head h's
+ * G rows are rows h*G.., prepared with its own codecs. */
+static int32_t kvq__decode_setup(const kvq__attn_call *jb, kvq__work *w) {
+    kvq_cache *c = jb->c;
+    kvq__layer *ly = jb->ly;
+    const size_t d = c->d, G = c->G;
+    const int warm = ly->tier_pages[KVQ__TIER_WARM] > 0 && c->warm_distinct;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (size_t h = 0; h < c->H; h++) {
+        const kvq__head *hd = &ly->heads[h], *wd = &ly->wheads[h];
+        for (size_t g = 0; g < G; g++) {
+            size_t r = h * G + g;
+            const float *src = jb->q + r * d;
+            for (size_t i = 0; i < d; i++)
+                w->qs[r * d + i] = src[i] * scale;
+            w->rqp[r] = jb->qpos[0];
+            float cd = 0.0f;
+            if (ly->center && !c->cfg.k_prerope)
+                for (size_t i = 0; i < d; i++)
+                    cd += w->qs[r * d + i] * ly->center[h * d + i];
+            w->cdot[r] = cd;
+        }
+        if (c->cfg.k_prerope)
+            continue;
+        const float *qh = w->qs + h * G * d;
+        for (size_t g = 0; g < G; g++) {
+            size_t r = h * G + g;
+            /* head blocks of G * max_qp bytes, rows at the codec's own stride */
+            size_t b = h * G * c->max_qp;
+            if (hd->kc)
+                hd->kc->k.prep(hd->kc, w->qpk + b + g * hd->kc->qp_bytes, qh + g * d);
+            if (warm && wd->kc)
+                wd->kc->k.prep(wd->kc, w->qpw + b + g * wd->kc->qp_bytes, qh + g * d);
+            if (hd->kc && hd->ktiled && hd->kc->k.tprep)
+                hd->kc->k.tprep(hd->kc, w->qtk + b + g * hd->kc->tqp_bytes, qh + g * d);
+            if (warm && wd->kc && wd->ktiled && wd->kc->k.tprep)
+                wd->kc->k.tprep(wd->kc, w->qtw + b + g * wd->kc->tqp_bytes, qh + g * d);
+            c->f16->k.prep(c->f16, w->qpf + r * c->f16->qp_bytes, qh + g * d);
+        }
+    }
+    return jb->qpos[0];
+}
+
 /* Phase 1: job j runs items j, j + n_jobs, ... */
 static void kvq__attn_items(void *arg, size_t j) {
     const kvq__attn_call *jb = (const kvq__attn_call *)arg;
     kvq_cache *c = jb->c;
     kvq__work *w = &c->work[j];
     const size_t G = c->G, tile = c->rows_max / G, slots = jb->ly->slots_cap;
-    for (size_t it = j; it < jb->n_items; it += jb->n_jobs) {
-        if (jb->n_chunks) {
-            size_t h = it / jb->n_chunks, ch = it % jb->n_chunks, nr = jb->T * G;
-            size_t p0 = ch * jb->chunk_pages, p1 = KVQ__MIN(p0 + jb->chunk_pages, jb->ly->n_pages);
-            int32_t qmax = kvq__tile_setup(jb, w, h, 0, jb->T);
-            kvq__pstate ps = kvq__part_state(jb, it, nr);
-            kvq__attend_pages(jb, w, h, nr, qmax, p0, p1, &ps,
-                              jb->rawsc ? jb->rawsc + h * nr * slots : NULL);
-            /* the flag travels in the part's m array's spare slot: none; kept here */
-            jb->parts[it * jb->part_floats + jb->part_floats - 1] = (float)ps.any_pend;
-            continue;
+    if (jb->decode) {
+        /* item = chunk of pages, every head; parts hold QH rows */
+        int32_t qmax = kvq__decode_setup(jb, w);
+        const size_t QH = c->QH;
+        for (size_t it = j; it < jb->n_items; it += jb->n_jobs) {
+            size_t p0 = it * jb->chunk_pages, p1 = KVQ__MIN(p0 + jb->chunk_pages, jb->ly->n_pages);
+            kvq__pstate all = kvq__part_state(jb, it, QH), ps[KVQ__MAX_DECODE_HEADS];
+            for (size_t h = 0; h < c->H; h++) {
+                ps[h].m = all.m + h * G;
+                ps[h].l = all.l + h * G;
+                ps[h].acc = all.acc + h * G * c->max_acc;
+                ps[h].accw = all.accw + h * G * c->max_acc;
+                ps[h].accs = all.accs + h * G * c->d;
+            }
+            kvq__decode_pages(jb, w, qmax, p0, p1, ps, jb->rawsc);
+            int any = 0;
+            for (size_t h = 0; h < c->H; h++)
+                any |= ps[h].any_pend;
+            jb->parts[it * jb->part_floats + jb->part_floats - 1] = (float)any;
         }
+        return;
+    }
+    for (size_t it = j; it < jb->n_items; it += jb->n_jobs) {
         size_t h = it;
         float *rawsc = jb->rawsc ? jb->rawsc + j * c->rows_max * slots : NULL;
         for (size_t t0 = 0; t0 < jb->T; t0 += tile) {
             size_t nt = KVQ__MIN(tile, jb->T - t0);
             int32_t qmax = kvq__tile_setup(jb, w, h, t0, nt);
             kvq__pstate ps = {w->m, w->l, w->acc, w->accw, w->accs, 0};
-            kvq__attend_pages(jb, w, h, nt * G, qmax, 0, jb->ly->n_pages, &ps, rawsc);
+            kvq__attend_pages(jb, w, h, nt * G, qmax, 0, jb->ly->n_pages, &ps, rawsc, 1);
             kvq__attend_fold(jb, w, h, t0, nt, &ps, 1, rawsc);
         }
     }
 }
 
-/* Phase 2 (split only): job j folds heads j, j + n_jobs, ... */
+/* Phase 2 (decode): job j folds heads j, j + n_jobs, ... */
 static void kvq__attn_folds(void *arg, size_t j) {
     const kvq__attn_call *jb = (const kvq__attn_call *)arg;
     kvq_cache *c = jb->c;
@@ -487,26 +656,17 @@ static void kvq__attn_folds(void *arg, size_t j) {
     kvq__pstate st[KVQ__MAX_CHUNKS];
     for (size_t h = j; h < c->H; h += jb->n_jobs) {
         for (size_t ch = 0; ch < jb->n_chunks; ch++) {
-            size_t it = h * jb->n_chunks + ch;
-            st[ch] = kvq__part_state(jb, it, nr);
-            st[ch].any_pend = jb->parts[it * jb->part_floats + jb->part_floats - 1] != 0.0f;
+            kvq__pstate all = kvq__part_state(jb, ch, c->QH);
+            st[ch].m = all.m + h * nr;
+            st[ch].l = all.l + h * nr;
+            st[ch].acc = all.acc + h * nr * c->max_acc;
+            st[ch].accw = all.accw + h * nr * c->max_acc;
+            st[ch].accs = all.accs + h * nr * c->d;
+            st[ch].any_pend = jb->parts[ch * jb->part_floats + jb->part_floats - 1] != 0.0f;
         }
         kvq__attend_fold(jb, w, h, 0, jb->T, st, jb->n_chunks,
                          jb->rawsc ? jb->rawsc + h * nr * slots : NULL);
     }
-}
-
-/* Grows a float scratch array of the cache to n floats (kept: scratch). */
-static int kvq__scratch(kvq_cache *c, float **p, size_t *cap, size_t n) {
-    if (*cap >= n)
-        return 1;
-    float *r = (float *)kvq__alloc(&c->alloc, n * sizeof(float));
-    if (!r)
-        return 0;
-    kvq__free(&c->alloc, *p);
-    *p = r;
-    *cap = n;
-    return 1;
 }
 
 kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const int32_t *qpos,
@@ -544,32 +704,37 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     }
     /* the plan (kvq__attn_call) and its scratch, reserved here: workers never
      * call the allocator (scratch grown before a failure stays) */
-    kvq__attn_call jb = {c, ly, q, qpos, T, out, attn, NULL, 0, 0, 0, 0, NULL, 0};
+    kvq__attn_call jb = {c, ly, q, qpos, T, out, attn, NULL, 0, 0, 0, 0, NULL, 0, 0};
     const size_t nr1 = T * c->G, slots = ly->slots_cap;
-    jb.chunk_pages = KVQ__MAX((size_t)1, KVQ__CHUNK_TOKENS / c->P);
-    if (nr1 <= c->rows_max && ly->n_pages >= 2 * jb.chunk_pages) {
+    if (T == 1 && QH <= c->rows_max && H <= KVQ__MAX_DECODE_HEADS && ly->n_pages) {
+        /* chunks of at least 16 pages, at most 16 of them: a function of the
+         * context only */
+        jb.decode = 1;
+        jb.chunk_pages = KVQ__MAX((size_t)16, (ly->n_pages + 15) / 16);
         jb.n_chunks = (ly->n_pages + jb.chunk_pages - 1) / jb.chunk_pages;
-        if (jb.n_chunks > KVQ__MAX_CHUNKS) {
-            jb.n_chunks = KVQ__MAX_CHUNKS;
-            jb.chunk_pages = (ly->n_pages + KVQ__MAX_CHUNKS - 1) / KVQ__MAX_CHUNKS;
-        }
-        jb.n_items = H * jb.n_chunks;
-        jb.part_floats = 2 * nr1 + nr1 * (2 * c->max_acc + d) + 1;
+        jb.n_items = jb.n_chunks;
+        jb.part_floats = 2 * QH + QH * (2 * c->max_acc + d) + 1;
     } else {
         jb.n_items = H;
     }
     jb.n_jobs = KVQ__MIN(c->n_threads, jb.n_items);
-    int ok = !jb.n_chunks || kvq__scratch(c, &c->parts, &c->parts_cap, jb.n_items * jb.part_floats);
-    if (ok && attn)
-        ok = kvq__scratch(c, &c->rawsc, &c->rawsc_cap,
-                          (jb.n_chunks ? H * nr1 : jb.n_jobs * c->rows_max) * slots + 16);
-    if (!ok) {
+    /* scratch of this call (freed at the end: the cache holds no more than
+     * it stores between calls) */
+    float *parts = NULL, *rawsc = NULL;
+    if (jb.n_chunks)
+        parts = (float *)kvq__alloc(&c->alloc, jb.n_items * jb.part_floats * sizeof(float));
+    if (attn)
+        rawsc = (float *)kvq__alloc(
+            &c->alloc, ((jb.n_chunks ? H * nr1 : jb.n_jobs * c->rows_max) * slots + 16) * sizeof(float));
+    if ((jb.n_chunks && !parts) || (attn && !rawsc)) {
+        kvq__free(&c->alloc, parts);
+        kvq__free(&c->alloc, rawsc);
         kvq__free(&c->alloc, attn);
         kvq__free(&c->alloc, sorted);
         return KVQ_ERR_NOMEM;
     }
-    jb.parts = c->parts;
-    jb.rawsc = attn ? c->rawsc : NULL;
+    jb.parts = parts;
+    jb.rawsc = rawsc;
     if (c->tiers) {
         int32_t qmax = INT32_MIN;
         for (size_t t = 0; t < T; t++)
@@ -578,6 +743,8 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
         if (tst != KVQ_OK) {
             kvq__free(&c->alloc, attn);
             kvq__free(&c->alloc, sorted);
+            kvq__free(&c->alloc, parts);
+            kvq__free(&c->alloc, rawsc);
             return tst;
         }
         /* tokens of lost cold pages were dropped: they leave the list */
@@ -620,6 +787,8 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     }
     kvq__free(&c->alloc, attn);
     kvq__free(&c->alloc, sorted);
+    kvq__free(&c->alloc, parts);
+    kvq__free(&c->alloc, rawsc);
     if (st != KVQ_OK)
         return st;
     int32_t qmax = INT32_MIN;

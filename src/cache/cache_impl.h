@@ -153,8 +153,6 @@ struct kvq_cache {
     size_t n_threads;
     size_t max_qp, max_acc;
     size_t block_pages;                     /* pages per online-softmax block */
-    float *rawsc, *parts;                   /* attention scratch: raw scores, chunk states */
-    size_t rawsc_cap, parts_cap;            /* (floats; grown by an attend, kept) */
     size_t rows_max;                        /* query rows per tile (a multiple of G) */
     float (*exp_block)(float *x, size_t n, float m);
     size_t total_peak;

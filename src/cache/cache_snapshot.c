@@ -596,6 +596,10 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
     size_t ms = 0;
     kvq_status st = kvq_store_get(s, key, &md, &ms);
     if (st != KVQ_OK) {
+        if (st == KVQ_ERR_RANGE)
+            kvq__snap_err(c, "no snapshot '%.60s' in the store (no key %.60s/manifest)", name, name);
+        else
+            kvq__snap_err(c, "snapshot '%.60s': reading the manifest: %s", name, kvq_strerror(st));
         kvq__free(&c->alloc, mark);
         return st;
     }

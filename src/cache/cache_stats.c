@@ -136,12 +136,15 @@ static void kvq__layer_stats(const kvq_cache *c, const kvq__layer *ly, kvq_stats
     double per_tok = (double)ly->block_bytes / (double)c->P;
     double vals = (double)c->H * (double)c->d * 2.0;
     st->asymptotic_bits_per_value = per_tok * 8.0 / vals;
-    double fixed = (double)ly->payload_bytes - per_tok * (double)ly->n_tokens;
+    for (size_t p = 0; p < ly->n_pages; p++)
+        if (ly->pages[p].tier == KVQ__TIER_COLD && !ly->pages[p].block)
+            st->tokens_cold += ly->pages[p].n_valid;
+    double fixed = (double)ly->payload_bytes - per_tok * (double)(ly->n_tokens - st->tokens_cold);
     st->fixed_bytes = fixed > 0 ? (uint64_t)(fixed + 0.5) : 0;
 }
 
 static void kvq__finish_stats(const kvq_cache *c, kvq_stats *st) {
-    double vals = (double)st->tokens * (double)c->H * (double)c->d * 2.0;
+    double vals = (double)(st->tokens - st->tokens_cold) * (double)c->H * (double)c->d * 2.0;
     st->bits_per_value = vals > 0 ? (double)st->payload_bytes * 8.0 / vals : 0.0;
     st->total_bits_per_value = vals > 0 ? (double)st->stored_bytes * 8.0 / vals : 0.0;
     double slots = (double)st->pages * (double)c->P;
@@ -173,6 +176,7 @@ kvq_status kvq_cache_stats(const kvq_cache *c, int layer, kvq_stats *st) {
             st->pages += s.pages;
             st->free_slots += s.free_slots;
             st->fixed_bytes += s.fixed_bytes;
+            st->tokens_cold += s.tokens_cold;
             st->asymptotic_bits_per_value += s.asymptotic_bits_per_value / (double)c->L;
         }
         st->peak_stored_bytes = c->total_peak;
@@ -189,7 +193,7 @@ static size_t kvq__stats_obj(char *dst, size_t cap, const kvq_stats *s) {
                      "\"bytes_read\": %llu, \"reencodes\": %llu, \"pages\": %llu, "
                      "\"free_slots\": %llu, \"bits_per_value\": %.6g, \"total_bits_per_value\": "
                      "%.6g, \"fragmentation\": %.6g, \"asymptotic_bits_per_value\": %.6g, "
-                     "\"fixed_bytes\": %llu}",
+                     "\"fixed_bytes\": %llu, \"tokens_cold\": %llu}",
                      (unsigned long long)s->tokens, (unsigned long long)s->tokens_appended,
                      (unsigned long long)s->tokens_evicted, (unsigned long long)s->payload_bytes,
                      (unsigned long long)s->metadata_bytes,
@@ -199,7 +203,7 @@ static size_t kvq__stats_obj(char *dst, size_t cap, const kvq_stats *s) {
                      (unsigned long long)s->reencodes, (unsigned long long)s->pages,
                      (unsigned long long)s->free_slots, s->bits_per_value, s->total_bits_per_value,
                      s->fragmentation, s->asymptotic_bits_per_value,
-                     (unsigned long long)s->fixed_bytes);
+                     (unsigned long long)s->fixed_bytes, (unsigned long long)s->tokens_cold);
     return n < 0 ? 0 : (size_t)n;
 }
 

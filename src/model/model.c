@@ -17,6 +17,7 @@
 
 #include "../kernels/kernels.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -119,7 +120,9 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
         }
         in.version = (int)ver;
         if (size < 256)
-            return kvq__why_corrupt(why, why_size, "ak42 header truncated (%zu of 256 bytes)", size);
+            return kvq__why_corrupt(why, why_size,
+                                    "truncated: the ak42 header is 256 bytes, the file has %zu",
+                                    size);
         for (int i = 0; i < 7; i++)
             h[i] = (int32_t)kvq__ld32(buf + 8 + 4 * i);
         in.shared_classifier = buf[36] != 0;
@@ -128,7 +131,8 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
         off = 256;
     } else {
         if (size < 28)
-            return kvq__why_corrupt(why, why_size, "header truncated (%zu of 28 bytes)", size);
+            return kvq__why_corrupt(why, why_size,
+                                    "truncated: the header is 28 bytes, the file has %zu", size);
         for (int i = 0; i < 7; i++)
             h[i] = (int32_t)kvq__ld32(buf + 4 * i);
         /* a negative vocab_size means a separate classifier */
@@ -141,7 +145,8 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
                                           "n_kv_heads", "vocab_size", "seq_len"};
     for (int i = 0; i < 7; i++)
         if (h[i] <= 0 || h[i] > (1 << 24))
-            return kvq__why_corrupt(why, why_size, "%s %d outside 1..2^24", names[i], (int)h[i]);
+            return kvq__why_corrupt(why, why_size, "the header's %s %d is outside 1..2^24",
+                                    names[i], (int)h[i]);
     in.dim = (size_t)h[0], in.hidden_dim = (size_t)h[1], in.n_layers = (size_t)h[2];
     in.n_heads = (size_t)h[3], in.n_kv_heads = (size_t)h[4], in.vocab_size = (size_t)h[5];
     in.seq_len = (size_t)h[6];
@@ -161,10 +166,14 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
         return kvq__why_corrupt(why, why_size, "the weight sizes of the header overflow");
     /* checked against the real length before anything is allocated: the
      * f32 weights are then at most 4x the file (Q8_0), 1x otherwise */
-    if (size - off != need)
+    if (size - off < need)
         return kvq__why_corrupt(why, why_size,
-                              "the header's shape needs %zu bytes of weights, the file has %zu",
-                              need, size - off);
+                                "truncated: the header's shape needs %zu bytes of weights, the "
+                                "file has %zu", need, size - off);
+    if (size - off > need)
+        return kvq__why_corrupt(why, why_size,
+                                "the header's shape needs %zu bytes of weights, the file has %zu "
+                                "more", need, size - off - need);
     size_t D = in.dim, L = in.n_layers;
     kvq_model *m = (kvq_model *)kvq__calloc(&al, sizeof *m);
     float *w = m ? (float *)kvq__alloc(&al, z.total * sizeof(float)) : NULL;
@@ -238,8 +247,11 @@ kvq_status kvq__model_load_mem(kvq_model **out, const uint8_t *buf, size_t size,
     return KVQ_OK;
 }
 
-kvq_status kvq__model_load_isa(kvq_model **out, const char *path, const kvq_allocator *alloc,
-                               kvq_isa isa) {
+static kvq_status kvq__model_load_why(kvq_model **out, const char *path,
+                                      const kvq_allocator *alloc, kvq_isa isa, char *why,
+                                      size_t why_size) {
+    if (why && why_size)
+        why[0] = 0;
     if (!out || !path)
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
@@ -247,16 +259,30 @@ kvq_status kvq__model_load_isa(kvq_model **out, const char *path, const kvq_allo
     kvq__allocator_init(&al, alloc);
     uint8_t *buf;
     size_t size;
+    errno = 0;
     kvq_status st = kvq__read_file(&al, path, 0, SIZE_MAX, &buf, &size);
-    if (st != KVQ_OK)
+    if (st != KVQ_OK) {
+        if (why && why_size)
+            snprintf(why, why_size, "%s", errno ? strerror(errno) : kvq_strerror(st));
         return st;
-    st = kvq__model_load_mem(out, buf, size, &al, isa, NULL, 0);
+    }
+    st = kvq__model_load_mem(out, buf, size, &al, isa, why, why_size);
     kvq__free(&al, buf);
     return st;
 }
 
+kvq_status kvq__model_load_isa(kvq_model **out, const char *path, const kvq_allocator *alloc,
+                               kvq_isa isa) {
+    return kvq__model_load_why(out, path, alloc, isa, NULL, 0);
+}
+
 kvq_status kvq_model_load(kvq_model **out, const char *path, const kvq_allocator *alloc) {
-    return kvq__model_load_isa(out, path, alloc, KVQ_ISA_AUTO);
+    return kvq__model_load_why(out, path, alloc, KVQ_ISA_AUTO, NULL, 0);
+}
+
+kvq_status kvq_model_load_msg(kvq_model **out, const char *path, const kvq_allocator *alloc,
+                              char *err_msg, size_t err_msg_size) {
+    return kvq__model_load_why(out, path, alloc, KVQ_ISA_AUTO, err_msg, err_msg_size);
 }
 
 const char *kvq__model_kernel_name(const kvq_model *m) {

@@ -7,6 +7,7 @@
  */
 #include "model_impl.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -59,7 +60,8 @@ kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
     if (len < 4)
-        return kvq__why_corrupt(why, why_size, "header truncated (%zu of 4 bytes)", len);
+        return kvq__why_corrupt(why, why_size, "truncated: the header is 4 bytes, the file has %zu",
+                                len);
     uint32_t hdr_max = kvq__ld32(buf);
     if (hdr_max > len - 4)
         return kvq__why_corrupt(why, why_size, "max_token_length %u exceeds the file (%zu bytes)",
@@ -83,8 +85,9 @@ kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size
     size_t off = 4, soff = 0;
     for (size_t i = 0; i < vocab && st == KVQ_OK; i++) {
         if (len - off < 8) {
-            st = kvq__why_corrupt(why, why_size, "truncated at id %zu of %zu (byte %zu)", i, vocab,
-                              off);
+            st = kvq__why_corrupt(why, why_size,
+                                  "truncated: the file ends at byte %zu, in token %zu of the %zu "
+                                  "the model needs", off, i, vocab);
             break;
         }
         memcpy(&t->score[i], buf + off, 4);
@@ -118,8 +121,10 @@ kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size
     return KVQ_OK;
 }
 
-kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t vocab,
-                              const kvq_allocator *alloc) {
+kvq_status kvq_tokenizer_load_msg(kvq_tokenizer **out, const char *path, size_t vocab,
+                                  const kvq_allocator *alloc, char *why, size_t why_size) {
+    if (why && why_size)
+        why[0] = 0;
     if (!out || !path || vocab < KVQ__TOK_MIN_VOCAB || vocab > (1u << 24))
         return KVQ_ERR_INVALID_ARG;
     *out = NULL;
@@ -127,12 +132,25 @@ kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t voca
     kvq__allocator_init(&al, alloc);
     uint8_t *buf;
     size_t len;
+    errno = 0;
     kvq_status st = kvq__read_file(&al, path, 4, SIZE_MAX, &buf, &len);
-    if (st != KVQ_OK)
+    if (st != KVQ_OK) {
+        if (why && why_size) {
+            if (st == KVQ_ERR_CORRUPT)
+                snprintf(why, why_size, "truncated: a tokenizer needs at least 4 bytes");
+            else
+                snprintf(why, why_size, "%s", errno ? strerror(errno) : kvq_strerror(st));
+        }
         return st;
-    st = kvq__tokenizer_load_mem(out, buf, len, vocab, &al, NULL, 0);
+    }
+    st = kvq__tokenizer_load_mem(out, buf, len, vocab, &al, why, why_size);
     kvq__free(&al, buf);
     return st;
+}
+
+kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t vocab,
+                              const kvq_allocator *alloc) {
+    return kvq_tokenizer_load_msg(out, path, vocab, alloc, NULL, 0);
 }
 
 static int32_t kvq__lookup(const kvq_tokenizer *t, const char *s) {
