@@ -10,8 +10,12 @@
  *  - the scalar reference (tget + ref.score / ref.accum): within the bound
  *    derived in tq.c from the rounding of query, centroids and weights, plus
  *    the float rounding of the reference's own sums.
- * `--bench` (off by default) times the tiled kernels against the row
- * kernels and the f32 codec on 32k tokens x 8 KV heads.
+ * Extreme inputs: zero, NaN, tiny (scaled by 2^100 before rounding),
+ * subnormal and huge queries and weights, rows with a negative weight (the
+ * exact path), pages longer than one weight segment (P = 272).
+ * `--bench [P]` (off by default; P = 64) times one decode step's kernels
+ * (4 query rows per KV head, 8 KV heads x 32k tokens) on every path against
+ * the row kernels and the f32 codec, in the same run.
  */
 #include "testutil.h"
 
