@@ -1818,7 +1818,7 @@ static void kvq__tq_taccum_avx2(const kvq_codec *c, float *acc, size_t astride, 
 void kvq__tq_avx2_select(kvq_codec *c) {
     if (c->d % 8 != 0)
         return;
-    if (c->tiled) { /* tq (no sketch): tiled kernels for d % 16 == 0 */
+    if (c->tiled && c->d % 16 == 0) { /* tq (no sketch) with tiled pages */
         c->k.tprep = kvq__tq_tprep_avx2;
         c->k.tscore = kvq__tq_tscore_avx2;
         c->k.taccum = kvq__tq_taccum_avx2;
