@@ -32,6 +32,10 @@ void kvq__kernels_select(kvq_codec *c) {
     case KVQ__FAM_FLOAT:
         kvq__float_avx512_select(c, feat);
         break;
+    case KVQ__FAM_TQ:
+    case KVQ__FAM_TQP:
+        kvq__tq_avx512_select(c, feat);
+        break;
     default:
         break;
     }
