@@ -225,6 +225,15 @@ static void codec_err(const char *spec, const float *x, size_t d, const double *
     }
 }
 
+/* The SIMD kernels of tiled pages of codec spec (src/codec/tile.c) round the
+ * query (keys) or the weights (values) to integers: tq1..tq4 pages with
+ * P % 16 == 0 and d % 16 == 0. */
+static int tiled_quant(const att_model *m, const char *spec, size_t d) {
+    if (!m->simd || m->page % 16 != 0)
+        return 0;
+    return !strncmp(spec, "tq", 2) && spec[2] != 'p' && d % 16 == 0;
+}
+
 /* Variance of the score error that the query quantization of the SIMD path
  * adds to key k (as stored: less the centre) for the query qs (see (a)). */
 static double quant_var(const att_model *m, const char *kc, const double *qs, const double *k,
@@ -232,6 +241,14 @@ static double quant_var(const att_model *m, const char *kc, const double *qs, co
     if (!m->simd || m->prerope || m->kchan || d % 32 != 0)
         return 0; /* float paths: pre-RoPE and channel keys are scored in float */
     double v = 0;
+    if (tiled_quant(m, kc, d)) {
+        /* tiled tq/int keys (test_tile_tq, test_tile_int): the rotated query
+         * rounded to int8 codes (step max|q| / 63 without VNNI, 127 with) and
+         * the centroids or codes to int8 (step max|c| / 127, times a scale
+         * <= 2|k|/|c|) */
+        double qn = norm_d(qs, d), kn = norm_d(k, d);
+        return qn * qn * kn * kn * (1.0 / (12.0 * 63.0 * 63.0) + 4.0 / (12.0 * 127.0 * 127.0));
+    }
     if (!strncmp(kc, "int", 3)) {
         double mn = 0; /* int4/int2: codes count up from the group minimum (one group here) */
         if (atoi(kc + 3) != 8) {
@@ -374,6 +391,27 @@ static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, const 
                 spread += p[j] * sqrt(dv);
                 mag += p[j] * sqrt(vv);
                 qvar += p[j] * p[j] * expm1(qv[j]) * dv;
+            }
+            if (tiled_quant(m, m->v[h], d)) {
+                /* tiled values: per page, the weights p_k (times the norm or
+                 * scale) rounded to u8 codes of step max_k p_k n_k / 127 and
+                 * the centroids to int8 (step max|c| / 127): the output moves
+                 * by a variance of P (2 max_k p_k |v_k|)^2 / (12 127^2) +
+                 * sum_k p_k^2 |v_k|^2 36 / (12 127^2) per page (staged tokens
+                 * are f16, summed in float) */
+                size_t P = m->page;
+                for (size_t j0 = 0; j0 < N - nf16; j0 += P) {
+                    double mx = 0, s2 = 0;
+                    for (size_t j = j0; j < j0 + P && j < N - nf16; j++) {
+                        double vv = 0;
+                        for (size_t t = 0; t < d; t++)
+                            vv += (double)V[(j * H + h) * d + t] * V[(j * H + h) * d + t];
+                        mx = fmax(mx, p[j] * sqrt(vv));
+                        s2 += p[j] * p[j] * vv;
+                    }
+                    qvar += (double)P * (2 * mx) * (2 * mx) / (12.0 * 127 * 127) +
+                            s2 * 36.0 / (12.0 * 127 * 127);
+                }
             }
             double bh = eps_p * spread + 2 * ATT_LAMBDA * ATT_U * sqrt((double)(N + 4 * d)) * mag;
             bflt2 += bh * bh;

@@ -1,12 +1,32 @@
 /*
  * bench_attend.c - `kvq bench attend`: the time of one decode step of
  * attention (one query per query head over one layer of 8 KV heads, 32
- * query heads, head_dim 128) against context length, for each codec, with
- * f32 and f16 caches measured in the same run as the baselines, the encoded
- * bytes the step reads, and the append time per token at that context.
+ * query heads, head_dim 128) against context length, for each codec, next
+ * to the memory system and to peers, all measured in the same run:
+ *
+ * - the streaming read bandwidth of one thread and of two (and of each
+ *   --threads count above 2): a vectorized sum over a buffer of at least 4x
+ *   the last-level cache and at least 256 MiB, best of several passes;
+ * - per codec and context: step_us (median; the last-level cache is flushed
+ *   before every timed step, so the pages come from memory as they do when
+ *   a model's other layers ran in between), bytes_read (kvq_cache_stats),
+ *   floor_us = bytes_read / the read bandwidth of the thread count used,
+ *   x_floor = step_us / floor_us, ratio_vs_f32 (kvq's own f32 cache) and
+ *   ratio_vs_dense (the dense f32 baseline);
+ * - baselines (peers_attend.c): dense:f32 (a competent f32 attention without
+ *   pages) and llama.cpp:q8_0 / llama.cpp:q4_0 (ggml's CPU flash-attention
+ *   path over a quantized KV cache), with the same fields;
+ * - --prefill N: one append of N tokens and one causal attend of their N
+ *   queries per codec (prefill_us) against the f32 cache;
+ * - --threads 1,2: every row at each thread count (kvq's cfg.n_threads and
+ *   the baselines'), with speedup_vs_1t = the 1-thread step / this step.
+ *
+ * Uses only the public header. Exit status: 0 ok, 1 a row failed at run
+ * time (its row says why, the others still run), 2 usage.
  */
-#include "kvq.h"
 #include "benchlib.h"
+#include "kvq.h"
+#include "peers.h"
 #include "tool.h"
 
 #include <math.h>
@@ -15,211 +35,879 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define BA_H 8
+#define BA_QH 32
+#define BA_D 128
+#define BA_MAX_CONTEXT ((size_t)1 << 18) /* K, V and an f32 cache: 4 GiB */
+#define BA_MAX_PREFILL ((size_t)1 << 16)
+#define BA_MAX_CTX 32
+#define BA_MAX_CODECS 32
+#define BA_MAX_THR 4 /* thread counts in one run */
+#define BA_TAIL 64   /* single-token appends timed at the end of a build */
+#define BA_BW_MIN ((size_t)256 << 20)
+#define BA_BW_ROUNDS_MIN 5  /* bandwidth: rounds of one pass per thread count, */
+#define BA_BW_ROUNDS_MAX 60 /* as many as fit in BA_BW_SECONDS */
+#define BA_BW_SECONDS 1.0
+#define BA_DEFAULT_CONTEXTS "1024,4096,16384,32768"
+#define BA_DEFAULT_CODECS "int8,int4:g=32,tq3,tq4"
+
+/* ---- options ---- */
+typedef struct {
+    size_t ctx[BA_MAX_CTX], nctx;
+    char *codecs[BA_MAX_CODECS];
+    size_t ncod;
+    int base[KVQP_ATT_KINDS];
+    size_t thr[BA_MAX_THR], nthr, prefill, reps;
+    int json, warm;
+    kvq_isa isa;
+    char *codec_buf;
+} ba_opts;
+
+static void ba_usage(FILE *f) {
+    fprintf(
+        f,
+        "usage: kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
+        "                        [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
+        "                        [--isa scalar|avx2|avx512|auto] [--json]\n"
+        "  --context LIST   context lengths, comma-separated, each 1..%zu\n"
+        "                   (default %s); none: no decode rows\n"
+        "  --codec LIST     kvq codecs for K and V (default %s);\n"
+        "                   f32 and f16 are always measured first\n"
+        "  --threads LIST   1..64 attention threads of kvq's cache (cfg.n_threads) and of the\n"
+        "                   baselines (default 1); up to %d counts, e.g. 1,2: every row at\n"
+        "                   each, with the speedup over 1 thread; the floor uses the read\n"
+        "                   bandwidth of the row's thread count\n"
+        "  --baselines L    of dense:f32, llama.cpp:q8_0, llama.cpp:q4_0 (default all)\n"
+        "  --prefill N      0..%zu: also time one append of N tokens and one causal attend of\n"
+        "                   their N queries per codec, against f32 (default 0: none)\n"
+        "  --reps N         1..1000 timed steps per row (default 5..9 within 0.5 s)\n"
+        "  --warm           do not flush the last-level cache before each timed step\n"
+        "  --isa P          kvq's kernel path (cfg.isa; default auto: the best one); the\n"
+        "                   baselines always use the best SIMD level of this CPU\n"
+        "  --json           one JSON object on stdout\n"
+        "One layer of %d KV heads, %d query heads, head_dim %d. Exit status: 0 ok, 1 a row\n"
+        "failed at run time, 2 usage.\n",
+        BA_MAX_CONTEXT, BA_DEFAULT_CONTEXTS, BA_DEFAULT_CODECS, BA_MAX_THR, BA_MAX_PREFILL, BA_H,
+        BA_QH, BA_D);
+}
+
+static int ba_bad(const char *fmt, const char *a, const char *v) {
+    fprintf(stderr, "kvq bench attend: ");
+    fprintf(stderr, fmt, a, v);
+    fprintf(stderr, "\n  (kvq bench attend --help for usage)\n");
+    return 2;
+}
+
+static int ba_add_codec(ba_opts *o, char *spec) {
+    for (size_t i = 0; i < o->ncod; i++)
+        if (strcmp(o->codecs[i], spec) == 0)
+            return 0;
+    if (o->ncod == BA_MAX_CODECS) {
+        fprintf(stderr, "kvq bench attend: --codec: more than %d codecs\n", BA_MAX_CODECS - 2);
+        return 2;
+    }
+    o->codecs[o->ncod++] = spec;
+    return 0;
+}
+
+/* Returns 0 to go on, -1 after --help, or the exit status. */
+static int ba_parse(int argc, char **argv, ba_opts *o) {
+    const char *ctx_list = BA_DEFAULT_CONTEXTS, *codec_list = BA_DEFAULT_CODECS, *base_list = "all";
+    const char *thr_list = "1";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            ba_usage(stdout);
+            return -1;
+        } else if (!strcmp(a, "--json"))
+            o->json = 1;
+        else if (!strcmp(a, "--warm"))
+            o->warm = 1;
+        else if (strcmp(a, "--context") && strcmp(a, "--codec") && strcmp(a, "--threads") &&
+                 strcmp(a, "--baselines") && strcmp(a, "--prefill") && strcmp(a, "--reps") &&
+                 strcmp(a, "--isa"))
+            return ba_bad("unknown option '%s'%s", a, "");
+        else if (!v)
+            return ba_bad("%s needs a value%s", a, "");
+        else {
+            i++;
+            if (!strcmp(a, "--context"))
+                ctx_list = v;
+            else if (!strcmp(a, "--codec"))
+                codec_list = v;
+            else if (!strcmp(a, "--baselines"))
+                base_list = v;
+            else if (!strcmp(a, "--isa")) {
+                if (!strcmp(v, "scalar"))
+                    o->isa = KVQ_ISA_SCALAR;
+                else if (!strcmp(v, "avx2"))
+                    o->isa = KVQ_ISA_AVX2;
+                else if (!strcmp(v, "avx512"))
+                    o->isa = KVQ_ISA_AVX512;
+                else if (!strcmp(v, "auto"))
+                    o->isa = KVQ_ISA_AUTO;
+                else
+                    return ba_bad("%s must be scalar, avx2, avx512 or auto, got '%s'", a, v);
+            } else if (!strcmp(a, "--threads"))
+                thr_list = v;
+            else if (!strcmp(a, "--prefill")) {
+                if (!kvqb_parse_size(v, 0, BA_MAX_PREFILL, &o->prefill))
+                    return ba_bad("%s must be an integer in 0..65536, got '%s'", a, v);
+            } else if (!kvqb_parse_size(v, 1, 1000, &o->reps))
+                return ba_bad("%s must be an integer in 1..1000, got '%s'", a, v);
+        }
+    }
+    /* thread counts: ascending, without repeats */
+    {
+        size_t n = strlen(thr_list);
+        char *buf = strdup(thr_list), *save = NULL;
+        if (!buf)
+            return 1;
+        int bad = !n || thr_list[0] == ',' || thr_list[n - 1] == ',' || strstr(thr_list, ",,");
+        for (char *tok = strtok_r(buf, ",", &save); tok && !bad; tok = strtok_r(NULL, ",", &save)) {
+            size_t t;
+            bad = !kvqb_parse_size(tok, 1, 64, &t);
+            size_t i = 0;
+            while (!bad && i < o->nthr && o->thr[i] < t)
+                i++;
+            if (bad || (i < o->nthr && o->thr[i] == t))
+                continue;
+            if (o->nthr == BA_MAX_THR) {
+                fprintf(stderr, "kvq bench attend: --threads: at most %d thread counts, got '%s'\n",
+                        BA_MAX_THR, thr_list);
+                free(buf);
+                return 2;
+            }
+            memmove(o->thr + i + 1, o->thr + i, (o->nthr - i) * sizeof o->thr[0]);
+            o->thr[i] = t;
+            o->nthr++;
+        }
+        free(buf);
+        if (bad)
+            return ba_bad("%s takes integers in 1..64 separated by commas, got '%s'", "--threads",
+                          thr_list);
+    }
+    /* contexts */
+    if (strcmp(ctx_list, "none") != 0) {
+        char *buf = strdup(ctx_list);
+        if (!buf)
+            return 1;
+        char *save = NULL;
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            size_t c;
+            if (!kvqb_parse_size(tok, 1, BA_MAX_CONTEXT, &c)) {
+                fprintf(stderr,
+                        "kvq bench attend: --context takes integers in 1..%zu separated by commas "
+                        "(or none), got '%s'\n",
+                        BA_MAX_CONTEXT, ctx_list);
+                free(buf);
+                return 2;
+            }
+            if (o->nctx == BA_MAX_CTX) {
+                fprintf(stderr, "kvq bench attend: --context: more than %d contexts\n", BA_MAX_CTX);
+                free(buf);
+                return 2;
+            }
+            o->ctx[o->nctx++] = c;
+        }
+        free(buf);
+        if (!o->nctx || ctx_list[strlen(ctx_list) - 1] == ',' || ctx_list[0] == ',' ||
+            strstr(ctx_list, ",,")) {
+            fprintf(stderr, "kvq bench attend: --context: empty entry in '%s'\n", ctx_list);
+            return 2;
+        }
+    }
+    if (!o->nctx && !o->prefill) {
+        fprintf(stderr, "kvq bench attend: --context none without --prefill N: nothing to do\n");
+        return 2;
+    }
+    /* codecs: f32 and f16 first */
+    size_t n = strlen(codec_list);
+    if (!n || codec_list[0] == ',' || codec_list[n - 1] == ',' || strstr(codec_list, ",,")) {
+        fprintf(stderr, "kvq bench attend: --codec: empty codec name in '%s'\n", codec_list);
+        return 2;
+    }
+    o->codec_buf = malloc(n + 9);
+    if (!o->codec_buf)
+        return 1;
+    snprintf(o->codec_buf, n + 9, "f32,f16,%s", codec_list);
+    for (char *p = o->codec_buf;;) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = 0;
+        if (ba_add_codec(o, p))
+            return 2;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    /* baselines */
+    if (!strcmp(base_list, "all"))
+        for (int k = 0; k < KVQP_ATT_KINDS; k++)
+            o->base[k] = 1;
+    else if (strcmp(base_list, "none") != 0) {
+        char *buf = strdup(base_list), *save = NULL;
+        if (!buf)
+            return 1;
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            int found = 0;
+            for (int k = 0; k < KVQP_ATT_KINDS; k++)
+                if (!strcmp(tok, kvqp_att_name((kvqp_att_kind)k)))
+                    o->base[k] = found = 1;
+            if (!found) {
+                fprintf(stderr,
+                        "kvq bench attend: --baselines: unknown baseline '%s' (known: dense:f32, "
+                        "llama.cpp:q8_0, llama.cpp:q4_0, all, none)\n",
+                        tok);
+                free(buf);
+                return 2;
+            }
+        }
+        free(buf);
+    }
+    return 0;
+}
+
+/* ---- data ---- */
+static uint64_t ba_rand(uint64_t *s) {
+    uint64_t x = *s += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+/* n N(0,1) values (Box-Muller, both outputs). */
+static void ba_gauss(uint64_t *s, float *x, size_t n) {
+    for (size_t i = 0; i < n; i += 2) {
+        double u = ((double)(ba_rand(s) >> 11) + 0.5) * 0x1.0p-53,
+               v = (double)(ba_rand(s) >> 11) * 0x1.0p-53;
+        double m = sqrt(-2 * log(u));
+        x[i] = (float)(m * cos(6.283185307179586 * v));
+        if (i + 1 < n)
+            x[i + 1] = (float)(m * sin(6.283185307179586 * v));
+    }
+}
+
+/* tokens t0..t0+m-1 of src [H][ld][d] -> dst [m][H][d] (kvq's append order) */
+static void ba_gather(float *dst, const float *src, size_t ld, size_t t0, size_t m) {
+    for (size_t t = 0; t < m; t++)
+        for (size_t h = 0; h < BA_H; h++)
+            memcpy(dst + (t * BA_H + h) * BA_D, src + (h * ld + t0 + t) * BA_D,
+                   BA_D * sizeof(float));
+}
+
+static void *ba_alloc(size_t bytes) {
+    size_t n = (bytes + 4095) / 4096 * 4096;
+    return aligned_alloc(4096, n ? n : 4096);
+}
+
+/* ---- the cache flush: an untimed read of 3x the last-level cache ---- */
+typedef struct {
+    const float *buf;
+    size_t n;
+    kvqb_simd simd;
+    volatile float sink;
+} ba_flush;
+
+static void ba_flush_run(void *arg) {
+    ba_flush *f = (ba_flush *)arg;
+    f->sink += kvqb_sum(f->buf, f->n, f->simd);
+}
+
+/* ---- rows ---- */
+typedef struct {
+    char codec[96];
+    int baseline; /* 0: a kvq codec */
+    size_t context, threads;
+    double step_us, step_min_us, append_ns, floor_us, x_floor, ratio_f32, ratio_dense, check;
+    double speedup_1t; /* the same row at 1 thread over this one (0: none) */
+    uint64_t bytes_read;
+    int ok;
+    char msg[200];
+} ba_row;
+
 typedef struct {
     kvq_cache *c;
     const float *q;
     int32_t qpos;
     float *out;
     size_t out_cap;
-} ba_ctx;
+} ba_kctx;
 
-static int ba_step(void *arg) {
-    ba_ctx *x = (ba_ctx *)arg;
-    return kvq_cache_attend(x->c, 0, x->q, &x->qpos, 1, x->out, x->out_cap, NULL, 0) == KVQ_OK ? 0 : 1;
-}
-
-static uint64_t ba_seed(uint64_t *s) {
-    uint64_t x = *s += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-static float ba_gauss(uint64_t *s) {
-    double u = ((double)(ba_seed(s) >> 11) + 0.5) * 0x1.0p-53, v = (double)(ba_seed(s) >> 11) * 0x1.0p-53;
-    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+static int ba_kstep(void *arg) {
+    ba_kctx *x = (ba_kctx *)arg;
+    return kvq_cache_attend(x->c, 0, x->q, &x->qpos, 1, x->out, x->out_cap, NULL, 0) == KVQ_OK ? 0
+                                                                                               : 1;
 }
 
 typedef struct {
-    char codec[96];
-    size_t context;
-    double step_us, ratio, append_ns;
-    uint64_t bytes_read;
-    int ok;
-} ba_row;
+    kvqp_att *a;
+    const float *q;
+    float *out;
+} ba_bctx;
 
-/* Builds a cache of `codec` holding `ctx` tokens; times 64 single-token
- * appends at the end and one attention step. */
-static int ba_run(const char *codec, size_t ctx, size_t threads, const float *K, const float *V,
-                  const float *q, size_t H, size_t QH, size_t d, ba_row *row) {
-    kvq_cache_config cfg;
-    kvq_cache_config_init(&cfg);
-    char msg[256] = "";
-    cfg.n_layers = 1, cfg.n_kv_heads = H, cfg.n_q_heads = QH, cfg.head_dim = d;
-    cfg.max_tokens = ctx, cfg.k_codec = codec, cfg.v_codec = codec, cfg.n_threads = threads;
-    cfg.err_msg = msg, cfg.err_msg_size = sizeof msg;
-    kvq_cache *c = NULL;
-    kvq_status st = kvq_cache_create(&c, &cfg);
-    snprintf(row->codec, sizeof row->codec, "%s", codec);
-    row->context = ctx;
-    row->ok = 0;
-    if (st != KVQ_OK) {
-        fprintf(stderr, "kvq bench attend: %s: %s\n", codec, msg[0] ? msg : kvq_strerror(st));
-        return st == KVQ_ERR_NOMEM ? 1 : 2;
-    }
-    size_t tail = ctx > 128 ? 64 : ctx / 2, pre = ctx - tail, HD = H * d;
-    for (size_t t = 0; t < pre && st == KVQ_OK; t += 1024) {
-        size_t m = pre - t < 1024 ? pre - t : 1024;
-        st = kvq_cache_append(c, 0, K + t * HD, V + t * HD, NULL, m);
-    }
-    double t0 = kvqb_now();
-    for (size_t t = pre; t < ctx && st == KVQ_OK; t++)
-        st = kvq_cache_append(c, 0, K + t * HD, V + t * HD, NULL, 1);
-    double t1 = kvqb_now();
-    if (st != KVQ_OK) {
-        fprintf(stderr, "kvq bench attend: %s: %s\n", codec, kvq_strerror(st));
-        kvq_cache_free(c);
-        return 1;
-    }
-    row->append_ns = tail ? (t1 - t0) / (double)tail * 1e9 : 0;
-    float *out = malloc(QH * d * sizeof(float));
-    ba_ctx x = {c, q, (int32_t)ctx, out, QH * d};
-    kvq_stats s0, s1;
-    kvq_cache_stats(c, 0, &s0);
-    ba_step(&x);
-    kvq_cache_stats(c, 0, &s1);
-    row->bytes_read = s1.bytes_read - s0.bytes_read;
-    kvqb_config bc = kvqb_default_config();
-    bc.reps = 7;
-    bc.budget_s = 1.5;
-    kvqb_stats bs;
-    int rc = kvqb_measure(ba_step, &x, &bc, &bs);
-    /* verify after timing: the output must be finite */
-    int finite = 1;
-    for (size_t i = 0; i < QH * d; i++)
-        finite &= isfinite(out[i]) != 0;
-    if (rc || !finite) {
-        fprintf(stderr, "kvq bench attend: %s: attention failed or produced non-finite output\n",
-                codec);
-        free(out);
-        kvq_cache_free(c);
-        return 1;
-    }
-    row->step_us = bs.median_s * 1e6;
-    row->ok = 1;
-    free(out);
-    kvq_cache_free(c);
+static int ba_bstep(void *arg) {
+    ba_bctx *x = (ba_bctx *)arg;
+    kvqp_att_step(x->a, x->q, x->out);
     return 0;
 }
 
+typedef struct {
+    const float *K, *V, *q; /* [H][ld][d], [QH][d] */
+    size_t ld, threads;
+    kvq_isa isa;
+    float *chunk_k, *chunk_v; /* [1024][H][d] */
+    float *out;               /* [QH][d] */
+    kvqb_config cfg;
+    kvqb_pool *pool;
+    kvqb_simd simd;
+} ba_env;
+
+static kvq_status ba_cache(kvq_cache **c, const char *codec, size_t max_tokens, size_t threads,
+                           kvq_isa isa, char *msg, size_t msg_size) {
+    kvq_cache_config cfg;
+    kvq_cache_config_init(&cfg);
+    cfg.n_layers = 1, cfg.n_kv_heads = BA_H, cfg.n_q_heads = BA_QH, cfg.head_dim = BA_D;
+    cfg.max_tokens = max_tokens, cfg.k_codec = codec, cfg.v_codec = codec, cfg.n_threads = threads;
+    cfg.isa = isa;
+    cfg.err_msg = msg, cfg.err_msg_size = msg_size;
+    msg[0] = 0;
+    return kvq_cache_create(c, &cfg);
+}
+
+/* A kvq cache of `codec` holding ctx tokens (built in chunks of 1024, the
+ * last BA_TAIL tokens one at a time, timed), then the step. */
+static void ba_run_kvq(ba_env *e, const char *codec, size_t ctx, ba_row *r) {
+    snprintf(r->codec, sizeof r->codec, "%s", codec);
+    r->context = ctx;
+    r->threads = e->threads;
+    kvq_cache *c = NULL;
+    kvq_status st = ba_cache(&c, codec, ctx, e->threads, e->isa, r->msg, sizeof r->msg);
+    if (st != KVQ_OK) {
+        if (!r->msg[0])
+            snprintf(r->msg, sizeof r->msg, "%s", kvq_strerror(st));
+        return;
+    }
+    size_t tail = ctx > 2 * BA_TAIL ? BA_TAIL : ctx / 2, pre = ctx - tail;
+    for (size_t t = 0; t < pre && st == KVQ_OK; t += 1024) {
+        size_t m = pre - t < 1024 ? pre - t : 1024;
+        ba_gather(e->chunk_k, e->K, e->ld, t, m);
+        ba_gather(e->chunk_v, e->V, e->ld, t, m);
+        st = kvq_cache_append(c, 0, e->chunk_k, e->chunk_v, NULL, m);
+    }
+    double ta = 0;
+    for (size_t t = pre; t < ctx && st == KVQ_OK; t++) {
+        ba_gather(e->chunk_k, e->K, e->ld, t, 1);
+        ba_gather(e->chunk_v, e->V, e->ld, t, 1);
+        double t0 = kvqb_now();
+        st = kvq_cache_append(c, 0, e->chunk_k, e->chunk_v, NULL, 1);
+        ta += kvqb_now() - t0;
+    }
+    if (st != KVQ_OK) {
+        snprintf(r->msg, sizeof r->msg, "append: %s", kvq_strerror(st));
+        kvq_cache_free(c);
+        return;
+    }
+    r->append_ns = tail ? ta / (double)tail * 1e9 : 0;
+    ba_kctx x = {c, e->q, (int32_t)ctx, e->out, BA_QH * BA_D};
+    kvq_stats s0, s1;
+    kvq_cache_stats(c, 0, &s0);
+    int rc = ba_kstep(&x);
+    kvq_cache_stats(c, 0, &s1);
+    r->bytes_read = s1.bytes_read - s0.bytes_read;
+    kvqb_stats bs;
+    if (!rc)
+        rc = kvqb_measure(ba_kstep, &x, &e->cfg, &bs);
+    /* verify after timing: the output must be finite */
+    int finite = 1;
+    for (size_t i = 0; i < BA_QH * BA_D; i++)
+        finite &= isfinite(e->out[i]) != 0;
+    if (rc || !finite)
+        snprintf(r->msg, sizeof r->msg, "attention %s",
+                 rc ? "failed" : "produced non-finite output");
+    else {
+        r->step_us = bs.median_s * 1e6;
+        r->step_min_us = bs.min_s * 1e6;
+        r->ok = 1;
+    }
+    kvq_cache_free(c);
+}
+
+/* The relative L2 error a baseline's output may have against its double
+ * reference over the same stored values: f32 sums of up to 1M terms with
+ * rounding ~ 6e-8 each give ~1e-4 at worst (random-walk growth is far less);
+ * the vectorized exp is within 2e-7. 1e-3 leaves a 10x margin and still
+ * catches any indexing error (those give O(1) errors). */
+#define BA_CHECK_TOL 1e-3
+
+static void ba_run_base(ba_env *e, kvqp_att_kind kind, size_t ctx, ba_row *r) {
+    snprintf(r->codec, sizeof r->codec, "%s", kvqp_att_name(kind));
+    r->baseline = 1;
+    r->context = ctx;
+    r->threads = e->threads;
+    kvqp_att *a = NULL;
+    int rc = kvqp_att_create(&a, kind, e->K, e->V, e->ld, ctx, BA_H, BA_QH, BA_D, e->simd, e->pool,
+                             (int)e->threads);
+    if (rc) {
+        snprintf(r->msg, sizeof r->msg, "%s", rc == -1 ? "out of memory" : "unsupported shape");
+        return;
+    }
+    r->bytes_read = kvqp_att_bytes(a);
+    ba_bctx x = {a, e->q, e->out};
+    kvqb_stats bs;
+    kvqb_measure(ba_bstep, &x, &e->cfg, &bs);
+    r->check = kvqp_att_check(a, e->q, e->out);
+    if (!(r->check <= BA_CHECK_TOL))
+        snprintf(r->msg, sizeof r->msg, "output off its double reference by %.3g (relative L2)",
+                 r->check);
+    else {
+        r->step_us = bs.median_s * 1e6;
+        r->step_min_us = bs.min_s * 1e6;
+        r->ok = 1;
+    }
+    kvqp_att_free(a);
+}
+
+/* ---- prefill ---- */
+typedef struct {
+    char codec[96];
+    size_t tokens, threads;
+    double prefill_us, append_us, attend_us, ratio_f32;
+    int ok, reps;
+    char msg[200];
+} ba_prow;
+
+static void ba_run_prefill(ba_env *e, const char *codec, size_t N, const float *Kc, const float *Vc,
+                           const float *Q, const int32_t *qpos, float *out, size_t reps_max,
+                           ba_prow *r) {
+    snprintf(r->codec, sizeof r->codec, "%s", codec);
+    r->tokens = N;
+    r->threads = e->threads;
+    double tot[8], app[8], att[8], spent = 0;
+    int reps = 0;
+    if (reps_max > 8)
+        reps_max = 8;
+    while ((size_t)reps < reps_max && (reps < 1 || spent < 2.0)) {
+        kvq_cache *c = NULL;
+        kvq_status st = ba_cache(&c, codec, N, e->threads, e->isa, r->msg, sizeof r->msg);
+        if (st != KVQ_OK) {
+            if (!r->msg[0])
+                snprintf(r->msg, sizeof r->msg, "%s", kvq_strerror(st));
+            return;
+        }
+        double t0 = kvqb_now();
+        st = kvq_cache_append(c, 0, Kc, Vc, NULL, N);
+        double t1 = kvqb_now();
+        if (st == KVQ_OK)
+            st = kvq_cache_attend(c, 0, Q, qpos, N, out, N * BA_QH * BA_D, NULL, 0);
+        double t2 = kvqb_now();
+        kvq_cache_free(c);
+        if (st != KVQ_OK) {
+            snprintf(r->msg, sizeof r->msg, "%s", kvq_strerror(st));
+            return;
+        }
+        app[reps] = t1 - t0, att[reps] = t2 - t1, tot[reps] = t2 - t0;
+        spent += t2 - t0;
+        reps++;
+    }
+    for (size_t i = 0; i < N * BA_QH * BA_D; i++)
+        if (!isfinite(out[i])) {
+            snprintf(r->msg, sizeof r->msg, "attention produced non-finite output");
+            return;
+        }
+    /* the median repetition by total time (two middle ones averaged), with
+     * its own append and attend times, so that they add up */
+    int idx[8];
+    for (int i = 0; i < reps; i++)
+        idx[i] = i;
+    for (int i = 1; i < reps; i++) /* insertion sort by total */
+        for (int j = i; j > 0 && tot[idx[j]] < tot[idx[j - 1]]; j--) {
+            int t = idx[j];
+            idx[j] = idx[j - 1], idx[j - 1] = t;
+        }
+    int lo = idx[(reps - 1) / 2], hi = idx[reps / 2];
+    r->prefill_us = 0.5 * (tot[lo] + tot[hi]) * 1e6;
+    r->append_us = 0.5 * (app[lo] + app[hi]) * 1e6;
+    r->attend_us = 0.5 * (att[lo] + att[hi]) * 1e6;
+    r->reps = reps;
+    r->ok = 1;
+}
+
+/* ---- output ---- */
+static void ba_print_row(const ba_row *r) {
+    if (!r->ok) {
+        printf("  %-16s %8zu %3zu  error: %s\n", r->codec, r->context, r->threads, r->msg);
+        return;
+    }
+    char app[32] = "-", dense[32] = "-", sp[32] = "-";
+    if (!r->baseline)
+        snprintf(app, sizeof app, "%.1f", r->append_ns);
+    if (r->ratio_dense > 0)
+        snprintf(dense, sizeof dense, "%.3fx", r->ratio_dense);
+    if (r->speedup_1t > 0)
+        snprintf(sp, sizeof sp, "%.2fx", r->speedup_1t);
+    printf("  %-16s %8zu %3zu %11.1f %11.1f %9.2f %10.1f %7.2fx %7.3fx %9s %7s %11s\n", r->codec,
+           r->context, r->threads, r->step_us, r->step_min_us, r->bytes_read / 1048576.0,
+           r->floor_us, r->x_floor, r->ratio_f32, dense, sp, app);
+}
+
+static void ba_jnum(const char *key, double v) {
+    printf(", \"%s\": ", key);
+    kvqb_json_num(stdout, v);
+}
+
 int kvq_tool_bench_attend(int argc, char **argv) {
-    const char *ctx_list = "1024,4096,16384,32768";
-    const char *codec_list = "int8,int4:g=32,tq3,tq4";
-    size_t threads = 1, H = 8, QH = 32, d = 128;
-    int json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--context") && i + 1 < argc)
-            ctx_list = argv[++i];
-        else if (!strcmp(argv[i], "--codec") && i + 1 < argc)
-            codec_list = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            threads = strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else {
-            fprintf(stderr, "usage: kvq bench attend [--context 1024,4096,16384,32768] "
-                            "[--codec LIST] [--threads N] [--json]\n");
-            return 2;
+    ba_opts o;
+    memset(&o, 0, sizeof o);
+    int rc = ba_parse(argc, argv, &o);
+    if (rc) {
+        free(o.codec_buf);
+        return rc < 0 ? 0 : rc;
+    }
+    /* every codec must make a cache: checked before any work */
+    for (size_t k = 0; k < o.ncod; k++) {
+        char msg[256];
+        kvq_cache *c = NULL;
+        kvq_status st = ba_cache(&c, o.codecs[k], 64, 1, o.isa, msg, sizeof msg);
+        kvq_cache_free(c);
+        if (st != KVQ_OK) {
+            fprintf(stderr, "kvq bench attend: --codec '%s'%s%s: %s\n", o.codecs[k],
+                    o.isa ? " with --isa " : "", o.isa ? kvq_isa_name(o.isa) : "",
+                    msg[0] ? msg : kvq_strerror(st));
+            free(o.codec_buf);
+            return st == KVQ_ERR_NOMEM ? 1 : 2;
         }
     }
-    if (threads < 1 || threads > 64) {
-        fprintf(stderr, "kvq bench attend: --threads must be 1..64\n");
-        return 2;
-    }
-    size_t ctxs[32], nctx = 0;
-    for (const char *p = ctx_list; *p && nctx < 32;) {
-        char *end;
-        unsigned long v = strtoul(p, &end, 10);
-        if (end == p || v < 1 || v > (1u << 22)) {
-            fprintf(stderr, "kvq bench attend: bad --context list '%s'\n", ctx_list);
-            return 2;
-        }
-        ctxs[nctx++] = v;
-        p = *end == ',' ? end + 1 : end;
-    }
-    /* codecs: f32 and f16 first (the baselines), then the list */
-    char *list = malloc(strlen(codec_list) + 16);
-    sprintf(list, "f32,f16,%s", codec_list);
-    char *codecs[64];
-    size_t ncod = 0;
-    for (char *tok = strtok(list, ","); tok && ncod < 64; tok = strtok(NULL, ","))
-        codecs[ncod++] = tok;
-    size_t maxctx = 0;
-    for (size_t i = 0; i < nctx; i++)
-        maxctx = ctxs[i] > maxctx ? ctxs[i] : maxctx;
-    size_t HD = H * d;
-    float *K = malloc(maxctx * HD * sizeof(float)), *V = malloc(maxctx * HD * sizeof(float));
-    float *q = malloc(QH * d * sizeof(float));
-    ba_row *rows = calloc(nctx * ncod, sizeof *rows);
-    if (!K || !V || !q || !rows) {
-        fprintf(stderr, "kvq bench attend: out of memory\n");
+    const size_t max_thr = o.thr[o.nthr - 1];
+    char thr_str[64] = "";
+    for (size_t i = 0; i < o.nthr; i++)
+        snprintf(thr_str + strlen(thr_str), sizeof thr_str - strlen(thr_str), "%s%zu", i ? "," : "",
+                 o.thr[i]);
+    ba_env e;
+    memset(&e, 0, sizeof e);
+    e.threads = o.thr[0];
+    e.isa = o.isa;
+    e.simd = kvqb_simd_best();
+    e.pool = kvqb_pool_create(max_thr > 2 ? (int)max_thr : 2);
+    char cpu[128], cpu_detail[256];
+    kvqb_cpu_name(cpu, sizeof cpu);
+    kvqb_cpu_detail(cpu_detail, sizeof cpu_detail);
+    const char *kvq_path = kvq_isa_name(o.isa == KVQ_ISA_AUTO ? kvq_cpu_best_isa() : o.isa);
+
+    /* 1. read bandwidth */
+    size_t llc = kvqb_llc_bytes(), llc_eff = llc ? llc : (size_t)32 << 20;
+    size_t bw_bytes = 4 * llc_eff > BA_BW_MIN ? 4 * llc_eff : BA_BW_MIN;
+    float *bw = ba_alloc(bw_bytes);
+    if (!e.pool || !bw) {
+        fprintf(stderr, "kvq bench attend: out of memory (or threads) for the bandwidth test\n");
+        free(bw);
+        kvqb_pool_free(e.pool);
+        free(o.codec_buf);
         return 1;
     }
-    uint64_t s = 42;
-    for (size_t i = 0; i < maxctx * HD; i++) {
-        size_t c = i % d;
-        K[i] = ba_gauss(&s) * (c == 5 || c == 77 ? 8.0f : 1.0f) + (c == 6 ? 4.0f : 0.0f);
-        V[i] = ba_gauss(&s);
-    }
-    for (size_t i = 0; i < QH * d; i++)
-        q[i] = ba_gauss(&s);
-    char cpu[128];
-    kvqb_cpu_name(cpu, sizeof cpu);
-    if (!json)
-        printf("kvq bench attend: one decode step, 1 layer, %zu KV heads, %zu query heads, "
-               "head_dim %zu, %zu thread(s), CPU %s, path %s\n\n  %-14s %8s %12s %10s %12s %14s\n",
-               H, QH, d, threads, cpu, kvq_isa_name(kvq_cpu_best_isa()), "codec", "context",
-               "step_us", "vs f32", "MiB read", "append ns/tok");
-    int rc = 0;
-    for (size_t ci = 0; ci < nctx; ci++) {
-        double f32_us = 0;
-        for (size_t k = 0; k < ncod; k++) {
-            ba_row *r = &rows[ci * ncod + k];
-            int e = ba_run(codecs[k], ctxs[ci], threads, K, V, q, H, QH, d, r);
-            if (e == 2) {
-                rc = 2;
-                goto done;
-            }
-            if (e)
-                rc = 1;
-            if (k == 0)
-                f32_us = r->step_us;
-            r->ratio = f32_us > 0 ? r->step_us / f32_us : 0;
-            if (!json && r->ok)
-                printf("  %-14s %8zu %12.1f %9.3fx %12.2f %14.1f\n", r->codec, r->context,
-                       r->step_us, r->ratio, r->bytes_read / 1048576.0, r->append_ns);
-        }
-        if (!json)
-            printf("\n");
-    }
-    if (json) {
-        printf("{\"threads\": %zu, \"kv_heads\": %zu, \"q_heads\": %zu, \"head_dim\": %zu, "
-               "\"isa\": \"%s\", \"results\": [",
-               threads, H, QH, d, kvq_isa_name(kvq_cpu_best_isa()));
-        int first = 1;
-        for (size_t i = 0; i < nctx * ncod; i++) {
-            ba_row *r = &rows[i];
-            if (!r->ok)
+    for (size_t i = 0; i < bw_bytes / sizeof(float); i++)
+        bw[i] = (float)(i & 7);
+    /* rounds of one pass per thread count, alternating, so that both see
+     * the same moments of a shared machine; the best pass of each */
+    /* bwt[n]: n threads; 1 and 2 always, and every count of --threads */
+    double bwt[65] = {0};
+    int bw_rounds = 0;
+    kvqb_read_gbps(e.pool, 2, bw, bw_bytes, 1, e.simd); /* warm-up */
+    for (double t0 = kvqb_now(); bw_rounds < BA_BW_ROUNDS_MIN ||
+                                 (bw_rounds < BA_BW_ROUNDS_MAX && kvqb_now() - t0 < BA_BW_SECONDS);
+         bw_rounds++)
+        for (size_t n = 1; n <= max_thr || n <= 2; n++) {
+            int want = n <= 2;
+            for (size_t i = 0; i < o.nthr; i++)
+                want |= o.thr[i] == n;
+            if (!want)
                 continue;
-            printf("%s{\"codec\": ", first ? "" : ", ");
-            kvqb_json_str(stdout, r->codec);
-            printf(", \"context\": %zu, \"step_us\": %.2f, \"ratio_vs_f32\": %.4f, \"bytes_read\": "
-                   "%llu, \"append_ns_per_token\": %.1f}",
-                   r->context, r->step_us, r->ratio, (unsigned long long)r->bytes_read, r->append_ns);
-            first = 0;
+            double g = kvqb_read_gbps(n == 1 ? NULL : e.pool, (int)n, bw, bw_bytes, 1, e.simd);
+            bwt[n] = g > bwt[n] ? g : bwt[n];
         }
-        printf("]}\n");
+    const double bw1 = bwt[1], bw2 = bwt[2];
+    free(bw);
+
+    /* 2. data: K, V [H][maxT][d] (contiguous per KV head: the dense
+     * baseline reads them as they are), queries */
+    size_t maxT = o.prefill;
+    for (size_t i = 0; i < o.nctx; i++)
+        maxT = o.ctx[i] > maxT ? o.ctx[i] : maxT;
+    const size_t HD = BA_H * BA_D;
+    float *K = ba_alloc(maxT * HD * sizeof(float)), *V = ba_alloc(maxT * HD * sizeof(float));
+    float *q = ba_alloc(BA_QH * BA_D * sizeof(float)),
+          *out = ba_alloc(BA_QH * BA_D * sizeof(float));
+    float *ck = ba_alloc(1024 * HD * sizeof(float)), *cv = ba_alloc(1024 * HD * sizeof(float));
+    size_t flush_bytes = 3 * llc_eff > ((size_t)64 << 20) ? 3 * llc_eff : (size_t)64 << 20;
+    ba_flush fl = {o.warm ? NULL : ba_alloc(flush_bytes), flush_bytes / sizeof(float), e.simd, 0};
+    ba_row *rows = calloc(o.nctx * o.nthr * (o.ncod + KVQP_ATT_KINDS) + 1, sizeof *rows);
+    ba_prow *prows = calloc(o.nthr * o.ncod + 1, sizeof *prows);
+    if (!K || !V || !q || !out || !ck || !cv || (!o.warm && !fl.buf) || !rows || !prows) {
+        fprintf(stderr, "kvq bench attend: out of memory for %zu tokens\n", maxT);
+        rc = 1;
+        goto done;
     }
+    {
+        uint64_t s = 42;
+        for (size_t h = 0; h < BA_H; h++) {
+            ba_gauss(&s, K + h * maxT * BA_D, maxT * BA_D);
+            ba_gauss(&s, V + h * maxT * BA_D, maxT * BA_D);
+            /* keys like real ones: two outlier channels and one offset channel */
+            for (size_t t = 0; t < maxT; t++) {
+                float *k = K + (h * maxT + t) * BA_D;
+                k[5] *= 8.0f, k[77] *= 8.0f, k[6] += 4.0f;
+            }
+        }
+        ba_gauss(&s, q, BA_QH * BA_D);
+    }
+    if (fl.buf)
+        for (size_t i = 0; i < fl.n; i++)
+            ((float *)fl.buf)[i] = (float)(i & 3);
+    e.K = K, e.V = V, e.q = q, e.ld = maxT, e.out = out, e.chunk_k = ck, e.chunk_v = cv;
+    e.cfg = kvqb_default_config();
+    e.cfg.warmup = 1;
+    e.cfg.min_reps = 5;
+    e.cfg.reps = 9;
+    e.cfg.budget_s = 0.5;
+    e.cfg.min_sample_s = o.warm ? 2e-3 : 0;
+    if (o.reps) {
+        e.cfg.min_reps = e.cfg.reps = (int)o.reps;
+        e.cfg.budget_s = 0;
+    }
+    if (!o.warm) {
+        e.cfg.prep = ba_flush_run;
+        e.cfg.prep_ctx = &fl;
+    }
+
+    /* the baselines' kernel paths, from small instances */
+    char bpath[KVQP_ATT_KINDS][48];
+    for (int k = 0; k < KVQP_ATT_KINDS; k++) {
+        kvqp_att *a = NULL;
+        snprintf(bpath[k], sizeof bpath[k], "?");
+        if (kvqp_att_create(&a, (kvqp_att_kind)k, K, V, maxT, 1, BA_H, BA_QH, BA_D, e.simd, NULL,
+                            1) == 0)
+            snprintf(bpath[k], sizeof bpath[k], "%s", kvqp_att_path(a));
+        kvqp_att_free(a);
+    }
+
+    if (!o.json) {
+        printf("kvq bench attend: one decode step (one query per query head) over 1 layer of %d KV "
+               "heads, %d query heads, head_dim %d\n",
+               BA_H, BA_QH, BA_D);
+        printf("  cpu %s (%s)\n  kvq path %s%s | threads %s (kvq cache n_threads; baselines too: "
+               "dense:f32 split over KV heads, llama.cpp over query heads)\n",
+               cpu, cpu_detail, kvq_path, o.isa == KVQ_ISA_AUTO ? " (auto)" : " (forced)", thr_str);
+        printf(
+            "  read bandwidth (%s sum over %zu MiB, >= 4x the %zu MiB last-level cache%s, best of "
+            "%d passes each): 1 thread %.1f GB/s, 2 threads %.1f GB/s",
+            kvqb_simd_name(e.simd), bw_bytes >> 20, llc_eff >> 20, llc ? "" : " (assumed)",
+            bw_rounds, bw1, bw2);
+        for (size_t i = 0; i < o.nthr; i++)
+            if (o.thr[i] > 2)
+                printf(", %zu threads %.1f GB/s", o.thr[i], bwt[o.thr[i]]);
+        printf(
+            "\n  floor = bytes read / the read bandwidth of the row's thread count (thr); x floor "
+            "= step / floor; step = median of %d..%d timed steps%s\n",
+            e.cfg.min_reps, e.cfg.reps,
+            o.warm ? " (warm: the cache is not flushed)"
+                   : ", the last-level cache flushed before each (untimed)");
+        if (o.nctx)
+            printf("  baselines (same run, written here from public descriptions): dense:f32 [%s], "
+                   "llama.cpp:q8_0 [%s], llama.cpp:q4_0 [%s]\n"
+                   "  vs f32, vs dense: step over kvq's f32 cache / the dense:f32 baseline at the "
+                   "same thread count; vs 1t: the 1-thread step over this one\n",
+                   bpath[0], bpath[1], bpath[2]);
+        if (o.nctx)
+            printf("\n  %-16s %8s %3s %11s %11s %9s %10s %8s %8s %9s %7s %11s\n", "codec",
+                   "context", "thr", "step_us", "min_us", "MiB read", "floor_us", "x floor",
+                   "vs f32", "vs dense", "vs 1t", "append ns/t");
+        fflush(stdout);
+    }
+
+    /* 3. decode rows, per context: kvq f32, the dense baseline, the other
+     * codecs, the llama.cpp baselines; printed when the context is done */
+    size_t nrows = 0;
+    for (size_t gi = 0; gi < o.nctx * o.nthr; gi++) { /* contexts, then thread counts */
+        const size_t ctx = o.ctx[gi / o.nthr];
+        e.threads = o.thr[gi % o.nthr];
+        const double bwn = bwt[e.threads];
+        ba_row *first = rows + nrows;
+        size_t nr = 0;
+        ba_run_kvq(&e, o.codecs[0], ctx, &first[nr++]);
+        if (o.base[KVQP_DENSE_F32])
+            ba_run_base(&e, KVQP_DENSE_F32, ctx, &first[nr++]);
+        for (size_t k = 1; k < o.ncod; k++)
+            ba_run_kvq(&e, o.codecs[k], ctx, &first[nr++]);
+        for (int k = 1; k < KVQP_ATT_KINDS; k++)
+            if (o.base[k])
+                ba_run_base(&e, (kvqp_att_kind)k, ctx, &first[nr++]);
+        double f32_us = first[0].ok ? first[0].step_us : 0, dense_us = 0;
+        for (size_t i = 0; i < nr; i++)
+            if (first[i].ok && first[i].baseline && !strcmp(first[i].codec, "dense:f32"))
+                dense_us = first[i].step_us;
+        for (size_t i = 0; i < nr; i++) {
+            ba_row *r = &first[i];
+            if (!r->ok) {
+                rc = 1;
+                continue;
+            }
+            r->floor_us = (double)r->bytes_read / (bwn * 1e9) * 1e6;
+            r->x_floor = r->floor_us > 0 ? r->step_us / r->floor_us : NAN;
+            r->ratio_f32 = f32_us > 0 ? r->step_us / f32_us : NAN;
+            r->ratio_dense = dense_us > 0 ? r->step_us / dense_us : NAN;
+            /* the same codec and context at 1 thread (measured first) */
+            for (size_t j = 0; j < nrows && o.thr[0] == 1 && r->threads > 1; j++)
+                if (rows[j].ok && rows[j].threads == 1 && rows[j].context == ctx &&
+                    !strcmp(rows[j].codec, r->codec))
+                    r->speedup_1t = rows[j].step_us / r->step_us;
+        }
+        /* kvq rows first, then the baselines (table and JSON) */
+        ba_row tmp[BA_MAX_CODECS + KVQP_ATT_KINDS];
+        size_t nt = 0;
+        for (int b = 0; b < 2; b++)
+            for (size_t i = 0; i < nr; i++)
+                if (first[i].baseline == b)
+                    tmp[nt++] = first[i];
+        memcpy(first, tmp, nr * sizeof *first);
+        if (!o.json) {
+            for (size_t i = 0; i < nr; i++)
+                ba_print_row(&first[i]);
+            printf("\n");
+            fflush(stdout);
+        }
+        nrows += nr;
+    }
+
+    /* 4. prefill */
+    size_t nprow = 0;
+    if (o.prefill) {
+        const size_t N = o.prefill;
+        float *Kc = ba_alloc(N * HD * sizeof(float)), *Vc = ba_alloc(N * HD * sizeof(float));
+        float *Q = ba_alloc(N * BA_QH * BA_D * sizeof(float));
+        float *O = ba_alloc(N * BA_QH * BA_D * sizeof(float));
+        int32_t *qp = malloc(N * sizeof(int32_t));
+        if (!Kc || !Vc || !Q || !O || !qp) {
+            fprintf(stderr, "kvq bench attend: out of memory for a prefill of %zu tokens\n", N);
+            rc = 1;
+        } else {
+            ba_gather(Kc, K, maxT, 0, N);
+            ba_gather(Vc, V, maxT, 0, N);
+            uint64_t s = 7;
+            ba_gauss(&s, Q, N * BA_QH * BA_D);
+            for (size_t i = 0; i < N; i++)
+                qp[i] = (int32_t)i;
+            if (!o.json)
+                printf("  prefill: one append of %zu tokens and one causal attend of their %zu "
+                       "queries, median of 1..3\n  %-16s %8s %3s %12s %12s %12s %9s\n",
+                       N, N, "codec", "tokens", "thr", "prefill_us", "append_us", "attend_us",
+                       "vs f32");
+            for (size_t ti = 0; ti < o.nthr; ti++) {
+                e.threads = o.thr[ti];
+                const ba_prow *f32 = &prows[nprow];
+                for (size_t k = 0; k < o.ncod; k++) {
+                    ba_prow *r = &prows[nprow++];
+                    ba_run_prefill(&e, o.codecs[k], N, Kc, Vc, Q, qp, O, o.reps ? o.reps : 3, r);
+                    r->ratio_f32 = f32->ok && r->ok ? r->prefill_us / f32->prefill_us : NAN;
+                    if (!r->ok)
+                        rc = 1;
+                    if (o.json)
+                        continue;
+                    if (r->ok)
+                        printf("  %-16s %8zu %3zu %12.0f %12.0f %12.0f %8.3fx\n", r->codec, N,
+                               e.threads, r->prefill_us, r->append_us, r->attend_us, r->ratio_f32);
+                    else
+                        printf("  %-16s %8zu %3zu  error: %s\n", r->codec, N, e.threads, r->msg);
+                    fflush(stdout);
+                }
+            }
+        }
+        free(Kc), free(Vc), free(Q), free(O), free(qp);
+    }
+
+    /* 5. JSON */
+    if (o.json) {
+        printf("{\"cpu\": ");
+        kvqb_json_str(stdout, cpu);
+        printf(", \"cpu_detail\": ");
+        kvqb_json_str(stdout, cpu_detail);
+        printf(", \"isa\": ");
+        kvqb_json_str(stdout, kvq_path);
+        printf(", \"isa_forced\": %s", o.isa == KVQ_ISA_AUTO ? "false" : "true");
+        printf(", \"bench_simd\": ");
+        kvqb_json_str(stdout, kvqb_simd_name(e.simd));
+        printf(", \"threads\": %zu, \"baseline_threads\": %zu, \"thread_counts\": [%s], "
+               "\"kv_heads\": %d, \"q_heads\": %d, \"head_dim\": %d, \"llc_bytes\": %zu, "
+               "\"bandwidth_buffer_bytes\": %zu",
+               max_thr, max_thr, thr_str, BA_H, BA_QH, BA_D, llc, bw_bytes);
+        printf(", \"bandwidth_passes\": %d", bw_rounds);
+        ba_jnum("read_gbps_1t", bw1);
+        ba_jnum("read_gbps_2t", bw2);
+        for (size_t i = 0; i < o.nthr; i++)
+            if (o.thr[i] > 2) {
+                char key[32];
+                snprintf(key, sizeof key, "read_gbps_%zut", o.thr[i]);
+                ba_jnum(key, bwt[o.thr[i]]);
+            }
+        ba_jnum("floor_gbps", bwt[max_thr]); /* of "threads"; each row has its own floor */
+        printf(", \"cold_cache\": %s, \"baseline_paths\": {", o.warm ? "false" : "true");
+        for (int k = 0; k < KVQP_ATT_KINDS; k++) {
+            printf("%s\"%s\": ", k ? ", " : "", kvqp_att_name((kvqp_att_kind)k));
+            kvqb_json_str(stdout, bpath[k]);
+        }
+        printf("}, \"results\": [");
+        for (size_t i = 0; i < nrows; i++) {
+            const ba_row *r = &rows[i];
+            printf("%s\n  {\"codec\": ", i ? "," : "");
+            kvqb_json_str(stdout, r->codec);
+            printf(", \"kind\": \"%s\", \"context\": %zu, \"threads\": %zu",
+                   r->baseline ? "baseline" : "kvq", r->context, r->threads);
+            if (!r->ok) {
+                printf(", \"error\": ");
+                kvqb_json_str(stdout, r->msg);
+                printf("}");
+                continue;
+            }
+            ba_jnum("step_us", r->step_us);
+            ba_jnum("step_min_us", r->step_min_us);
+            printf(", \"bytes_read\": %llu", (unsigned long long)r->bytes_read);
+            ba_jnum("floor_us", r->floor_us);
+            ba_jnum("x_floor", r->x_floor);
+            ba_jnum("x_floor_min", r->floor_us > 0 ? r->step_min_us / r->floor_us : NAN);
+            ba_jnum("ratio_vs_f32", r->ratio_f32);
+            ba_jnum("ratio_vs_dense", r->ratio_dense);
+            if (r->speedup_1t > 0)
+                ba_jnum("speedup_vs_1t", r->speedup_1t);
+            if (r->baseline)
+                ba_jnum("check_rel_err", r->check);
+            else
+                ba_jnum("append_ns_per_token", r->append_ns);
+            printf("}");
+        }
+        printf("\n], \"prefill\": [");
+        for (size_t i = 0; i < nprow; i++) {
+            const ba_prow *r = &prows[i];
+            printf("%s\n  {\"codec\": ", i ? "," : "");
+            kvqb_json_str(stdout, r->codec);
+            printf(", \"tokens\": %zu, \"threads\": %zu", r->tokens, r->threads);
+            if (!r->ok) {
+                printf(", \"error\": ");
+                kvqb_json_str(stdout, r->msg);
+                printf("}");
+                continue;
+            }
+            ba_jnum("prefill_us", r->prefill_us);
+            ba_jnum("append_us", r->append_us);
+            ba_jnum("attend_us", r->attend_us);
+            ba_jnum("ratio_vs_f32", r->ratio_f32);
+            printf(", \"reps\": %d}", r->reps);
+        }
+        printf("%s]}\n", nprow ? "\n" : "");
+    }
+    if (rc && !o.json)
+        printf("some rows failed (see their error)\n");
 done:
-    free(K), free(V), free(q), free(rows), free(list);
+    free(K), free(V), free(q), free(out), free(ck), free(cv), free((void *)fl.buf);
+    free(rows), free(prows);
+    kvqb_pool_free(e.pool);
+    free(o.codec_buf);
     return rc;
 }

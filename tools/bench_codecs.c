@@ -109,8 +109,8 @@ static void bc_usage(FILE *f) {
     fprintf(
         f,
         "usage: kvq bench codecs [--head-dim N] [--count N] [--data gauss|outlier|FILE.npy]\n"
-        "                        [--codec LIST] [--seed N] [--reps N] [--isa scalar|avx2|auto]\n"
-        "                        [--json | --csv]\n"
+        "                        [--codec LIST] [--seed N] [--reps N]\n"
+        "                        [--isa scalar|avx2|avx512|auto] [--json | --csv]\n"
         "  --head-dim N  values per vector, 1..1024 (default %d; a .npy file sets it)\n"
         "  --count N     vectors (default %d; a .npy file: all of its rows)\n"
         "  --data D      gauss: N(0,1) values; outlier: N(0,1) with 4 fixed channels\n"
@@ -119,10 +119,12 @@ static void bc_usage(FILE *f) {
         "  --codec LIST  comma-separated codec specs (default: %s)\n"
         "  --seed N      data and query seed (default 1)\n"
         "  --reps N      timed repetitions (default: 3..15, as many as fit in 0.2 s)\n"
-        "  --isa P       kernel path: scalar, avx2 or auto (default)\n"
+        "  --isa P       kernel path: scalar, avx2, avx512 (where kvq has it) or auto (default)\n"
         "  --json        one JSON object on stdout; --csv: one line per codec\n"
         "Codecs that need fitting are fitted on the first half of the vectors; every metric is\n"
-        "measured on the second half. Exit status: 0 ok, 1 a codec failed at run time, 2 usage.\n",
+        "measured on the second half. int codecs' encode speed is compared with ggml's q8_0 / q4_0\n"
+        "quantizers in the same run (encode_vs_ggml: kvq GB/s over ggml GB/s, same input).\n"
+        "Exit status: 0 ok, 1 a codec failed at run time, 2 usage.\n",
         BC_DEFAULT_HEAD_DIM, BC_DEFAULT_COUNT, BC_DEFAULT_CODECS);
 }
 
@@ -193,10 +195,12 @@ static int bc_parse(int argc, char **argv, bc_opts *o) {
                 o->isa = KVQ_ISA_SCALAR;
             else if (strcmp(v, "avx2") == 0)
                 o->isa = KVQ_ISA_AVX2;
+            else if (strcmp(v, "avx512") == 0)
+                o->isa = KVQ_ISA_AVX512;
             else if (strcmp(v, "auto") == 0)
                 o->isa = KVQ_ISA_AUTO;
             else {
-                fprintf(stderr, "kvq bench codecs: --isa must be scalar, avx2 or auto, got '%s'\n",
+                fprintf(stderr, "kvq bench codecs: --isa must be scalar, avx2, avx512 or auto, got '%s'\n",
                         v);
                 return 2;
             }
@@ -504,6 +508,48 @@ out:
 
 /* ---- output ---- */
 
+/* The ggml block format an int codec is compared with for encode speed:
+ * 8 (q8_0) for int8 specs, 4 (q4_0) for int4 specs, 0 otherwise. */
+static int bc_ggml_peer(const char *spec) {
+    if (!strncmp(spec, "int8", 4) && (spec[4] == 0 || spec[4] == ':'))
+        return 8;
+    if (!strncmp(spec, "int4", 4) && (spec[4] == 0 || spec[4] == ':'))
+        return 4;
+    return 0;
+}
+
+/* kvq's encode GB/s over the peer's (same input, same run); NAN without one. */
+static double bc_vs_ggml(const bc_row *r, const kvqp_result *pr, int hot) {
+    int p = bc_ggml_peer(r->spec);
+    if (!pr->ok || !p || r->state != BC_ROW_OK)
+        return NAN;
+    double peer = p == 8 ? (hot ? pr->q8_quant_hot_gbps : pr->q8_quant_gbps)
+                         : (hot ? pr->q4_quant_hot_gbps : pr->q4_quant_gbps);
+    return peer > 0 ? (hot ? r->hot_gbps : r->enc_gbps) / peer : NAN;
+}
+
+/* After the table: each int codec's encode speed next to ggml's block
+ * quantizer of the same bits (q8_0 / q4_0). */
+static void bc_print_vs_ggml(const bc_row *rows, size_t nrows, const kvqp_result *pr) {
+    int any = 0;
+    for (size_t i = 0; i < nrows; i++) {
+        const bc_row *r = &rows[i];
+        double v = bc_vs_ggml(r, pr, 0);
+        if (!isfinite(v))
+            continue;
+        if (!any)
+            printf("\nencode vs ggml (same input, same run; encode_vs_ggml >= 1: kvq encodes at "
+                   "least as fast):\n");
+        any = 1;
+        int p = bc_ggml_peer(r->spec);
+        printf("  %-16s %7.2f GB/s vs %s quantize %7.2f GB/s: %.3fx (hot: %.2f vs %.2f GB/s, "
+               "%.3fx)\n",
+               r->spec, r->enc_gbps, p == 8 ? "q8_0" : "q4_0",
+               p == 8 ? pr->q8_quant_gbps : pr->q4_quant_gbps, v, r->hot_gbps,
+               p == 8 ? pr->q8_quant_hot_gbps : pr->q4_quant_hot_gbps, bc_vs_ggml(r, pr, 1));
+    }
+}
+
 static void bc_print_header(const bc_opts *o, const bc_env *e, const char *cpu, double memcpy_gbps,
                             double memcpy_hot_gbps, double f32_kps, const kvqp_result *pr) {
     printf("kvq bench codecs: %zu vectors of head_dim %zu, data %s, seed %llu\n",
@@ -627,6 +673,12 @@ static void bc_print_json(const bc_opts *o, const bc_env *e, const char *cpu, do
         for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
             printf(", \"%s\": ", f[k].k);
             kvqb_json_num(stdout, f[k].v);
+        }
+        if (isfinite(bc_vs_ggml(r, pr, 0))) {
+            printf(", \"ggml_peer\": \"%s\", \"encode_vs_ggml\": ", bc_ggml_peer(r->spec) == 8 ? "q8_0" : "q4_0");
+            kvqb_json_num(stdout, bc_vs_ggml(r, pr, 0));
+            printf(", \"encode_hot_vs_ggml\": ");
+            kvqb_json_num(stdout, bc_vs_ggml(r, pr, 1));
         }
         printf("}");
     }
@@ -899,7 +951,9 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
     }
     if (o.json)
         bc_print_json(&o, &e, cpu, memcpy_gbps, memcpy_hot_gbps, f32_kps, &peers, rows, nrows);
-    else if (failed && !o.csv)
+    else if (!o.csv)
+        bc_print_vs_ggml(rows, nrows, &peers);
+    if (failed && !o.json && !o.csv)
         printf("\nsome codecs failed (see their rows)\n");
     if (failed)
         fprintf(stderr, "kvq bench codecs: some codecs failed at run time\n");

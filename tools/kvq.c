@@ -58,12 +58,15 @@ static const kvq_command kvq_commands[] = {
      "the codecs with their bits per value"},
     {"bench codecs",
      "kvq bench codecs [--head-dim N] [--count N] [--data gauss|outlier|FILE.npy]\n"
-     "                 [--codec LIST] [--seed N] [--reps N] [--isa scalar|avx2|auto]\n"
+     "                 [--codec LIST] [--seed N] [--reps N] [--isa scalar|avx2|avx512|auto]\n"
      "                 [--json | --csv]",
      "encode, decode and score throughput and error of codecs, beside memcpy"},
     {"bench attend",
-     "kvq bench attend [--context LIST] [--codec LIST] [--threads N] [--json]",
-     "attention over compressed caches against f32 and f16 caches"},
+     "kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
+     "                 [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
+     "                 [--isa scalar|avx2|avx512|auto] [--json]",
+     "one decode step (and a prefill) over compressed caches against the memory-bandwidth "
+     "floor, kvq's f32 cache, a dense f32 attention and llama.cpp's quantized path"},
     {"version", "kvq version", "the library's version"},
     {"help", "kvq help [COMMAND]", "this overview, or a command's usage (kvq COMMAND --help)"},
 };

@@ -208,6 +208,14 @@ static void kvqp_quant(int q4, int avx2, uint8_t *dst, const float *x, size_t nb
         kvqp_q8_scalar(dst, x, nblk);
 }
 
+void kvqp_quantize_q8_0(uint8_t *dst, const float *x, size_t nblk, int use_avx2) {
+    kvqp_quant(0, use_avx2, dst, x, nblk);
+}
+
+void kvqp_quantize_q4_0(uint8_t *dst, const float *x, size_t nblk, int use_avx2) {
+    kvqp_quant(1, use_avx2, dst, x, nblk);
+}
+
 static float kvqp_dot(int avx2, const uint8_t *row, const uint8_t *q8, size_t nblk) {
 #ifdef KVQP_X86
     if (avx2)

@@ -18,7 +18,7 @@
 #define KVQ__MAX_DECODE_HEADS 256
 /* bytes of a page area prefetched ahead by the driver (the kernels of large
  * areas prefetch the rest ahead of their own reads) */
-#define KVQ__PF_AREA 2048
+#define KVQ__PF_AREA 4096
 
 /* RoPE at position pos on one vector (pairs (2i, 2i+1), llama2.c order). */
 static void kvq__rope(const kvq_cache *c, float *x, int32_t pos) {
@@ -498,9 +498,13 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
             const kvq__head *ph = kvq__page_heads(ly, pg) + h;
             if (nx && nx->block) {
                 const kvq__head *nh = kvq__page_heads(ly, nx) + h;
+                /* the next page's areas, unless the kernels prefetch them
+                 * line by line as they read (kvq__pf_next) */
                 size_t kb = nh->k_hdr + P * nh->kbytes, vb = P * nh->vbytes;
-                kvq__prefetch(nx->block + nh->k_off, KVQ__MIN(KVQ__PF_AREA, kb), 0);
-                kvq__prefetch(nx->block + nh->v_off, KVQ__MIN(KVQ__PF_AREA, vb), 0);
+                if (!nh->kc || !nh->kc->pf_self)
+                    kvq__prefetch(nx->block + nh->k_off, KVQ__MIN(kb, KVQ__PF_AREA), 0);
+                if (!nh->vc->pf_self)
+                    kvq__prefetch(nx->block + nh->v_off, KVQ__MIN(vb, KVQ__PF_AREA), 0);
             }
             float *raw = rawsc ? rawsc + h * G * slots : NULL;
             if (!fast || ph->kchan_bits) {
@@ -520,6 +524,8 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
             }
             const kvq_codec *kc = ph->kc;
             const uint8_t *ka = pg->block + ph->k_off;
+            const kvq__head *nh = nx && nx->block ? kvq__page_heads(ly, nx) + h : NULL;
+            kvq__pf_next = nh && nh->kc == kc && nh->ktiled == ph->ktiled ? nx->block + nh->k_off : NULL;
             if (!ph->ktiled)
                 kc->k.score(kc, sc, P, w->qpk + h * G * c->max_qp, G, ka, P);
             else if (kc->k.tscore)
@@ -557,7 +563,9 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
                 }
                 st->l[r] += c->exp_block(s, P, st->m[r]);
             }
+            kvq__pf_next = nh && nh->vc == ph->vc ? nx->block + nh->v_off : NULL;
             kvq__vaccum(ph, st->acc, alen, sc, P, G, pg->block + ph->v_off, P, w->rows);
+            kvq__pf_next = NULL;
             w->bytes_read += ph->k_hdr + P * ph->kbytes + P * ph->vbytes;
         }
     }

@@ -103,6 +103,7 @@ struct kvq_codec {
     size_t qp_bytes; /* prepared query size in bytes (multiple of 64) */
     size_t acc_len;  /* floats per accumulation row (>= d) */
     size_t tqp_bytes; /* prepared query of tscore (multiple of 64; 0 without tprep) */
+    int pf_self;      /* the kernels in use prefetch kvq__pf_next themselves */
     kvq_isa isa;     /* path the kernels were chosen for */
     /* tiled page layout (see above); tiled NULL: the family has none */
     int (*tiled)(const kvq_codec *c, int role, size_t P);
@@ -153,6 +154,14 @@ static inline void kvq__codec_prep(const kvq_codec *c, void *qp, const float *q,
     for (size_t i = 0; i < nq; i++)
         c->k.prep(c, (uint8_t *)qp + i * c->qp_bytes, q + i * c->d);
 }
+
+/* Set by the attention driver around a score/accum/tscore/taccum call: the
+ * area of the same head and role in the page it will read next (same size
+ * and layout), or NULL. Kernels that read many lines per page may prefetch
+ * it line by line as they read their own, which keeps a steady stream of
+ * requests one page ahead (pages are separate blocks: the hardware
+ * prefetchers lose the stream at each). Kernels may ignore it. */
+extern _Thread_local const uint8_t *kvq__pf_next;
 
 /* Whether (role, P) of codec c uses the tiled layout. */
 static inline int kvq__tiled(const kvq_codec *c, int role, size_t P) {

@@ -4,6 +4,8 @@
  */
 #include "codec_impl.h"
 
+_Thread_local const uint8_t *kvq__pf_next;
+
 void kvq__slot_encode(const kvq_codec *c, int tiled, int role, size_t P, uint8_t *area, size_t i,
                       const float *x, uint8_t *tmp) {
     if (!tiled) {

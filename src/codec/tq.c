@@ -33,6 +33,63 @@
  * it): 0 when s < 2^(lo-1), else clamp(1 + round((log2 s - lo) * 254 /
  * (hi - lo)), 1, 255); code k >= 1 decodes to 2^(lo + (k-1) (hi-lo) / 254).
  * tqp has a second range for the residual norm.
+ *
+ * Tiled pages (codec_impl.h; tq1..tq4 with head_dim % 16 == 0 and P % 16
+ * == 0, both roles; tqp and other sizes keep the row layout). A page of P
+ * tokens is the same P * bytes:
+ *   [norms: P * N bytes, token i's stored scale at i * N][units]
+ * A unit holds the indices of 64 slots in 8 b bytes, as planes of f-bit
+ * fields: tq4 one plane of nibbles (32 bytes); tq3 a plane of the low 2 bits
+ * (16 bytes) then a plane of bit 2 (8 bytes); tq2 one 2-bit plane; tq1 one
+ * 1-bit plane. In a plane of f-bit fields (8 f bytes) slot s is bits
+ * [f (s / 8f), f (s / 8f) + f) of byte s % 8f: a shift per 64-bit lane and
+ * a mask take 32 or 64 consecutive slots out to one byte each.
+ *   K: unit (i / 16) * (d / 4) + j / 4, slot 4 (i % 16) + j % 4: a 32-bit
+ *      lane of the decoded unit is one token's 4 consecutive dimensions,
+ *      the 16 tokens of a block are 16 lanes, a block's units are
+ *      contiguous;
+ *   V: unit (i / 4) * (d / 16) + j / 16, slot 4 (j % 16) + i % 4: a 32-bit
+ *      lane is one dimension of 4 consecutive tokens, 16 dimensions per
+ *      unit, a quad's units are contiguous
+ * (token i, dimension j).
+ *
+ * Tiled kernels (tq_avx2.c, tq_avx512.c) work on integers: the centroids as
+ * int8 codes c8 = round(c / s_c), s_c = max|c| / 127 (t->c8; the extremes
+ * are exact), looked up with vpshufb from a 16-byte table held in a
+ * register.
+ *   tscore: tprep rotates the query (q = R q_in, as prep) and rounds it to
+ *   int8 codes a_j = round(q_j / s_q), s_q = max_j |q_j| / Q (Q = 127 where
+ *   the dot product is vpdpbusd, 63 where it is vpmaddubsw, whose int16
+ *   pair sums must not saturate); the score of key k is
+ *   n_k s_q s_c sum_j a_j c8[idx_kj], an exact integer sum (vpdpbusd /
+ *   vpmaddubsw of the unsigned codes c8 + 128 with the query codes, the
+ *   bias 128 sum_j a_j removed) times two float roundings. Against the
+ *   reference n_k sum_j q_j c[idx_kj]:
+ *     |err| <= n_k (s_q / 2 sum_j |c^_kj| + s_c / 2 sum_j |q_j|) + 2u |score|
+ *   (c^ = c8 s_c, u = 2^-24), below n_k ||q|| sqrt(d) (||c^_k|| / (2 Q) +
+ *   max|c| / 254). That worst case needs every rounding to line up; as
+ *   independent roundings the query codes add a variance of about
+ *   n_k^2 max|q|^2 / (12 Q^2) to a score (d = 128 and a Gaussian-like
+ *   rotated query: ~1e-3 n ||q|| rms with Q = 63, against tq4's own
+ *   ~8e-3 and tq3's ~1.6e-2).
+ *   taccum: per query row and segment of up to 256 tokens of the page,
+ *   a_k = w_k n_k (as the reference's w * scale) is rounded to u8 codes
+ *   round(a_k / s_w), s_w = max_k a_k / W (W = 255 with vpdpbusd, 127 with
+ *   vpmaddubsw); dimension j of the rotated accumulator gets
+ *   s_w s_c sum_k code_k c8[idx_kj] (exact integer sum, one FMA). Against
+ *   the reference sum_k a_k c[idx_kj]:
+ *     |err| <= s_w / 2 sum_k |c^_kj| + s_c / 2 sum_k a_k + u |acc|
+ *   i.e. at most (P max_k a_k / (2 W) + sum_k a_k / 254) max|c|. A row
+ *   whose a_k are not all finite and >= 0 (softmax weights always are)
+ *   takes an exact path instead: tget and the reference accumulate.
+ * A query or weight row whose largest value is below 2^-100 is multiplied
+ * by 2^100 (exactly) before its codes are taken, so that Q / max stays
+ * finite; its float scale may then be subnormal, which adds an absolute
+ * 2^-150 per unit of n |integer sum| (2^-150 |integer sum| for taccum) to
+ * the bounds above.
+ * tests/test_tile_tq.c checks both bounds on every path and that each
+ * kernel equals an emulation of its integer arithmetic up to its float
+ * roundings.
  */
 #include "tq_impl.h"
 
@@ -279,6 +336,203 @@ static void kvq__tq_finish(const kvq_codec *c, float *out, const float *acc) {
     kvq__tq_unrotate_add(t, d, out, z);
 }
 
+/* ---- tiled pages ---- */
+
+static int kvq__tq_tiled(const kvq_codec *c, int role, size_t P) {
+    (void)role;
+    return kvq__tq_tiled_ok(c, (const kvq__tq *)c->state, P);
+}
+
+/* The d indices of a row's index area, one per byte, and back. */
+static void kvq__tq_unpack_idx(const uint8_t *ix, size_t d, int kb, uint8_t *v) {
+    switch (kb) {
+    case 4:
+        for (size_t b = 0; b < d / 2; b++) {
+            v[2 * b] = ix[b] & 15u;
+            v[2 * b + 1] = ix[b] >> 4;
+        }
+        break;
+    case 3:
+        for (size_t b = 0; b < d / 8; b++) { /* 8 indices in 3 bytes */
+            uint32_t w = ix[3 * b] | (uint32_t)ix[3 * b + 1] << 8 | (uint32_t)ix[3 * b + 2] << 16;
+            for (int k = 0; k < 8; k++)
+                v[8 * b + k] = (uint8_t)((w >> (3 * k)) & 7u);
+        }
+        break;
+    case 2:
+        for (size_t b = 0; b < d / 4; b++)
+            for (int k = 0; k < 4; k++)
+                v[4 * b + k] = (ix[b] >> (2 * k)) & 3u;
+        break;
+    default:
+        for (size_t b = 0; b < d / 8; b++)
+            for (int k = 0; k < 8; k++)
+                v[8 * b + k] = (ix[b] >> k) & 1u;
+        break;
+    }
+}
+
+static void kvq__tq_pack_idx(const uint8_t *v, size_t d, int kb, uint8_t *ix) {
+    switch (kb) {
+    case 4:
+        for (size_t b = 0; b < d / 2; b++)
+            ix[b] = (uint8_t)(v[2 * b] | v[2 * b + 1] << 4);
+        break;
+    case 3:
+        for (size_t b = 0; b < d / 8; b++) {
+            uint32_t w = 0;
+            for (int k = 0; k < 8; k++)
+                w |= (uint32_t)v[8 * b + k] << (3 * k);
+            ix[3 * b] = (uint8_t)w;
+            ix[3 * b + 1] = (uint8_t)(w >> 8);
+            ix[3 * b + 2] = (uint8_t)(w >> 16);
+        }
+        break;
+    default:
+        memset(ix, 0, (d * (size_t)kb + 7) / 8);
+        for (size_t j = 0; j < d; j++)
+            ix[(j * (size_t)kb) >> 3] |= (uint8_t)(v[j] << ((j * (size_t)kb) & 7));
+        break;
+    }
+}
+
+static inline uint32_t kvq__tq_ld32u(const uint8_t *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return w;
+}
+
+static inline void kvq__tq_st32u(uint8_t *p, uint32_t w) { memcpy(p, &w, 4); }
+
+/* Token i's fields in a tiled page (tq_impl.h), plane by plane: tq3 has a
+ * plane of the low 2 bits (f = 2 at unit byte 0) and one of bit 2 (f = 1
+ * at byte 16), other codecs one plane of f = kb bits. In a plane of f-bit
+ * fields:
+ *  K: the 4 dimensions of unit u are 4 consecutive bytes from
+ *     4 (i % 2f), at shift f ((i % 16) / 2f): one 32-bit word per unit;
+ *  V: byte 4k + i % 4 of the plane (k < 2f) holds, at shift f m, the field
+ *     of dimension k + 2f m of the unit (m < 8 / f): whole bytes.
+ * The indices move through one byte per index (v, d of them); bytes hold
+ * up to 4 bits, so 32-bit words move 4 fields at once. */
+#define KVQ__TQ_AI static inline __attribute__((always_inline))
+
+/* One plane (f-bit fields of the index bits from dsh, at unit byte off) of
+ * token i: put (get = 0) or get (get = 1; p0: the first plane, stores
+ * instead of or-ing). Inlined with constant f, dsh, role. */
+KVQ__TQ_AI void kvq__tq_tplane(uint8_t *units, size_t ub, size_t d, size_t i, uint8_t *v, int role,
+                               const unsigned f, const unsigned dsh, const size_t off, const int get,
+                               const int p0) {
+    const unsigned fm = (1u << f) - 1u;
+    const uint32_t m4 = fm * 0x01010101u;
+    if (role == KVQ__ROLE_K) {
+        const unsigned sh = f * (unsigned)((i % 16) / (2 * f));
+        uint8_t *un = units + (i / 16) * (d / 4) * ub + off + 4 * (i % (2 * f));
+        for (size_t u = 0; u < d / 4; u++, un += ub) {
+            if (get) {
+                uint32_t val = ((kvq__tq_ld32u(un) >> sh) & m4) << dsh;
+                kvq__tq_st32u(v + 4 * u, p0 ? val : kvq__tq_ld32u(v + 4 * u) | val);
+            } else {
+                uint32_t val = (kvq__tq_ld32u(v + 4 * u) >> dsh) & m4;
+                kvq__tq_st32u(un, (kvq__tq_ld32u(un) & ~(m4 << sh)) | val << sh);
+            }
+        }
+        return;
+    }
+    uint8_t *un = units + (i / 4) * (d / 16) * ub + off + i % 4;
+    for (size_t h = 0; h < d / 16; h++, un += ub) {
+        uint8_t *vh = v + 16 * h;
+        for (unsigned k = 0; k < 2 * f; k++) {
+            if (get) {
+                const unsigned b = un[4 * k];
+                for (unsigned m = 0; m < 8 / f; m++) {
+                    uint8_t x = (uint8_t)(((b >> (f * m)) & fm) << dsh);
+                    vh[k + 2 * f * m] = p0 ? x : (uint8_t)(vh[k + 2 * f * m] | x);
+                }
+            } else {
+                unsigned b = 0;
+                for (unsigned m = 0; m < 8 / f; m++)
+                    b |= ((unsigned)(vh[k + 2 * f * m] >> dsh) & fm) << (f * m);
+                un[4 * k] = (uint8_t)b;
+            }
+        }
+    }
+}
+
+/* Token i's fields in a tiled page (tq_impl.h), plane by plane: tq3 has a
+ * plane of the low 2 bits (f = 2 at unit byte 0) and one of bit 2 (f = 1
+ * at byte 16), other codecs one plane of f = kb bits. In a plane of f-bit
+ * fields:
+ *  K: the 4 dimensions of unit u are 4 consecutive bytes from
+ *     4 (i % 2f), at shift f ((i % 16) / 2f): one 32-bit word per unit;
+ *  V: byte 4k + i % 4 of the plane (k < 2f) holds, at shift f m, the field
+ *     of dimension k + 2f m of the unit (m < 8 / f): whole bytes.
+ * The indices move through one byte per index (v, d of them); bytes hold
+ * up to 4 bits, so 32-bit words move 4 fields at once. */
+static void kvq__tq_tmove(const kvq_codec *c, int role, size_t P, uint8_t *page, size_t i, uint8_t *v,
+                          int get) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t ub = 8 * (size_t)t->kb, d = c->d;
+    uint8_t *units = page + P * t->nb;
+    switch (t->kb) {
+    case 4:
+        if (get)
+            kvq__tq_tplane(units, ub, d, i, v, role, 4, 0, 0, 1, 1);
+        else
+            kvq__tq_tplane(units, ub, d, i, v, role, 4, 0, 0, 0, 0);
+        break;
+    case 3:
+        if (get) {
+            kvq__tq_tplane(units, ub, d, i, v, role, 2, 0, 0, 1, 1);
+            kvq__tq_tplane(units, ub, d, i, v, role, 1, 2, 16, 1, 0);
+        } else {
+            kvq__tq_tplane(units, ub, d, i, v, role, 2, 0, 0, 0, 0);
+            kvq__tq_tplane(units, ub, d, i, v, role, 1, 2, 16, 0, 0);
+        }
+        break;
+    case 2:
+        if (get)
+            kvq__tq_tplane(units, ub, d, i, v, role, 2, 0, 0, 1, 1);
+        else
+            kvq__tq_tplane(units, ub, d, i, v, role, 2, 0, 0, 0, 0);
+        break;
+    default:
+        if (get)
+            kvq__tq_tplane(units, ub, d, i, v, role, 1, 0, 0, 1, 1);
+        else
+            kvq__tq_tplane(units, ub, d, i, v, role, 1, 0, 0, 0, 0);
+        break;
+    }
+}
+
+static void kvq__tq_tput(const kvq_codec *c, int role, size_t P, uint8_t *page, size_t i,
+                         const uint8_t *row) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    uint8_t v[KVQ__MAX_HEAD_DIM];
+    kvq__tq_unpack_idx(row + t->off_idx, c->d, t->kb, v);
+    memcpy(page + i * t->nb, row, t->nb);
+    kvq__tq_tmove(c, role, P, page, i, v, 0);
+}
+
+static void kvq__tq_tget(const kvq_codec *c, int role, size_t P, const uint8_t *page, size_t i,
+                         uint8_t *row) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    uint8_t v[KVQ__MAX_HEAD_DIM];
+    memcpy(row, page + i * t->nb, t->nb);
+    kvq__tq_tmove(c, role, P, (uint8_t *)(uintptr_t)page, i, v, 1); /* get only reads the page */
+    kvq__tq_pack_idx(v, c->d, t->kb, row + t->off_idx);
+}
+
+void kvq__tq_taccum_exact(const kvq_codec *c, float *acc, const float *w, const uint8_t *page,
+                          size_t P, size_t k0, size_t n) {
+    uint8_t row[KVQ__MAX_HEAD_DIM + 8]; /* >= c->bytes of a tq codec (no sketch) */
+    for (size_t k = k0; k < k0 + n; k++) {
+        if (w[k] == 0.0f)
+            continue;
+        kvq__tq_tget(c, KVQ__ROLE_V, P, page, k, row);
+        c->ref.accum(c, acc, 0, w + k, 0, 1, row, 1);
+    }
+}
+
 static void kvq__tq_destroy(kvq_codec *c) {
     kvq__tq *t = (kvq__tq *)c->state;
     if (!t)
@@ -380,6 +634,16 @@ static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
             t->c16hi[l] = (uint8_t)(u >> 8);
         }
     }
+    { /* int8 codebook of the tiled kernels; cent[levels-1] is the largest magnitude */
+        double cm = fabs((double)t->cent[t->levels - 1]);
+        t->c8_scale = cm > 0.0 ? (float)(cm / 127.0) : 1.0f;
+        for (int l = 0; l < 16; l++) {
+            long v = l < t->levels ? lround((double)t->cent[l] / (double)t->c8_scale) : 0;
+            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            t->c8[l] = (int8_t)v;
+            t->c8u[l] = (uint8_t)(v + 128);
+        }
+    }
     kvq_status st = kvq__tq_rotation_init(&c->alloc, t, d, c->seed);
     if (st != KVQ_OK) {
         if (err && err_size)
@@ -398,6 +662,11 @@ static kvq_status kvq__tq_init(kvq_codec *c, char *err, size_t err_size) {
     c->ref.score = kvq__tq_score;
     c->ref.accum = kvq__tq_accum;
     c->ref.finish = kvq__tq_finish;
+    if (!t->sketch) {
+        c->tiled = kvq__tq_tiled;
+        c->tput = kvq__tq_tput;
+        c->tget = kvq__tq_tget;
+    }
     return KVQ_OK;
 }
 

@@ -66,6 +66,13 @@ typedef struct kvq__tq {
      * with an int16 query, see tq_avx2.c) */
     uint8_t c16lo[16], c16hi[16];
     float c16_scale;
+    /* the codebook as int8 codes of the tiled kernels (tq.c, "Tiled pages"):
+     * c8[l] = round(cent[l] / c8_scale), |c8| <= 127 (the extremes are
+     * +-127), and c8u[l] = c8[l] + 128 (unsigned, for the key dot products);
+     * entries l >= levels are 0 / 128 */
+    int8_t c8[16];
+    uint8_t c8u[16];
+    float c8_scale;
     kvq__tq_ncode ns; /* scale code (norm=8) */
     kvq__tq_ncode nr; /* tqp residual norm code (norm=8) */
 } kvq__tq;
@@ -117,6 +124,54 @@ static inline size_t kvq__tq_lut_floats(int kb, size_t d) {
  * so 128 products sum without overflow in an int32 lane:
  * 128 * 8191 * 8191 < 2^31. */
 #define KVQ__TQ_C16_MAX 8191
+
+/* ---- tiled pages (layout and bound: tq.c, "Tiled pages") ----
+ * A page of P tokens is [norms: P * nb bytes][units]; a unit holds the
+ * indices of 64 slots in 8 * kb bytes, as planes of f-bit fields (f = 4:
+ * tq4; 2 then 1: tq3, low 2 bits then bit 2; 2: tq2; 1: tq1). In a plane of
+ * f-bit fields (8 f bytes), slot s is bits [f (s / 8f), + f) of byte s % 8f.
+ * K: unit (i / 16) * (d / 4) + j / 4, slot 4 (i % 16) + j % 4;
+ * V: unit (i / 4) * (d / 16) + j / 16, slot 4 (j % 16) + i % 4
+ * (token i, dimension j). */
+static inline int kvq__tq_tiled_ok(const kvq_codec *c, const kvq__tq *t, size_t P) {
+    return !t->sketch && c->d % 16 == 0 && P > 0 && P % 16 == 0;
+}
+/* Prepared query of the tiled score (c->tqp_bytes, 64-byte aligned):
+ * header, then the d int8 query codes at KVQ__TQ_TQ_CODES. The score of a
+ * key with norm n and index codes c8u[idx_j] is
+ * n * sc * (sum_j code_j c8u[idx_j] - corr). */
+typedef struct kvq__tq_tqh {
+    float sc;     /* query scale times c8_scale */
+    int32_t corr; /* 128 * sum_j code_j */
+} kvq__tq_tqh;
+#define KVQ__TQ_TQ_CODES 64
+/* Query code bound: 127 where the dot product is vpdpbusd (int32 sums),
+ * 63 where it is vpmaddubsw (int16 pair sums: 2 * 255 * 63 < 2^15). Weight
+ * code bound of the tiled accumulate: 255 with vpdpbusd, 127 with
+ * vpmaddubsw (2 * 127 * 127 < 2^15). */
+#define KVQ__TQ_Q_VNNI 127
+#define KVQ__TQ_Q_MADD 63
+#define KVQ__TQ_W_VNNI 255
+#define KVQ__TQ_W_MADD 127
+/* Rows of a tiled V page whose weighted norms w_k n_k are not all finite
+ * and >= 0 go through this exact path for tokens k0..k0+n-1 (tget + the
+ * reference accumulate, token by token); acc and w are that row's. */
+void kvq__tq_taccum_exact(const kvq_codec *c, float *acc, const float *w, const uint8_t *page,
+                          size_t P, size_t k0, size_t n);
+/* tq_avx2.c, shared with tq_avx512.c: the tiled query preparation with
+ * query codes within +-qmax, and the weight quantization of one row of n
+ * tokens (n a multiple of 16): a_k = w_k nrm_k, m = max a,
+ * code_k = round((a_k ps) (wmax / (m ps))) (nearest even; ps = 2^100 when
+ * m < 2^-100, else 1), *scale = (m ps / wmax) / ps. Returns 0 (nothing
+ * written) when some a_k is negative, infinite or NaN. The query codes
+ * follow the same rule with |q_j| for a_k and qmax for wmax. */
+void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax);
+/* Norms (decoded) of tokens k0..k0+n-1 (n a multiple of 8) of a tiled page. */
+void kvq__tq_tnorms(const kvq__tq *t, const uint8_t *page, size_t k0, size_t n, float *out);
+int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t *code, float *scale);
+/* tq_avx2.c: qr (32-byte aligned, d floats) = R q, bit-identical to
+ * kvq__tq_rotate (used by the tiled query preparation of AVX2 and AVX-512). */
+void kvq__tq_rotate_avx2(const kvq_codec *c, float *qr, const float *q);
 
 /* ---- tq.c ---- */
 #define KVQ__TQ_XTAB_FLOATS 2048

@@ -35,6 +35,10 @@ void kvq__kernels_select(kvq_codec *c) {
     case KVQ__FAM_INT:
         kvq__int_avx512_select(c, feat);
         break;
+    case KVQ__FAM_TQ:
+    case KVQ__FAM_TQP:
+        kvq__tq_avx512_select(c, feat);
+        break;
     default:
         break;
     }

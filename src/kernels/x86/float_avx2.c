@@ -112,6 +112,9 @@ static void kvq__float_accum_avx2(const kvq_codec *c, float *acc, size_t astride
             __m256 x00 = z, x01 = z, x10 = z, x11 = z, x20 = z, x21 = z, x30 = z, x31 = z;
             for (size_t j = 0; j < n; j++) {
                 const uint8_t *v = vals + j * vb;
+                if (t == 0 && i0 == 0 && kvq__pf_next) /* the same row of the next page */
+                    for (size_t o = 0; o < vb; o += 64)
+                        _mm_prefetch((const char *)(kvq__pf_next + j * vb + o), _MM_HINT_T0);
                 __m256 v0 = kvq__fload(kind, v, t);
                 __m256 v1 = two ? kvq__fload(kind, v, t + 8) : z;
                 __m256 b0 = _mm256_broadcast_ss(w0 + j), b1 = _mm256_broadcast_ss(w1 + j);
@@ -152,8 +155,11 @@ static void kvq__float_tscore_avx2(const kvq_codec *c, float *out, size_t ostrid
         for (size_t tb = 0; tb < P; tb += 16) {
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
                    b3 = a0;
+            const uint8_t *nx = kvq__pf_next && i0 == 0 ? kvq__pf_next + tb * es : NULL;
             for (size_t t = 0; t < d; t++) {
                 const uint8_t *k = page + (t * P + tb) * es;
+                if (nx) /* the same line of the next page */
+                    _mm_prefetch((const char *)(nx + t * P * es), _MM_HINT_T0);
                 __m256 x = kvq__fload(kind, k, 0), y = kvq__fload(kind, k, 8);
                 __m256 s0 = _mm256_broadcast_ss(q0 + t), s1 = _mm256_broadcast_ss(q1 + t);
                 __m256 s2 = _mm256_broadcast_ss(q2 + t), s3 = _mm256_broadcast_ss(q3 + t);
@@ -183,6 +189,7 @@ void kvq__float_avx2_select(kvq_codec *c) {
     c->k.tprep = kvq__float_tprep_avx2;
     c->k.tscore = kvq__float_tscore_avx2;
     c->tqp_bytes = kvq__round64(c->d * sizeof(float));
+    c->pf_self = c->d % 8 == 0; /* tscore always; accum with d % 8 == 0 */
     c->k.encode = kvq__float_encode_avx2;
     c->k.decode = kvq__float_decode_avx2;
     if (c->d % 8 == 0) {

@@ -33,12 +33,12 @@ KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__tscore_block(int kind, size_t es, size_t d, size_t P, const uint8_t *page, size_t tb,
                   const float *q0, const float *q1, const float *q2, const float *q3, __m512 *r) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    const uint8_t *k = page + tb * es;
+    const uint8_t *k = page + tb * es, *nx = kvq__pf_next ? kvq__pf_next + tb * es : NULL;
     size_t t = 0;
     for (; t + 2 <= d; t += 2) {
-        if (t + KVQ__PF_DIMS + 1 < d) { /* stay inside the page's area */
-            _mm_prefetch((const char *)(k + (t + KVQ__PF_DIMS) * P * es), _MM_HINT_T0);
-            _mm_prefetch((const char *)(k + (t + 1 + KVQ__PF_DIMS) * P * es), _MM_HINT_T0);
+        if (nx) { /* the same lines of the next page */
+            _mm_prefetch((const char *)(nx + t * P * es), _MM_HINT_T0);
+            _mm_prefetch((const char *)(nx + (t + 1) * P * es), _MM_HINT_T0);
         }
         __m512 x = kvq__fload16(kind, k + t * P * es), y = kvq__fload16(kind, k + (t + 1) * P * es);
         a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[t]), x, a0);
@@ -93,36 +93,39 @@ KVQ__T512 static void kvq__float_tscore_avx512(const kvq_codec *c, float *out, s
         kvq__float_tscore_k(KVQ__BF16, c, out, ostride, qp, nq, page, P);
 }
 
-/* acc[r][s..s+16*NS) += sum_j w[r][j] v_j[s..] for 2 rows and NS strips of
- * 16 (constants at each call: the 2 x NS accumulators stay in registers).
- * With NS = d / 16 <= 8 a row is read in one sequential pass. */
+/* acc[r][s..s+16*NS) += sum_j w[r][j] v_j[s..] for 4 rows and NS <= 6
+ * strips of 16 (constants at each call: the 4 x NS accumulators stay in
+ * registers). Each value line feeds 4 FMAs, as in tscore, so memory is
+ * asked for at an even pace; the first pass prefetches whole rows ahead. */
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__accum_strip(const int kind, const int NS, float *const *a, const float *const *wr, size_t g,
-                 const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n) {
-    __m512 x0[8], x1[8];
-#pragma GCC unroll 8
+                 const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n, int pf) {
+    __m512 x0[6], x1[6], x2[6], x3[6];
+#pragma GCC unroll 6
     for (int k = 0; k < NS; k++)
-        x0[k] = x1[k] = _mm512_setzero_ps();
+        x0[k] = x1[k] = x2[k] = x3[k] = _mm512_setzero_ps();
     for (size_t j = 0; j < n; j++) {
         const uint8_t *v = vals + j * vb + s * es;
-        if ((j + 1) * vb + KVQ__PF_BYTES <= n * vb) /* stay inside the page's area */
-            for (size_t o = 0; o < (size_t)NS * 16 * es; o += 64)
-                _mm_prefetch((const char *)(v + KVQ__PF_BYTES + o), _MM_HINT_T0);
+        if (pf && kvq__pf_next) /* the same row of the next page */
+            for (size_t o = 0; o < vb; o += 64)
+                _mm_prefetch((const char *)(kvq__pf_next + j * vb + o), _MM_HINT_T0);
         __m512 b0 = _mm512_set1_ps(wr[0][j]), b1 = _mm512_set1_ps(wr[1][j]);
-#pragma GCC unroll 8
+        __m512 b2 = _mm512_set1_ps(wr[2][j]), b3 = _mm512_set1_ps(wr[3][j]);
+#pragma GCC unroll 6
         for (int k = 0; k < NS; k++) {
             __m512 vv = kvq__fload16(kind, v + 16 * k * es);
             x0[k] = _mm512_fmadd_ps(b0, vv, x0[k]);
             x1[k] = _mm512_fmadd_ps(b1, vv, x1[k]);
+            x2[k] = _mm512_fmadd_ps(b2, vv, x2[k]);
+            x3[k] = _mm512_fmadd_ps(b3, vv, x3[k]);
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 6
     for (int k = 0; k < NS; k++) {
-        float *p = a[0] + s + 16 * k;
-        _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), x0[k]));
-        if (g > 1) {
-            p = a[1] + s + 16 * k;
-            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), x1[k]));
+        __m512 xs[4] = {x0[k], x1[k], x2[k], x3[k]};
+        for (size_t r = 0; r < g; r++) {
+            float *p = a[r] + s + 16 * k;
+            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), xs[r]));
         }
     }
 }
@@ -131,20 +134,21 @@ KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astride, const float *w,
                    size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
     const size_t d = c->d, vb = c->bytes, es = c->bytes / c->d;
-    for (size_t i0 = 0; i0 < nq; i0 += 2) {
-        size_t g = KVQ__MIN(2, nq - i0);
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        size_t g = KVQ__MIN(4, nq - i0);
         const float *w0 = w + i0 * wstride;
-        const float *wr[2] = {w0, g > 1 ? w0 + wstride : w0};
-        float *a[2] = {acc + i0 * astride, acc + (i0 + 1) * astride};
+        const float *wr[4] = {w0, g > 1 ? w0 + wstride : w0, g > 2 ? w0 + 2 * wstride : w0,
+                              g > 3 ? w0 + 3 * wstride : w0};
+        float *a[4] = {acc + i0 * astride, acc + (i0 + 1) * astride, acc + (i0 + 2) * astride,
+                       acc + (i0 + 3) * astride};
         size_t s = 0;
-        if (d == 128) {
-            kvq__accum_strip(kind, 8, a, wr, g, vals, vb, es, 0, n);
-            continue;
-        }
-        for (; s + 64 <= d; s += 64)
-            kvq__accum_strip(kind, 4, a, wr, g, vals, vb, es, s, n);
-        for (; s < d; s += 16)
-            kvq__accum_strip(kind, 1, a, wr, g, vals, vb, es, s, n);
+        int pf = 1;
+        for (; s + 96 <= d; s += 96, pf = 0)
+            kvq__accum_strip(kind, 6, a, wr, g, vals, vb, es, s, n, pf);
+        for (; s + 32 <= d; s += 32, pf = 0)
+            kvq__accum_strip(kind, 2, a, wr, g, vals, vb, es, s, n, pf);
+        for (; s < d; s += 16, pf = 0)
+            kvq__accum_strip(kind, 1, a, wr, g, vals, vb, es, s, n, pf);
     }
 }
 
@@ -170,4 +174,5 @@ void KVQ__SEL512(kvq__float_avx512_select)(kvq_codec *c, unsigned feat) {
     c->k.tprep = kvq__float_tprep512;
     c->k.tscore = kvq__float_tscore_avx512;
     c->tqp_bytes = kvq__round64(c->d * sizeof(float));
+    c->pf_self = c->d % 16 == 0; /* tscore always; accum with d % 16 == 0 */
 }

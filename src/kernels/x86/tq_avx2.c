@@ -37,6 +37,8 @@
 #include "../../codec/tq_impl.h"
 #include "simd_avx2.h"
 
+#include <float.h>
+
 #define KVQ__AI static inline __attribute__((always_inline))
 #define KVQ__UNROLL4 _Pragma("GCC unroll 4")
 /* BMI1 (bextr) for the score lookups: every CPU with the BMI2 that this
@@ -1295,10 +1297,9 @@ KVQ__BMI static void kvq__tq_score_avx2(const kvq_codec *c, float *out, size_t o
 }
 
 /* ---- prep / finish ---- */
-static void kvq__tq_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
+void kvq__tq_rotate_avx2(const kvq_codec *c, float *qr, const float *q) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t d = c->d;
-    float *qr = (float *)qp; /* 64-byte aligned */
     if (t->pow2) {
         for (size_t j = 0; j < d; j += 8)
             _mm256_store_ps(qr + j, _mm256_xor_ps(_mm256_loadu_ps(q + j),
@@ -1310,6 +1311,13 @@ static void kvq__tq_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
     } else {
         kvq__tq_matvec_avx2(t->rot, d, qr, q);
     }
+}
+
+static void kvq__tq_prep_avx2(const kvq_codec *c, void *qp, const float *q) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    float *qr = (float *)qp; /* 64-byte aligned */
+    kvq__tq_rotate_avx2(c, qr, q);
     if (t->sketch)
         kvq__tq_matvec_avx2(t->skm, d, qr + kvq__round64(d * 4) / 4, qr);
     float *tail = qr + (t->sketch ? 2 : 1) * (kvq__round64(d * 4) / 4);
@@ -1484,9 +1492,338 @@ static void kvq__tq_accum_avx2(const kvq_codec *c, float *acc, size_t astride, c
     }
 }
 
+
+/* ---- tiled pages (layout and error bound: tq.c, "Tiled pages") ----
+ * Keys: for each block of 16 tokens and each group of 4 dimensions, one
+ * unit of 64 index slots decodes to 64 unsigned centroid codes c8u (a
+ * 32-bit lane = one token's 4 dimensions), which vpmaddubsw multiplies with
+ * the 4 int8 query codes of the group broadcast to every lane (|code| <= 63:
+ * pair sums stay below 2^15) and vpmaddwd with ones widens to int32 per
+ * token. Values: for each quad of tokens and block of 16 dimensions, one
+ * unit decodes to 64 signed codes c8 (a 32-bit lane = one dimension of 4
+ * tokens), multiplied with the 4 tokens' weights quantized to u8 (<= 127)
+ * and broadcast. Decoding: fields come out of their planes with a shift per
+ * 64-bit lane and a mask, tq3's third bit is added to the low two, and
+ * vpshufb looks the centroid codes up in a 16-byte table. */
+
+/* The 32 indices of half h (slots 32h..32h+31) of the unit at u, kb bits. */
+KVQ__AI __m256i kvq__tq_tidx32(const uint8_t *u, int kb, int h) {
+    if (kb == 4) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)u);
+        if (h)
+            x = _mm256_srli_epi16(x, 4);
+        return _mm256_and_si256(x, _mm256_set1_epi8(15));
+    }
+    __m256i r = _mm256_setzero_si256();
+    if (kb >= 2) { /* crumb plane: slot s in byte s % 16, bits 2 (s / 16) */
+        __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)u));
+        x = _mm256_srlv_epi64(x, h ? _mm256_setr_epi64x(4, 4, 6, 6) : _mm256_setr_epi64x(0, 0, 2, 2));
+        r = _mm256_and_si256(x, _mm256_set1_epi8(3));
+    }
+    if (kb & 1) { /* bit plane: slot s in byte s % 8, bit s / 8; weight 4 for tq3 */
+        const __m256i w = _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)(u + (kb == 3 ? 16 : 0))));
+        __m256i x;
+        if (kb == 3) /* bit e of byte b to bit 2: w << 2 >> e for e < 4 (no bit of those
+                      * leaves the word), w >> (e - 2) for e >= 4 */
+            x = h ? _mm256_srlv_epi64(w, _mm256_setr_epi64x(2, 3, 4, 5))
+                  : _mm256_srlv_epi64(_mm256_slli_epi64(w, 2), _mm256_setr_epi64x(0, 1, 2, 3));
+        else
+            x = _mm256_srlv_epi64(w, h ? _mm256_setr_epi64x(4, 5, 6, 7) : _mm256_setr_epi64x(0, 1, 2, 3));
+        x = _mm256_and_si256(x, _mm256_set1_epi8(kb == 3 ? 4 : 1));
+        r = kb == 3 ? _mm256_or_si256(r, x) : x;
+    }
+    return r;
+}
+
+void kvq__tq_tnorms(const kvq__tq *t, const uint8_t *page, size_t k0, size_t n, float *out) {
+    if (t->nb == 2) {
+        for (size_t k = 0; k < n; k += 8)
+            _mm256_storeu_ps(out + k, kvq__load_f16x8(page + 2 * (k0 + k)));
+    } else {
+        for (size_t k = 0; k < n; k++)
+            out[k] = t->ns.tab[page[k0 + k]];
+    }
+}
+
+void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d;
+    _Alignas(32) float qr[KVQ__MAX_HEAD_DIM];
+    kvq__tq_rotate_avx2(c, qr, q);
+    __m256 mx = _mm256_setzero_ps();
+    for (size_t j = 0; j < d; j += 8)
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(kvq__tq_signmask(), _mm256_load_ps(qr + j)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    kvq__tq_tqh *hd = (kvq__tq_tqh *)qp;
+    int8_t *code = (int8_t *)qp + KVQ__TQ_TQ_CODES;
+    /* a NaN or infinite query gives NaN scores, as the reference does */
+    if (!(m > 0.0f) || !(m <= FLT_MAX)) {
+        memset(code, 0, d);
+        hd->sc = m == 0.0f ? 0.0f : NAN;
+        hd->corr = 0;
+        return;
+    }
+    /* below 2^-100, qmax / m could overflow: scale by 2^100 first (exact) */
+    const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
+    const __m256 inv = _mm256_set1_ps((float)qmax / ms), vps = _mm256_set1_ps(ps);
+    __m256i sum = _mm256_setzero_si256();
+    for (size_t j = 0; j < d; j += 16) {
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(qr + j), vps), inv));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(qr + j + 8), vps), inv));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(a, b));
+        __m128i p = _mm_packs_epi16(_mm256_castsi256_si128(_mm256_packs_epi32(a, b)),
+                                    _mm256_extracti128_si256(_mm256_packs_epi32(a, b), 1));
+        /* packs_epi32 interleaves 128-bit lanes: a0..3 b0..3 | a4..7 b4..7 */
+        p = _mm_shuffle_epi32(p, 0xD8);
+        _mm_storeu_si128((__m128i *)(void *)(code + j), p);
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    hd->sc = ms / (float)qmax * t->c8_scale * (1.0f / ps);
+    hd->corr = 128 * _mm_cvtsi128_si32(s4);
+}
+
+int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t *code, float *scale) {
+    __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    const __m256 big = _mm256_set1_ps(FLT_MAX);
+    for (size_t k = 0; k < n; k += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
+        /* not (0 <= a <= FLT_MAX): negative, infinite or NaN */
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_NGE_UQ));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));
+        mx = _mm256_max_ps(mx, a);
+    }
+    if (_mm256_movemask_ps(bad))
+        return 0;
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    if (m == 0.0f) {
+        memset(code, 0, n);
+        *scale = 0.0f;
+        return 1;
+    }
+    /* below 2^-100, wmax / m could overflow: scale by 2^100 first (exact) */
+    const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
+    const __m256 inv = _mm256_set1_ps((float)wmax / ms), vps = _mm256_set1_ps(ps);
+    for (size_t k = 0; k < n; k += 16) {
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
+        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(nrm + k + 8));
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(x, vps), inv));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(y, vps), inv));
+        __m256i p16 = _mm256_packs_epi32(a, b); /* a0..3 b0..3 | a4..7 b4..7 */
+        __m128i p = _mm_packus_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
+        p = _mm_shuffle_epi32(p, 0xD8);
+        _mm_storeu_si128((__m128i *)(void *)(code + k), p);
+    }
+    *scale = ms / (float)wmax * (1.0f / ps);
+    return 1;
+}
+
+static void kvq__tq_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
+    kvq__tq_tprep_q(c, qp, q, KVQ__TQ_Q_MADD);
+}
+
+/* int32 lanes += vpmaddwd(vpmaddubsw(a, b), 1). */
+KVQ__AI __m256i kvq__tq_dot4(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+}
+
+static inline int32_t kvq__tq_ld32i(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* R (1, 2 or 4) query rows q[r] against the 16 keys of token block tb. */
+KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const int8_t *const *q,
+                                __m256i *f, int kb, const int R) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t ng = c->d / 4, ub = 8 * (size_t)kb;
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t->c8u));
+    __m256i lo[4], hi[4];
+    KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+    for (size_t g = 0; g < ng; g++) {
+        const uint8_t *u = units + g * ub;
+        __m256i a = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 0));
+        __m256i b = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 1));
+        KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+            __m256i qb = _mm256_set1_epi32(kvq__tq_ld32i(q[r] + 4 * g));
+            lo[r] = kvq__tq_dot4(lo[r], a, qb);
+            hi[r] = kvq__tq_dot4(hi[r], b, qb);
+        }
+    }
+    KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+        f[2 * r] = lo[r];
+        f[2 * r + 1] = hi[r];
+    }
+}
+
+KVQ__AI void kvq__tq_tscore_kb(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                               size_t nq, const uint8_t *page, size_t P, int kb) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t qs = c->tqp_bytes, ubb = (c->d / 4) * 8 * (size_t)kb;
+    const uint8_t *units = page + P * t->nb;
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        const size_t m = KVQ__MIN(4, nq - i0);
+        const int8_t *q[4];
+        __m256 sc[4];
+        __m256i corr[4];
+        for (size_t r = 0; r < 4; r++) {
+            const uint8_t *p = (const uint8_t *)qp + (i0 + (r < m ? r : 0)) * qs;
+            const kvq__tq_tqh *hd = (const kvq__tq_tqh *)(const void *)p;
+            q[r] = (const int8_t *)(p + KVQ__TQ_TQ_CODES);
+            sc[r] = _mm256_set1_ps(hd->sc);
+            corr[r] = _mm256_set1_epi32(hd->corr);
+        }
+        for (size_t tb = 0; tb < P; tb += 16) {
+            __m256i f[8];
+            const uint8_t *u = units + (tb / 16) * ubb;
+            if (m > 2)
+                kvq__tq_tscore_blk(c, u, q, f, kb, 4);
+            else if (m == 2)
+                kvq__tq_tscore_blk(c, u, q, f, kb, 2);
+            else
+                kvq__tq_tscore_blk(c, u, q, f, kb, 1);
+            float nrm[16];
+            kvq__tq_tnorms(t, page, tb, 16, nrm);
+            const __m256 n0 = _mm256_loadu_ps(nrm), n1 = _mm256_loadu_ps(nrm + 8);
+            for (size_t r = 0; r < m; r++) {
+                float *o = out + (i0 + r) * ostride + tb;
+                /* sum - corr = sum_j code_j c8[idx_j], |.| <= 127 * 127 d < 2^24: exact in float */
+                __m256 d0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(f[2 * r], corr[r]));
+                __m256 d1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(f[2 * r + 1], corr[r]));
+                _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_mul_ps(d0, sc[r]), n0));
+                _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_mul_ps(d1, sc[r]), n1));
+            }
+        }
+    }
+}
+
+static void kvq__tq_tscore_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                                size_t nq, const uint8_t *page, size_t P) {
+    switch (((const kvq__tq *)c->state)->kb) {
+    case 1:
+        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 1);
+        break;
+    case 2:
+        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 2);
+        break;
+    case 3:
+        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 3);
+        break;
+    default:
+        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 4);
+        break;
+    }
+}
+
+/* Tokens of a page handled with one weight scale per row. */
+#define KVQ__TQ_TSEG 256
+
+/* R rows: acc rows a[r] (dims 16h..16h+15) += the nquad quads of units
+ * (stride d/16 units) weighted by wq[r] (u8, 4 per quad) times fs[r]. */
+KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const uint8_t *units, size_t nquad,
+                                const uint8_t (*wq)[KVQ__TQ_TSEG], float *const *a, const float *fs,
+                                int kb, const int R) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t nh = c->d / 16, ub = 8 * (size_t)kb;
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t->c8));
+    for (size_t h = 0; h < nh; h++) {
+        __m256i lo[4], hi[4];
+        KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (size_t qd = 0; qd < nquad; qd++) {
+            const uint8_t *u = units + (qd * nh + h) * ub;
+            __m256i x = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 0));
+            __m256i y = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 1));
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+                __m256i wb = _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + 4 * qd));
+                lo[r] = kvq__tq_dot4(lo[r], wb, x);
+                hi[r] = kvq__tq_dot4(hi[r], wb, y);
+            }
+        }
+        KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+            if (!a[r])
+                continue;
+            float *o = a[r] + 16 * h;
+            __m256 s = _mm256_set1_ps(fs[r]);
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[r]), s, _mm256_loadu_ps(o)));
+            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[r]), s, _mm256_loadu_ps(o + 8)));
+        }
+    }
+}
+
+KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                               size_t wstride, size_t nq, const uint8_t *page, size_t P, int kb) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t qb = (c->d / 16) * 8 * (size_t)kb; /* bytes of a quad's units */
+    const uint8_t *units = page + P * t->nb;
+    float nrm[KVQ__TQ_TSEG];
+    uint8_t wq[4][KVQ__TQ_TSEG];
+    for (size_t k0 = 0; k0 < P; k0 += KVQ__TQ_TSEG) {
+        const size_t kn = KVQ__MIN((size_t)KVQ__TQ_TSEG, P - k0);
+        kvq__tq_tnorms(t, page, k0, kn, nrm);
+        for (size_t i0 = 0; i0 < nq; i0 += 4) {
+            const size_t m = KVQ__MIN(4, nq - i0);
+            float *a[4] = {NULL, NULL, NULL, NULL};
+            float fs[4] = {0, 0, 0, 0};
+            int any = 0;
+            for (size_t r = 0; r < 4; r++) {
+                float sw;
+                if (r >= m) {
+                    memset(wq[r], 0, kn);
+                } else if (kvq__tq_wquant(w + (i0 + r) * wstride + k0, nrm, kn, KVQ__TQ_W_MADD, wq[r], &sw)) {
+                    a[r] = acc + (i0 + r) * astride;
+                    fs[r] = sw * t->c8_scale;
+                    any = 1;
+                } else {
+                    memset(wq[r], 0, kn);
+                    kvq__tq_taccum_exact(c, acc + (i0 + r) * astride, w + (i0 + r) * wstride, page, P, k0, kn);
+                }
+            }
+            if (!any)
+                continue;
+            const uint8_t *u = units + (k0 / 4) * qb;
+            if (m > 2)
+                kvq__tq_taccum_blk(c, u, kn / 4, wq, a, fs, kb, 4);
+            else if (m == 2)
+                kvq__tq_taccum_blk(c, u, kn / 4, wq, a, fs, kb, 2);
+            else
+                kvq__tq_taccum_blk(c, u, kn / 4, wq, a, fs, kb, 1);
+        }
+    }
+}
+
+static void kvq__tq_taccum_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                                size_t wstride, size_t nq, const uint8_t *page, size_t P) {
+    switch (((const kvq__tq *)c->state)->kb) {
+    case 1:
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, page, P, 1);
+        break;
+    case 2:
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, page, P, 2);
+        break;
+    case 3:
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, page, P, 3);
+        break;
+    default:
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, page, P, 4);
+        break;
+    }
+}
+
 void kvq__tq_avx2_select(kvq_codec *c) {
     if (c->d % 8 != 0)
         return;
+    if (c->tiled && c->d % 16 == 0) { /* tq (no sketch) with tiled pages */
+        c->k.tprep = kvq__tq_tprep_avx2;
+        c->k.tscore = kvq__tq_tscore_avx2;
+        c->k.taccum = kvq__tq_taccum_avx2;
+        c->tqp_bytes = KVQ__TQ_TQ_CODES + kvq__round64(c->d);
+    }
     c->k.encode = kvq__tq_encode_avx2;
     c->k.decode = kvq__tq_decode_avx2;
     c->k.prep = kvq__tq_prep_avx2;
