@@ -519,6 +519,8 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static size_t pfd = 1; /* --bench: pages prefetched ahead (--prefetch N) */
+
 static void bench(size_t total) {
     static const char *specs[] = {"int8", "int4:g=32"};
     const size_t d = 128, P = 16, nq = 4;
@@ -537,8 +539,8 @@ static void bench(size_t total) {
             }
         fclose(f);
     }
-    printf("bench: cpu %s, head_dim %zu, P %zu, %zu query rows, %zu kB of K+V pages\n", cpu, d, P,
-           nq, total >> 10);
+    printf("bench: cpu %s, head_dim %zu, P %zu, %zu query rows, %zu kB of K+V pages, prefetch %zu "
+           "pages ahead\n", cpu, d, P, nq, total >> 10, pfd);
     for (size_t si = 0; si < 2; si++) {
         tpath paths[8];
         size_t np = make_paths(specs[si], d, paths);
@@ -594,9 +596,9 @@ static void bench(size_t total) {
                     for (int rr = 0; rr < reps; rr++)
                     for (size_t k = 0; k < npages; k++) {
                         const uint8_t *pk = mem + 2 * k * pb;
-                        if (k + 1 < npages) /* as the cache's attend: the next page ahead */
+                        if (k + pfd < npages) /* as the cache's attend: pages ahead */
                             for (size_t o = 0; o < 2 * pb; o += 64)
-                                __builtin_prefetch(pk + 2 * pb + o);
+                                __builtin_prefetch(pk + 2 * pb * pfd + o);
                         if (which != 1)
                             c->k.tscore(c, out, P, qp, nq, pk, P);
                         if (which != 0)
@@ -626,6 +628,8 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0)
             do_bench = 1;
+        else if (strcmp(argv[i], "--prefetch") == 0 && i + 1 < argc)
+            pfd = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
     }

@@ -182,10 +182,11 @@ static inline void kvq__quant8(uint8_t *p, const float *x, float iv, float mv, i
 
 /* nb vectors (nb * ng <= KVQ__ENC_MAXF - 8) of one batch; gv[t/8] is the
  * group of value t. */
-static void kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
-                                  const uint8_t *gv) {
+static inline __attribute__((always_inline)) void
+kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
+                      const uint8_t *gv, const int BITS) {
     const size_t d = c->d, g = c->group, ng = c->ngroups, bytes = c->bytes;
-    const int bits = c->bits;
+    const int bits = BITS;
     const size_t F = nb * ng;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     _Alignas(32) float ra[KVQ__ENC_MAXF], rb[KVQ__ENC_MAXF], mf[KVQ__ENC_MAXF], invf[KVQ__ENC_MAXF];
@@ -315,8 +316,17 @@ static void kvq__int_encode_avx2(const kvq_codec *c, uint8_t *dst, const float *
             left = c->group;
         }
     }
-    for (size_t j = 0; j < n; j += batch)
-        kvq__int_encode_batch(c, dst + j * c->bytes, src + j * c->d, KVQ__MIN(batch, n - j), gv);
+    for (size_t j = 0; j < n; j += batch) {
+        uint8_t *o = dst + j * c->bytes;
+        const float *x = src + j * c->d;
+        const size_t m = KVQ__MIN(batch, n - j);
+        if (c->bits == 8) /* one instance per width: no branch on it in the loops */
+            kvq__int_encode_batch(c, o, x, m, gv, 8);
+        else if (c->bits == 4)
+            kvq__int_encode_batch(c, o, x, m, gv, 4);
+        else
+            kvq__int_encode_batch(c, o, x, m, gv, 2);
+    }
 }
 
 /* ---- code unpacking (decode, accumulate) ---- */
