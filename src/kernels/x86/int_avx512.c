@@ -34,6 +34,11 @@ static inline __m512 kvq__i512_h2f(const uint8_t *p) {
     __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
+static inline __m512i kvq__i512_sra4(__m512i v) {
+    __m256i lo = _mm256_srai_epi32(_mm512_castsi512_si256(v), 4);
+    __m256i hi = _mm256_srai_epi32(_mm512_extracti64x4_epi64(v, 1), 4);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
 static inline __m256i kvq__i512_f2h(__m512 v) {
     __m128i lo = _mm256_cvtps_ph(_mm512_castps512_ps256(v), _MM_FROUND_TO_NEAREST_INT);
     __m128i hi = _mm256_cvtps_ph(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)),
@@ -85,6 +90,7 @@ static inline void kvq__i512_store_b64(uint8_t *p, __m512i a, __m512i b, __m512i
 #define kvq__i512_hmax(v) _mm512_reduce_max_ps(v)
 #define kvq__i512_hsum(v) _mm512_reduce_add_ps(v)
 #define kvq__i512_f2h(v) _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)
+#define kvq__i512_sra4(v) _mm512_srai_epi32(v, 4)
 #define kvq__i512_h2fv(h) _mm512_cvtph_ps(h)
 /* 4 x 16 int32 in 0..127 to 64 bytes in order: two packs, one permute. */
 KVQ__T512 static inline __attribute__((always_inline)) void

@@ -83,7 +83,11 @@ KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float 
                 for (size_t k = b * qb / 8; k < (b + 1) * qb / 8; k++) {
                     const __m512i v = _mm512_loadu_si512((const void *)(page + (k * P + tb) * 4));
                     const __m512i lo = _mm512_and_si512(v, m4);
+#if KVQ__VNNI /* the high nibbles in place, 16 times their value (Jb >> 4 below) */
+                    const __m512i hi = _mm512_andnot_si512(m4, v);
+#else
                     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+#endif
                     KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
 #if KVQ__VNNI
                         Ia[r] = kvq__i512_dpb(Ia[r], lo, q[r] + 8 * k);
@@ -100,6 +104,11 @@ KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float 
                 KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) Ia[r] = _mm512_madd_epi16(S[r], ones);
 #endif
             }
+#if KVQ__VNNI
+            if (BITS == 4) {
+                KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) Jb[r] = kvq__i512_sra4(Jb[r]);
+            }
+#endif
             KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
                 const float *beta = (const float *)(const void *)(q[r] + tp->off_beta);
                 G[r] = _mm512_fmadd_ps(kvq__i512_i2f(_mm512_add_epi32(Ia[r], Jb[r])),
