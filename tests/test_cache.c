@@ -234,10 +234,44 @@ static int tiled_quant(const att_model *m, const char *spec, size_t d) {
     return !strncmp(spec, "tq", 2) && spec[2] != 'p' && d % 16 == 0;
 }
 
+/* int8/int4 with g % 8 == 0 on tiled pages (src/codec/int.c): *g gets the
+ * group size. */
+static int int_tiled(const att_model *m, const char *spec, size_t d, size_t *g) {
+    if (!m->simd || m->page % 16 != 0 || strncmp(spec, "int", 3) || atoi(spec + 3) == 2)
+        return 0;
+    const char *gs = strstr(spec, ":g=");
+    *g = gs ? (size_t)atoi(gs + 3) : d;
+    return *g % 8 == 0;
+}
+
 /* Variance of the score error that the query quantization of the SIMD path
  * adds to key k (as stored: less the centre) for the query qs (see (a)). */
 static double quant_var(const att_model *m, const char *kc, const double *qs, const double *k,
                         size_t d) {
+    size_t g;
+    if (!m->prerope && !m->kchan && int_tiled(m, kc, d, &g)) {
+        /* tiled int keys: the query rounded to int8 per block of qb = 32
+         * (16, 8: the largest dividing g) values, step max|q_b| / 127,
+         * against k less its group minimum (int4) */
+        size_t qb = g % 32 == 0 ? 32 : g % 16 == 0 ? 16 : 8;
+        double v = 0;
+        for (size_t g0 = 0; g0 < d; g0 += g) {
+            double mn = 0;
+            if (atoi(kc + 3) != 8) {
+                mn = k[g0];
+                for (size_t t = g0; t < g0 + g; t++)
+                    mn = fmin(mn, k[t]);
+            }
+            for (size_t b0 = g0; b0 < g0 + g; b0 += qb) {
+                double bm = 0;
+                for (size_t t = b0; t < b0 + qb; t++)
+                    bm = fmax(bm, fabs(qs[t]));
+                for (size_t t = b0; t < b0 + qb; t++)
+                    v += (bm / 127) * (bm / 127) / 12 * (k[t] - mn) * (k[t] - mn);
+            }
+        }
+        return v;
+    }
     if (!m->simd || m->prerope || m->kchan || d % 32 != 0)
         return 0; /* float paths: pre-RoPE and channel keys are scored in float */
     double v = 0;
@@ -391,6 +425,35 @@ static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, const 
                 spread += p[j] * sqrt(dv);
                 mag += p[j] * sqrt(vv);
                 qvar += p[j] * p[j] * expm1(qv[j]) * dv;
+            }
+            size_t vg;
+            if (int_tiled(m, m->v[h], d, &vg)) {
+                /* tiled int values: per run of 64 tokens of a page and group,
+                 * p_j s_j rounded in steps alpha = max p_j s_j / 127 against
+                 * the codes c = (v - m) / s: variance alpha^2 / 12 sum c^2 */
+                const int b8 = atoi(m->v[h] + 3) == 8;
+                const size_t P = m->page, R = P < 64 ? P : 64;
+                for (size_t j0 = 0; j0 < N - nf16; j0 += (j0 % P + R < P ? R : P - j0 % P))
+                    for (size_t g0 = 0; g0 < d; g0 += vg) {
+                        /* a run: up to 64 tokens, never across a page's end */
+                        size_t j1 = j0 + (j0 % P + R < P ? R : P - j0 % P);
+                        double amax = 0, c2 = 0;
+                        for (size_t j = j0; j < j1 && j < N - nf16; j++) {
+                            double mn = INFINITY, mx = -INFINITY, am = 0;
+                            for (size_t t = g0; t < g0 + vg; t++) {
+                                double x = V[(j * H + h) * d + t];
+                                mn = fmin(mn, x), mx = fmax(mx, x), am = fmax(am, fabs(x));
+                            }
+                            double sj = b8 ? am / 127 : (mx - mn) / 15;
+                            amax = fmax(amax, p[j] * sj);
+                            if (sj > 0)
+                                for (size_t t = g0; t < g0 + vg; t++) {
+                                    double cj = (V[(j * H + h) * d + t] - (b8 ? 0 : mn)) / sj;
+                                    c2 += cj * cj;
+                                }
+                        }
+                        qvar += (amax / 127) * (amax / 127) / 12 * c2;
+                    }
             }
             if (tiled_quant(m, m->v[h], d)) {
                 /* tiled values: per page, the weights p_k (times the norm or
