@@ -240,7 +240,7 @@ $(BUILD)/tests/test_fuzz_replay: tests/test_fuzz_replay.c $(wildcard fuzz/*.c fu
 # selectors get a _simde suffix and are linked into the tiled-kernel tests,
 # so that every machine compiles and checks the AVX-512 sources against the
 # scalar reference (natively too where the CPU has AVX-512).
-SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,src/kernels/x86/%_avx512.c,float int tq))
+SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,src/kernels/x86/%_avx512.c,float int tq vmath))
 SIMDE_OBJ     := $(SIMDE_KERNELS:src/kernels/x86/%.c=$(BUILD)/simde/%.o)
 $(SIMDE_OBJ): $(BUILD)/simde/%.o: src/kernels/x86/%.c
 	@mkdir -p $(dir $@)

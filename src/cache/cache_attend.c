@@ -16,6 +16,7 @@
  * worked by any thread for every head and merged in chunk order. */
 #define KVQ__MAX_CHUNKS 16
 #define KVQ__MAX_DECODE_HEADS 256
+#define KVQ__MAX_G 256 /* query heads per KV head on the decode path */
 /* bytes of a page area prefetched ahead by the driver (the kernels of large
  * areas prefetch the rest ahead of their own reads) */
 #define KVQ__PF_AREA 4096
@@ -542,27 +543,23 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
                         s[i] += cd;
                 if (raw)
                     memcpy(raw + r * slots + p * P, s, P * sizeof(float));
-                float bm = s[0];
-                for (size_t i = 1; i < P; i++)
-                    bm = s[i] > bm ? s[i] : bm;
-                if (bm > st->m[r]) {
-                    if (st->l[r] > 0.0f) {
-                        /* every accumulator of the row: warm and staged ones too */
-                        float f = expf(st->m[r] - bm);
-                        for (size_t i = 0; i < alen; i++)
-                            st->acc[r * alen + i] *= f;
-                        if (warm)
-                            for (size_t i = 0; i < walen; i++)
-                                st->accw[r * walen + i] *= f;
-                        if (st->any_pend)
-                            for (size_t i = 0; i < d; i++)
-                                st->accs[r * d + i] *= f;
-                        st->l[r] *= f;
-                    }
-                    st->m[r] = bm;
-                }
-                st->l[r] += c->exp_block(s, P, st->m[r]);
             }
+            float fr[KVQ__MAX_G];
+            if (c->page_softmax(sc, P, G, P, st->m, st->l, fr))
+                for (size_t r = 0; r < G; r++) {
+                    /* every accumulator of the row: warm and staged ones too */
+                    float f = fr[r];
+                    if (f == 1.0f)
+                        continue;
+                    for (size_t i = 0; i < alen; i++)
+                        st->acc[r * alen + i] *= f;
+                    if (warm)
+                        for (size_t i = 0; i < walen; i++)
+                            st->accw[r * walen + i] *= f;
+                    if (st->any_pend)
+                        for (size_t i = 0; i < d; i++)
+                            st->accs[r * d + i] *= f;
+                }
             kvq__pf_next = nh && nh->vc == ph->vc ? nx->block + nh->v_off : NULL;
             kvq__vaccum(ph, st->acc, alen, sc, P, G, pg->block + ph->v_off, P, w->rows);
             kvq__pf_next = NULL;
@@ -714,7 +711,8 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
      * call the allocator (scratch grown before a failure stays) */
     kvq__attn_call jb = {c, ly, q, qpos, T, out, attn, NULL, 0, 0, 0, 0, NULL, 0, 0};
     const size_t nr1 = T * c->G, slots = ly->slots_cap;
-    if (T == 1 && QH <= c->rows_max && H <= KVQ__MAX_DECODE_HEADS && ly->n_pages) {
+    if (T == 1 && QH <= c->rows_max && H <= KVQ__MAX_DECODE_HEADS && c->G <= KVQ__MAX_G &&
+        ly->n_pages) {
         /* chunks of at least 16 pages, at most 16 of them: a function of the
          * context only */
         jb.decode = 1;

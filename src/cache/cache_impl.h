@@ -155,6 +155,7 @@ struct kvq_cache {
     size_t block_pages;                     /* pages per online-softmax block */
     size_t rows_max;                        /* query rows per tile (a multiple of G) */
     float (*exp_block)(float *x, size_t n, float m);
+    int (*page_softmax)(float *s, size_t ss, size_t nr, size_t n, float *m, float *l, float *f);
     size_t total_peak;
     /* residency tiers */
     int tiers;                 /* some capacity is set */

@@ -31,6 +31,22 @@ float kvq__exp_block_ref(float *x, size_t n, float m);
 float kvq__exp_block_avx2(float *x, size_t n, float m);
 kvq__exp_block_fn kvq__exp_block_select(kvq_isa isa);
 
+/* Online softmax over one page of scores, nr rows of n: row r is
+ * s[r*ss .. r*ss + n). With bm its maximum, when bm > m[r]: f[r] = l[r] > 0 ?
+ * expf(m[r] - bm) : 1, l[r] *= f[r], m[r] = bm; otherwise f[r] = 1. Then
+ * s_i = exp(s_i - m[r]) (-inf gives 0; within 2e-7 relative of expf) and
+ * l[r] += their sum. Returns nonzero when some f[r] != 1: the caller then
+ * rescales those rows' accumulators by f[r]. */
+typedef int (*kvq__softmax_fn)(float *s, size_t ss, size_t nr, size_t n, float *m, float *l,
+                               float *f);
+int kvq__page_softmax_ref(float *s, size_t ss, size_t nr, size_t n, float *m, float *l, float *f);
+int kvq__page_softmax_avx2(float *s, size_t ss, size_t nr, size_t n, float *m, float *l, float *f);
+int kvq__page_softmax_avx512(float *s, size_t ss, size_t nr, size_t n, float *m, float *l,
+                             float *f);
+int kvq__page_softmax_avx512_simde(float *s, size_t ss, size_t nr, size_t n, float *m, float *l,
+                                   float *f);
+kvq__softmax_fn kvq__page_softmax_select(kvq_isa isa);
+
 /* out[t*d + i] = sum_{j<n} W[i*n + j] * x[t*n + j] for i < d, t < nt: a d x n
  * row-major weight matrix times nt vectors (the model runner's products).
  * The reference sums in index order; the SIMD paths block over rows and

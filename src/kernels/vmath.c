@@ -16,6 +16,37 @@ float kvq__exp_block_ref(float *x, size_t n, float m) {
     return s;
 }
 
+int kvq__page_softmax_ref(float *s, size_t ss, size_t nr, size_t n, float *m, float *l, float *f) {
+    int any = 0;
+    for (size_t r = 0; r < nr; r++) {
+        float *x = s + r * ss, bm = -INFINITY;
+        for (size_t i = 0; i < n; i++)
+            bm = x[i] > bm ? x[i] : bm;
+        f[r] = 1.0f;
+        if (bm > m[r]) {
+            if (l[r] > 0.0f) {
+                f[r] = expf(m[r] - bm);
+                l[r] *= f[r];
+                any = 1;
+            }
+            m[r] = bm;
+        }
+        l[r] += kvq__exp_block_ref(x, n, m[r]);
+    }
+    return any;
+}
+
+kvq__softmax_fn kvq__page_softmax_select(kvq_isa isa) {
+#if defined(__x86_64__)
+    if (isa == KVQ_ISA_AVX512 && kvq__cpu_has_avx512())
+        return kvq__page_softmax_avx512;
+    if ((isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVX512) && kvq__cpu_has_avx2())
+        return kvq__page_softmax_avx2;
+#endif
+    (void)isa;
+    return kvq__page_softmax_ref;
+}
+
 kvq__exp_block_fn kvq__exp_block_select(kvq_isa isa) {
 #if defined(__x86_64__)
     if ((isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVX512) && kvq__cpu_has_avx2())

@@ -91,6 +91,41 @@ static inline float kvq__sx_reduce_add_ps(__m512 a) {
         s += y[i];
     return s;
 }
+static inline float kvq__sx_reduce_max_ps(__m512 a) {
+    float y[16], s;
+    _mm512_storeu_ps(y, a);
+    s = y[0];
+    for (int i = 1; i < 16; i++)
+        s = y[i] > s ? y[i] : s;
+    return s;
+}
+static inline __m512i kvq__sx_cvtps_epi32(__m512 a) {
+    float y[16];
+    int32_t x[16];
+    _mm512_storeu_ps(y, a);
+    for (int i = 0; i < 16; i++)
+        x[i] = (int32_t)nearbyintf(y[i]); /* the default rounding: to nearest even */
+    return _mm512_loadu_si512((const void *)x);
+}
+static inline __m512 kvq__sx_mask_loadu_ps(__m512 src, __mmask16 k, const void *p) {
+    float y[16];
+    _mm512_storeu_ps(y, src);
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy(&y[i], (const char *)p + 4 * i, 4);
+    return _mm512_loadu_ps(y);
+}
+static inline void kvq__sx_mask_storeu_ps(void *p, __mmask16 k, __m512 a) {
+    float y[16];
+    _mm512_storeu_ps(y, a);
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy((char *)p + 4 * i, &y[i], 4);
+}
+#define _mm512_reduce_max_ps kvq__sx_reduce_max_ps
+#define _mm512_cvtps_epi32 kvq__sx_cvtps_epi32
+#define _mm512_mask_loadu_ps kvq__sx_mask_loadu_ps
+#define _mm512_mask_storeu_ps kvq__sx_mask_storeu_ps
 #define _mm512_cvtepi32_ps kvq__sx_cvtepi32_ps
 #define _mm512_cvtepu16_epi32 kvq__sx_cvtepu16_epi32
 #define _mm512_cvtepi16_epi32 kvq__sx_cvtepi16_epi32

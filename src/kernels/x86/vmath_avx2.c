@@ -27,6 +27,37 @@ static inline __m256 kvq__exp256(__m256 y) {
     return _mm256_andnot_ps(under, res);
 }
 
+int kvq__page_softmax_avx2(float *s, size_t ss, size_t nr, size_t n, float *m, float *l,
+                           float *f) {
+    int any = 0;
+    for (size_t r = 0; r < nr; r++) {
+        float *x = s + r * ss, bm = -INFINITY;
+        size_t i = 0;
+        if (n >= 8) {
+            __m256 mx = _mm256_loadu_ps(x);
+            for (i = 8; i + 8 <= n; i += 8)
+                mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            bm = _mm_cvtss_f32(h);
+        }
+        for (; i < n; i++)
+            bm = x[i] > bm ? x[i] : bm;
+        f[r] = 1.0f;
+        if (bm > m[r]) {
+            if (l[r] > 0.0f) {
+                f[r] = expf(m[r] - bm);
+                l[r] *= f[r];
+                any = 1;
+            }
+            m[r] = bm;
+        }
+        l[r] += kvq__exp_block_avx2(x, n, m[r]);
+    }
+    return any;
+}
+
 float kvq__exp_block_avx2(float *x, size_t n, float m) {
     __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
     size_t i = 0;

@@ -1,0 +1,68 @@
+/*
+ * vmath_avx512.c - AVX-512 online softmax over one page of scores (see
+ * kernels.h, kvq__page_softmax_ref): the same exp as vmath_avx2.c (range
+ * reduction by ln 2 in two parts, degree-6 polynomial, within 2e-7 of expf,
+ * below -87.3 flushed to 0, so -inf gives 0) on 16 lanes, masked tails. Built
+ * natively and through SIMDe (simd_avx512.h).
+ */
+#include "../kernels.h"
+#include "simd_avx512.h"
+
+KVQ__T512 static inline __m512 kvq__exp512(__m512 y) {
+    const __m512 lo = _mm512_set1_ps(-87.3f), hi = _mm512_set1_ps(88.0f);
+    __mmask16 under = _mm512_cmp_ps_mask(y, lo, _CMP_LT_OQ);
+    y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), y);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 res = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16)~under, res);
+}
+
+KVQ__T512 int KVQ__SEL512(kvq__page_softmax_avx512)(float *s, size_t ss, size_t nr, size_t n,
+                                                    float *m, float *l, float *f) {
+    int any = 0;
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (size_t r = 0; r < nr; r++) {
+        float *x = s + r * ss;
+        __m512 mx = ninf;
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + i));
+        __mmask16 tail = (__mmask16)((1u << (n - i)) - 1u);
+        if (i < n)
+            mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, tail, x + i));
+        float bm = _mm512_reduce_max_ps(mx);
+        f[r] = 1.0f;
+        if (bm > m[r]) {
+            if (l[r] > 0.0f) {
+                f[r] = expf(m[r] - bm);
+                l[r] *= f[r];
+                any = 1;
+            }
+            m[r] = bm;
+        }
+        __m512 mv = _mm512_set1_ps(m[r]), acc = _mm512_setzero_ps();
+        for (i = 0; i + 16 <= n; i += 16) {
+            __m512 e = kvq__exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+            _mm512_storeu_ps(x + i, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        if (i < n) {
+            __m512 e = kvq__exp512(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, tail, x + i), mv));
+            _mm512_mask_storeu_ps(x + i, tail, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        l[r] += _mm512_reduce_add_ps(acc);
+    }
+    return any;
+}
