@@ -99,6 +99,42 @@ static void check_paths(kvq_codec *c, const kvq__kernels *k, size_t tqp, const c
     free(dec);
 }
 
+/* The online softmax of a page (kernels.h) against its scalar reference:
+ * maxima and rescale factors exact (the same comparisons and expf), each
+ * exp within 2e-7 relative of expf (the polynomial's documented bound, 4
+ * ulps of margin: 2.5e-7), each sum within that plus gamma_(n+1). */
+static void check_softmax(kvq__softmax_fn fn, const char *path, tu_rng *r) {
+    const size_t ns[] = {1, 5, 16, 17, 33, 64};
+    int ok = 1;
+    for (size_t ni = 0; ni < 6; ni++)
+        for (size_t nr = 1; nr <= 5; nr += 2) {
+            size_t n = ns[ni], ss = n + 3;
+            float s0[5 * 70], s1[5 * 70], m0[5], m1[5], l0[5], l1[5], f0[5], f1[5];
+            for (size_t i = 0; i < nr * ss; i++)
+                s0[i] = s1[i] = (float)(4 * tu_gauss(r));
+            for (size_t q = 0; q < nr; q++) {
+                if (q == 1)
+                    for (size_t i = 0; i < n; i += 3) /* masked entries */
+                        s0[q * ss + i] = s1[q * ss + i] = -INFINITY;
+                /* states: empty, below the page, above it */
+                m0[q] = m1[q] = q % 3 == 0 ? -INFINITY : (float)(q % 3 == 1 ? -6 : 9);
+                l0[q] = l1[q] = q % 3 == 0 ? 0.0f : 2.5f;
+            }
+            int a0 = kvq__page_softmax_ref(s0, ss, nr, n, m0, l0, f0);
+            int a1 = fn(s1, ss, nr, n, m1, l1, f1);
+            ok &= a0 == a1;
+            for (size_t q = 0; q < nr; q++) {
+                ok &= m0[q] == m1[q] && f0[q] == f1[q];
+                double g = (n + 1) * 0x1p-24 / (1 - (n + 1) * 0x1p-24);
+                ok &= fabs((double)l1[q] - l0[q]) <= (2.5e-7 + g) * fabs((double)l0[q]) + 1e-30;
+                for (size_t i = 0; i < n; i++)
+                    ok &= fabs((double)s1[q * ss + i] - s0[q * ss + i]) <=
+                          2.5e-7 * fabs((double)s0[q * ss + i]);
+            }
+        }
+    TU_REPORT(ok, "page softmax %s against the reference", path);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     for (int i = 1; i < argc; i++)
@@ -111,6 +147,11 @@ int main(int argc, char **argv) {
     printf("CPU paths: avx2 %s, avx512 %s (SIMDe always)\n",
            kvq_cpu_supports(KVQ_ISA_AVX2) ? "native" : "absent",
            kvq_cpu_supports(KVQ_ISA_AVX512) ? "native" : "absent");
+    check_softmax(kvq__page_softmax_avx512_simde, "avx512-simde", &r);
+    if (kvq_cpu_supports(KVQ_ISA_AVX2))
+        check_softmax(kvq__page_softmax_avx2, "avx2", &r);
+    if (kvq_cpu_supports(KVQ_ISA_AVX512))
+        check_softmax(kvq__page_softmax_avx512, "avx512", &r);
     for (size_t si = 0; si < 3; si++)
         for (size_t di = 0; di < 6; di++) {
             kvq_codec_params pr = {0};
