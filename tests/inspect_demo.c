@@ -2,7 +2,7 @@
  * inspect_demo.c - writes a small demo store for tests/inspect_test.sh:
  * three page records (one of them an empty page) and a plain value, and with
  * --bad-record also a record with a flipped byte and a record of format
- * version 2. Usage: inspect_demo STORE-URL [--bad-record]. Exit status 0 on
+ * version 3. Usage: inspect_demo STORE-URL [--bad-record]. Exit status 0 on
  * success, 3 when the store kind is not built in (KVQ_ERR_UNSUPPORTED) or
  * cannot be reached (KVQ_ERR_CONN), 1 otherwise. Built by the Makefile
  * next to the test binaries (not linked into them).
@@ -90,9 +90,9 @@ int main(int argc, char **argv) {
         put(s, "page/9/bad", r, n);
         free(r);
         r = demo_record(2, 5, 200, &n);
-        r[4] = 2; /* version 2, CRC made valid again */
+        r[4] = 3; /* version 3 (a future one), CRC made valid again */
         kvq__st32(r + n - 4, kvq__crc32c(0, r, n - 4));
-        put(s, "page/9/v2", r, n);
+        put(s, "page/9/v3", r, n);
         free(r);
     }
     kvq_store_close(s);

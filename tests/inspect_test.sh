@@ -84,13 +84,13 @@ ST2=$TMP/store2
 if "$DEMO" "file:$ST2" --bad-record; then ok; else bad "inspect_demo --bad-record"; fi
 run 1 "bad records" inspect "$ST2"
 expect_in "$TMP/out" "^page/9/bad  373 bytes  record corrupt" "corrupt record"
-expect_in "$TMP/out" "^page/9/v2  373 bytes  record unsupported: record format version 2" "unsupported record"
+expect_in "$TMP/out" "^page/9/v3  373 bytes  record unsupported: record format version 3" "unsupported record"
 expect_in "$TMP/out" "^6 keys: 3 records ok, 1 corrupt, 1 unsupported, 1 other values" "bad summary"
 run 1 "bad records json" inspect "$ST2" --json
 check_json "bad json" '
 k = {e["key"]: e for e in d["keys"]}
 assert k["page/9/bad"]["status"] == "corrupt" and "error" in k["page/9/bad"]
-assert k["page/9/v2"]["status"] == "unsupported"
+assert k["page/9/v3"]["status"] == "unsupported"
 assert d["summary"]["corrupt"] == 1 and d["summary"]["ok"] is False
 '
 
