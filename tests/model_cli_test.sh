@@ -298,6 +298,9 @@ run 2 "eval --k-codec bogus" $E2 --k-codec bogus
 expect_in "$TMP/err" "--k-codec bogus: unknown codec" "eval --k-codec bogus names the option"
 run 2 "eval --v-codec int4:g=32 (head_dim 8)" $E2 --v-codec int4:g=32
 expect_in "$TMP/err" "--v-codec int4:g=32: .*does not divide head_dim 8" "eval group rule"
+run 2 "eval --isa bogus" $E2 --isa bogus
+expect_in "$TMP/err" "--isa must be auto, scalar, avx2 or avx512, got 'bogus'" "eval --isa message"
+run 0 "eval --isa scalar" $E2 --isa scalar --k-codec int8 --v-codec int8
 run 2 "eval --policy lru" $E2 --policy lru
 expect_in "$TMP/err" "--policy must be none, window, fifo or utility, got 'lru'" "eval --policy message"
 run 2 "eval --page 0" $E2 --page 0

@@ -41,7 +41,7 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
     }
     static const char *valued[] = {"--k-codec", "--v-codec", "--k-layout", "--alloc",  "--policy",
                                    "--budget",  "--budget-ratio", "--window", "--sinks", "--page",
-                                   "--threads", "--recent", "--prefix-store"};
+                                   "--threads", "--recent", "--prefix-store", "--isa"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
         known |= !strcmp(a, valued[k]);
@@ -112,6 +112,19 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
         return kvqt_arg_size(cmd, a, v, 1, 256, &o->threads) ? -1 : 1;
     } else if (!strcmp(a, "--recent")) {
         return kvqt_arg_size(cmd, a, v, 0, M, &o->recent) ? -1 : 1;
+    } else if (!strcmp(a, "--isa")) {
+        static const char *names[] = {"auto", "scalar", "avx2", "avx512"};
+        for (int k = 0; k < 4; k++)
+            if (!strcmp(v, names[k])) {
+                o->isa = (kvq_isa)k;
+                if (!kvq_cpu_supports(o->isa)) {
+                    fprintf(stderr, "kvq %s: --isa %s: this CPU does not have it\n", cmd, v);
+                    return -1;
+                }
+                return 1;
+            }
+        fprintf(stderr, "kvq %s: --isa must be auto, scalar, avx2 or avx512, got '%s'\n", cmd, v);
+        return -1;
     }
     return 1;
 }
@@ -164,6 +177,7 @@ void kvqt_cacheopts_apply(const kvqt_cacheopts *o, kvq_cache_config *cfg) {
     cfg->page_tokens = o->page;
     cfg->recent_window = o->recent;
     cfg->n_threads = o->threads;
+    cfg->isa = o->isa;
 }
 
 int kvqt_cacheopts_open_store(kvqt_cacheopts *o, const char *cmd) {
@@ -196,6 +210,8 @@ void kvqt_cacheopts_usage(FILE *f) {
             "  --page N                  tokens per page, 1..4096 (16)\n"
             "  --recent N                newest tokens kept in f16, 0..2^30 (0)\n"
             "  --threads N               attention threads, 1..256 (1)\n"
+            "  --isa P                   the cache's kernels: auto (the best this CPU has),\n"
+            "                            scalar (the reference), avx2 or avx512\n"
             "  --prefix-store URL        file:DIR or redis://HOST:PORT: reuse the pages of\n"
             "                            prompt prefixes stored by an earlier run\n");
 }

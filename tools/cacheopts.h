@@ -18,6 +18,7 @@ typedef struct kvqt_cacheopts {
     int k_layout_channel, k_prerope, k_center;
     kvq_policy policy;
     size_t budget, window, sinks, page, recent, threads;
+    kvq_isa isa; /* --isa: the cache's kernel path (KVQ_ISA_AUTO) */
     double budget_ratio;
     const char *alloc_path;
     /* per-(layer, head) overrides, from --alloc */

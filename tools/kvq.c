@@ -75,7 +75,7 @@ static const kvq_command kvq_commands[] = {
     "cache options (generate, eval): --k-codec C --v-codec C --k-layout token|channel\n"         \
     "  --k-prerope --alloc FILE --k-center --policy none|window|fifo|utility --budget N\n"       \
     "  --budget-ratio R --window N --sinks N --page N --recent N --threads N\n"                  \
-    "  --prefix-store file:DIR|redis://HOST:PORT\n"
+    "  --prefix-store file:DIR|redis://HOST:PORT --isa auto|scalar|avx2|avx512\n"
 
 static void usage(FILE *f) {
     fprintf(f, "kvq %s - compressed KV cache for LLM inference\n\n", kvq_version_string());
