@@ -71,6 +71,21 @@ static void check_paths(kvq_codec *c, const kvq__kernels *k, size_t tqp, const c
             }
         TU_REPORT(ok, "%s %s d=%zu P=%zu: tscore within 2 gamma_d sum|q k|", c->spec, path, d, P);
     }
+    /* score over key rows (staged tokens, untiled pages) */
+    if (k->score != c->ref.score) {
+        k->score(c, s1, P, qp, nq, rows, P);
+        if (mutate)
+            s1[P / 3] += 1e-3f * (1.0f + fabsf(s1[P / 3]));
+        int ok = 1;
+        for (size_t i = 0; i < nq; i++)
+            for (size_t j = 0; j < P; j++) {
+                double a = 0;
+                for (size_t t = 0; t < d; t++)
+                    a += fabs((double)q[i * d + t] * dec[j * d + t]);
+                ok &= fabs((double)s1[i * P + j] - s0[i * P + j]) <= 2 * gam(d) * a;
+            }
+        TU_REPORT(ok, "%s %s d=%zu P=%zu: row score within 2 gamma_d sum|q k|", c->spec, path, d, P);
+    }
     /* accum over value rows */
     if (k->accum) {
         float *w = malloc(nq * P * sizeof(float)), *a0 = calloc(nq * d, sizeof(float));

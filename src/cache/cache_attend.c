@@ -156,15 +156,20 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
                     sc[r * ss + i] += w->cdot[r];
         w->bytes_read += hd->k_hdr + P * hd->kbytes;
     }
-    if (npd)
-        c->f16->k.score(c->f16, w->sc2, P, w->qpf, nr, (const uint8_t *)stk, P);
-    for (size_t i = 0; i < P; i++) {
-        if (cls[i] == KVQ__PEND)
-            for (size_t r = 0; r < nr; r++)
-                sc[r * ss + i] = w->sc2[r * P + i];
-        else if (cls[i] != KVQ__ENC)
-            for (size_t r = 0; r < nr; r++)
-                sc[r * ss + i] = -INFINITY;
+    if (npd == (int)P) {
+        /* every slot staged (a prefill chunk): scored in place */
+        c->f16->k.score(c->f16, sc, ss, w->qpf, nr, (const uint8_t *)stk, P);
+    } else {
+        if (npd)
+            c->f16->k.score(c->f16, w->sc2, P, w->qpf, nr, (const uint8_t *)stk, P);
+        for (size_t i = 0; i < P; i++) {
+            if (cls[i] == KVQ__PEND)
+                for (size_t r = 0; r < nr; r++)
+                    sc[r * ss + i] = w->sc2[r * P + i];
+            else if (cls[i] != KVQ__ENC)
+                for (size_t r = 0; r < nr; r++)
+                    sc[r * ss + i] = -INFINITY;
+        }
     }
     /* causal mask: only pages that reach past a row's query position */
     for (size_t r = 0; r < nr; r++)
@@ -333,7 +338,11 @@ static void kvq__attend_pages(const kvq__attn_call *jb, kvq__work *w, size_t h, 
             const kvq__head *ph = pw ? wd : hd;
             float *acc = pw ? ps->accw : ps->acc;
             size_t al = pw ? walen : alen;
-            if (bnp[b]) {
+            if (bnp[b] == (int)P) {
+                /* every value staged: the weights as they are */
+                c->f16->k.accum(c->f16, ps->accs, d, wb, BW, nr,
+                                (const uint8_t *)kvq__stage_v(pg, ph), P);
+            } else if (bnp[b]) {
                 /* split the weights: encoded slots vs staged slots */
                 const uint8_t *cl = vcls + b * P;
                 for (size_t r = 0; r < nr; r++)
