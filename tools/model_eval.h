@@ -54,15 +54,4 @@ int kvqt_eval_run_opts(const kvq_model *m, const kvq_tokenizer *tok, char **line
 int kvqt_eval_run(const kvq_model *m, const kvq_tokenizer *tok, char **lines, size_t nlines,
                   const kvqt_cacheopts *o, int progress, kvqt_eval_result *res);
 
-/* Calibration (calibrate.c): sensitivities once, allocations per target. */
-typedef struct kvqt_calib kvqt_calib;
-typedef struct kvqt_calib_result {
-    double target, bits, nominal_bits, kl, nll, nll_f32;
-    size_t tokens;
-} kvqt_calib_result;
-kvqt_calib *kvqt_calib_prepare(const kvq_model *m, const kvq_tokenizer *tk, char **lines, size_t nl,
-                               size_t max_tokens, size_t page, int progress, const char *only);
-int kvqt_calib_allocate(kvqt_calib *cb, double target, const char *outp, kvqt_calib_result *res);
-void kvqt_calib_free(kvqt_calib *cb);
-
 #endif
