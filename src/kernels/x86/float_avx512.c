@@ -95,8 +95,10 @@ KVQ__T512 static void kvq__float_tscore_avx512(const kvq_codec *c, float *out, s
 
 /* acc[r][s..s+16*NS) += sum_j w[r][j] v_j[s..] for 4 rows and NS <= 6
  * strips of 16 (constants at each call: the 4 x NS accumulators stay in
- * registers). Each value line feeds 4 FMAs, as in tscore, so memory is
- * asked for at an even pace; the first pass prefetches whole rows ahead. */
+ * registers; the caller uses NS <= 5, so that 20 accumulators, 4 broadcast
+ * weights and a value fit the 32 registers without a spill). Each value
+ * line feeds 4 FMAs, as in tscore, so memory is asked for at an even pace;
+ * the first pass prefetches the next page's rows (kvq__pf_next). */
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__accum_strip(const int kind, const int NS, float *const *a, const float *const *wr, size_t g,
                  const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n, int pf) {
@@ -143,8 +145,10 @@ kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astrid
                        acc + (i0 + 3) * astride};
         size_t s = 0;
         int pf = 1;
-        for (; s + 96 <= d; s += 96, pf = 0)
-            kvq__accum_strip(kind, 6, a, wr, g, vals, vb, es, s, n, pf);
+        for (; s + 80 <= d; s += 80, pf = 0)
+            kvq__accum_strip(kind, 5, a, wr, g, vals, vb, es, s, n, pf);
+        for (; s + 48 <= d; s += 48, pf = 0)
+            kvq__accum_strip(kind, 3, a, wr, g, vals, vb, es, s, n, pf);
         for (; s + 32 <= d; s += 32, pf = 0)
             kvq__accum_strip(kind, 2, a, wr, g, vals, vb, es, s, n, pf);
         for (; s < d; s += 16, pf = 0)
