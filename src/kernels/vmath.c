@@ -31,6 +31,10 @@ int kvq__page_softmax_ref(float *s, size_t ss, size_t nr, size_t n, float *m, fl
             }
             m[r] = bm;
         }
+        if (m[r] == -INFINITY) { /* nothing visible yet: every weight 0 */
+            memset(x, 0, n * sizeof(float));
+            continue;
+        }
         l[r] += kvq__exp_block_ref(x, n, m[r]);
     }
     return any;

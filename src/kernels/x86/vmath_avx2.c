@@ -53,6 +53,10 @@ int kvq__page_softmax_avx2(float *s, size_t ss, size_t nr, size_t n, float *m, f
             }
             m[r] = bm;
         }
+        if (m[r] == -INFINITY) { /* nothing visible yet: every weight 0 */
+            memset(x, 0, n * sizeof(float));
+            continue;
+        }
         l[r] += kvq__exp_block_avx2(x, n, m[r]);
     }
     return any;

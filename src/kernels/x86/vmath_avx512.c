@@ -28,11 +28,73 @@ KVQ__T512 static inline __m512 kvq__exp512(__m512 y) {
     return _mm512_maskz_mov_ps((__mmask16)~under, res);
 }
 
+/* Lane-wise reductions of 4 vectors at once: every lane of quarter k of the
+ * result holds the maximum (sum) of the 16 lanes of a_k. Permutes by index
+ * vectors (SIMDe 0.7.4 has these, not the immediate shuffles). */
+KVQ__T512 static inline __m512 kvq__red4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3, int mx) {
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    const __m512i ev = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i od = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i sw2 = _mm512_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    const __m512i sw1 = _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#define KVQ__RED(x, y) (mx ? _mm512_max_ps(x, y) : _mm512_add_ps(x, y))
+    __m512 s01 = KVQ__RED(_mm512_permutex2var_ps(a0, lo, a1), _mm512_permutex2var_ps(a0, hi, a1));
+    __m512 s23 = KVQ__RED(_mm512_permutex2var_ps(a2, lo, a3), _mm512_permutex2var_ps(a2, hi, a3));
+    __m512 r = KVQ__RED(_mm512_permutex2var_ps(s01, ev, s23), _mm512_permutex2var_ps(s01, od, s23));
+    r = KVQ__RED(r, _mm512_permutexvar_ps(sw2, r));
+    return KVQ__RED(r, _mm512_permutexvar_ps(sw1, r));
+#undef KVQ__RED
+}
+
 KVQ__T512 int KVQ__SEL512(kvq__page_softmax_avx512)(float *s, size_t ss, size_t nr, size_t n,
                                                     float *m, float *l, float *f) {
     int any = 0;
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    for (size_t r = 0; r < nr; r++) {
+    size_t r0 = 0;
+    if (n == 16) /* a page of 16 tokens: 4 rows at a time, reductions side by side */
+        for (; r0 + 4 <= nr; r0 += 4) {
+            __m512 x[4];
+            float bmv[16], sum[16];
+            for (int k = 0; k < 4; k++)
+                x[k] = _mm512_loadu_ps(s + (r0 + k) * ss);
+            _mm512_storeu_ps(bmv, kvq__red4x16(x[0], x[1], x[2], x[3], 1));
+            int live = 1;
+            for (int k = 0; k < 4; k++) {
+                size_t r = r0 + (size_t)k;
+                float bm = bmv[4 * k];
+                f[r] = 1.0f;
+                if (bm > m[r]) {
+                    if (l[r] > 0.0f) {
+                        f[r] = expf(m[r] - bm);
+                        l[r] *= f[r];
+                        any = 1;
+                    }
+                    m[r] = bm;
+                }
+                live &= m[r] != -INFINITY;
+            }
+            if (!live) { /* a row with nothing visible: the one-row path */
+                for (int k = 0; k < 4; k++)
+                    if (m[r0 + (size_t)k] == -INFINITY)
+                        memset(s + (r0 + (size_t)k) * ss, 0, 16 * sizeof(float));
+                    else {
+                        float *xr = s + (r0 + (size_t)k) * ss;
+                        __m512 e = kvq__exp512(_mm512_sub_ps(x[k], _mm512_set1_ps(m[r0 + (size_t)k])));
+                        _mm512_storeu_ps(xr, e);
+                        l[r0 + (size_t)k] += _mm512_reduce_add_ps(e);
+                    }
+                continue;
+            }
+            for (int k = 0; k < 4; k++) {
+                x[k] = kvq__exp512(_mm512_sub_ps(x[k], _mm512_set1_ps(m[r0 + (size_t)k])));
+                _mm512_storeu_ps(s + (r0 + (size_t)k) * ss, x[k]);
+            }
+            _mm512_storeu_ps(sum, kvq__red4x16(x[0], x[1], x[2], x[3], 0));
+            for (int k = 0; k < 4; k++)
+                l[r0 + (size_t)k] += sum[4 * k];
+        }
+    for (size_t r = r0; r < nr; r++) {
         float *x = s + r * ss;
         __m512 mx = ninf;
         size_t i = 0;
@@ -50,6 +112,10 @@ KVQ__T512 int KVQ__SEL512(kvq__page_softmax_avx512)(float *s, size_t ss, size_t 
                 any = 1;
             }
             m[r] = bm;
+        }
+        if (m[r] == -INFINITY) { /* nothing visible yet: every weight 0 */
+            memset(x, 0, n * sizeof(float));
+            continue;
         }
         __m512 mv = _mm512_set1_ps(m[r]), acc = _mm512_setzero_ps();
         for (i = 0; i + 16 <= n; i += 16) {
