@@ -725,7 +725,8 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
         /* chunks of at least 16 pages, at most 16 of them: a function of the
          * context only */
         jb.decode = 1;
-        jb.chunk_pages = KVQ__MAX((size_t)16, (ly->n_pages + KVQ__MAX_CHUNKS - 1) / KVQ__MAX_CHUNKS);
+        jb.chunk_pages =
+            KVQ__MAX((size_t)16, (ly->n_pages + KVQ__MAX_CHUNKS - 1) / KVQ__MAX_CHUNKS);
         jb.n_chunks = (ly->n_pages + jb.chunk_pages - 1) / jb.chunk_pages;
         jb.n_items = jb.n_chunks;
         jb.part_floats = 2 * QH + QH * (2 * c->max_acc + d) + 1;
