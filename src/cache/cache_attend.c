@@ -683,6 +683,18 @@ static void kvq__attn_folds(void *arg, size_t j) {
     }
 }
 
+void kvq__newest_attended(kvq_cache *c, kvq__layer *ly) {
+    if (c->budget_pending_ratio) {
+        double b = ceil(c->cfg.budget_ratio * (double)ly->appended);
+        c->budget = b < 1 ? 1 : b > (double)c->cfg.max_tokens ? c->cfg.max_tokens : (size_t)b;
+        c->budget_pending_ratio = 0;
+    }
+    if (c->cfg.policy != KVQ_POLICY_NONE && c->budget)
+        kvq__evict_to(c, ly, c->budget, 0);
+    kvq__settle(c, ly, 0);
+    kvq__track_total_peak(c);
+}
+
 kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const int32_t *qpos,
                             size_t T, float *out, size_t out_capacity, float *token_attn,
                             size_t token_attn_capacity) {
@@ -810,20 +822,8 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     int32_t qmax = INT32_MIN;
     for (size_t t = 0; t < T; t++)
         qmax = qpos[t] > qmax ? qpos[t] : qmax;
-    if (ly->appended && qmax >= ly->last_pos) {
-        /* the newest token's query has attended: its chunk is subject to
-         * the budget now, and what a next decode step would see encoded is
-         * encoded */
-        if (c->budget_pending_ratio) {
-            double b = ceil(c->cfg.budget_ratio * (double)ly->appended);
-            c->budget = b < 1 ? 1 : b > (double)c->cfg.max_tokens ? c->cfg.max_tokens : (size_t)b;
-            c->budget_pending_ratio = 0;
-        }
-        if (c->cfg.policy != KVQ_POLICY_NONE && c->budget)
-            kvq__evict_to(c, ly, c->budget, 0);
-        kvq__settle(c, ly, 0);
-        kvq__track_total_peak(c);
-    }
+    if (ly->appended && qmax >= ly->last_pos)
+        kvq__newest_attended(c, ly);
     if (c->tiers)
         (void)kvq__tier_enforce(c, layer);
     return st;

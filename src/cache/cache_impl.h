@@ -217,6 +217,11 @@ static inline uint16_t *kvq__stage_v(const kvq__page *pg, const kvq__head *hd) {
     return pg->stage + hd->vs_off;
 }
 
+/* cache_attend.c: the newest token's query has attended (an attend, or
+ * kvq_cache_observe_attention): its chunk is subject to the budget now (a
+ * pending budget ratio is fixed, the layer evicted to the budget), and what
+ * a next decode step would see encoded is encoded. Never fails. */
+void kvq__newest_attended(kvq_cache *c, kvq__layer *ly);
 /* cache_evict.c */
 void kvq__evict_slot(kvq_cache *c, kvq__layer *ly, uint32_t slot);
 /* Evicts down to target tokens by the policy, never the newest keep_new

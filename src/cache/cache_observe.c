@@ -107,18 +107,8 @@ kvq_status kvq_cache_observe_attention(kvq_cache *c, size_t layer, const float *
         }
         kvq__free(&c->alloc, sorted);
     }
-    if (ly->appended) {
-        /* as at the end of an attend that reached the newest token */
-        if (c->budget_pending_ratio) {
-            double b = ceil(c->cfg.budget_ratio * (double)ly->appended);
-            c->budget = b < 1 ? 1 : b > (double)c->cfg.max_tokens ? c->cfg.max_tokens : (size_t)b;
-            c->budget_pending_ratio = 0;
-        }
-        if (c->cfg.policy != KVQ_POLICY_NONE && c->budget)
-            kvq__evict_to(c, ly, c->budget, 0);
-        kvq__settle(c, ly, 0);
-        kvq__track_total_peak(c);
-    }
+    if (ly->appended) /* as at the end of an attend that reached the newest token */
+        kvq__newest_attended(c, ly);
     if (c->tiers)
         (void)kvq__tier_enforce(c, layer);
     return KVQ_OK;
