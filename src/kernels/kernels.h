@@ -37,6 +37,24 @@ kvq__exp_block_fn kvq__exp_block_select(kvq_isa isa);
  * s_i = exp(s_i - m[r]) (-inf gives 0; within 2e-7 relative of expf) and
  * l[r] += their sum. Returns nonzero when some f[r] != 1: the caller then
  * rescales those rows' accumulators by f[r]. */
+/* The running-maximum step of kvq__page_softmax for one row: a page maximum
+ * bm above *m becomes *m, and when a sum *l > 0 is running it is rescaled by
+ * *f = expf(old m - bm) (returns 1: the caller's accumulators need it too);
+ * otherwise *f = 1 and 0 is returned. */
+static inline int kvq__softmax_max_step(float bm, float *m, float *l, float *f) {
+    *f = 1.0f;
+    if (!(bm > *m))
+        return 0;
+    int rescaled = 0;
+    if (*l > 0.0f) {
+        *f = expf(*m - bm);
+        *l *= *f;
+        rescaled = 1;
+    }
+    *m = bm;
+    return rescaled;
+}
+
 typedef int (*kvq__softmax_fn)(float *s, size_t ss, size_t nr, size_t n, float *m, float *l,
                                float *f);
 int kvq__page_softmax_ref(float *s, size_t ss, size_t nr, size_t n, float *m, float *l, float *f);

@@ -22,15 +22,7 @@ int kvq__page_softmax_ref(float *s, size_t ss, size_t nr, size_t n, float *m, fl
         float *x = s + r * ss, bm = -INFINITY;
         for (size_t i = 0; i < n; i++)
             bm = x[i] > bm ? x[i] : bm;
-        f[r] = 1.0f;
-        if (bm > m[r]) {
-            if (l[r] > 0.0f) {
-                f[r] = expf(m[r] - bm);
-                l[r] *= f[r];
-                any = 1;
-            }
-            m[r] = bm;
-        }
+        any |= kvq__softmax_max_step(bm, &m[r], &l[r], &f[r]);
         if (m[r] == -INFINITY) { /* nothing visible yet: every weight 0 */
             memset(x, 0, n * sizeof(float));
             continue;

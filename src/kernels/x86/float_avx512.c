@@ -167,29 +167,9 @@ KVQ__T512 static void kvq__float_accum_avx512(const kvq_codec *c, float *acc, si
         kvq__float_accum_k(KVQ__BF16, c, acc, astride, w, wstride, nq, vals, n);
 }
 
-/* Sums of the 16 lanes of a0..a3, one per 128-bit quarter (all 4 lanes of
- * quarter k hold the sum of a_k): two shuffle-add steps across quarters,
- * two permute-add steps within them. */
-KVQ__T512 static inline __m512 kvq__sum4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-    /* permutes by index vectors (SIMDe 0.7.4 has these, not the immediate
-     * shuffles): quarters {a.0 a.1 b.0 b.1} + {a.2 a.3 b.2 b.3}, then
-     * {a.0 a.2 b.0 b.2} + {a.1 a.3 b.1 b.3}, then pairs and neighbours */
-    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    const __m512i ev = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-    const __m512i od = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    const __m512i sw2 = _mm512_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    const __m512i sw1 = _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-    __m512 s01 = _mm512_add_ps(_mm512_permutex2var_ps(a0, lo, a1), _mm512_permutex2var_ps(a0, hi, a1));
-    __m512 s23 = _mm512_add_ps(_mm512_permutex2var_ps(a2, lo, a3), _mm512_permutex2var_ps(a2, hi, a3));
-    __m512 r = _mm512_add_ps(_mm512_permutex2var_ps(s01, ev, s23), _mm512_permutex2var_ps(s01, od, s23));
-    r = _mm512_add_ps(r, _mm512_permutexvar_ps(sw2, r));
-    return _mm512_add_ps(r, _mm512_permutexvar_ps(sw1, r));
-}
-
 /* Scores over keys in rows (staged f16 tokens, pages that are not tiled):
  * blocks of 4 keys x 4 queries in 16 accumulators over d (a multiple of 16),
- * reduced 4 at a time by kvq__sum4x16 - no horizontal sum per key. */
+ * reduced 4 at a time by kvq__red4x16 - no horizontal sum per key. */
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__float_score_k(const int kind, const kvq_codec *c, float *out, size_t ostride, const void *qp,
                    size_t nq, const uint8_t *keys, size_t n) {
@@ -223,7 +203,7 @@ kvq__float_score_k(const int kind, const kvq_codec *c, float *out, size_t ostrid
             }
             for (size_t x = 0; x < g; x++) {
                 float r[16];
-                _mm512_storeu_ps(r, kvq__sum4x16(a[x][0], a[x][1], a[x][2], a[x][3]));
+                _mm512_storeu_ps(r, kvq__red4x16(a[x][0], a[x][1], a[x][2], a[x][3], 0));
                 for (size_t k = 0; k < m; k++)
                     out[(i0 + x) * ostride + j0 + k] = r[4 * k];
             }

@@ -144,4 +144,23 @@ static inline void kvq__sx_mask_storeu_ps(void *p, __mmask16 k, __m512 a) {
 #define KVQ__SEL512(name) name
 #endif
 
+/* Lane-wise reductions of 4 vectors at once: every lane of quarter k of the
+ * result holds the maximum (sum) of the 16 lanes of a_k. Permutes by index
+ * vectors (SIMDe 0.7.4 has these, not the immediate shuffles). */
+KVQ__T512 static inline __m512 kvq__red4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3, int mx) {
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    const __m512i ev = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i od = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i sw2 = _mm512_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    const __m512i sw1 = _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#define KVQ__RED(x, y) (mx ? _mm512_max_ps(x, y) : _mm512_add_ps(x, y))
+    __m512 s01 = KVQ__RED(_mm512_permutex2var_ps(a0, lo, a1), _mm512_permutex2var_ps(a0, hi, a1));
+    __m512 s23 = KVQ__RED(_mm512_permutex2var_ps(a2, lo, a3), _mm512_permutex2var_ps(a2, hi, a3));
+    __m512 r = KVQ__RED(_mm512_permutex2var_ps(s01, ev, s23), _mm512_permutex2var_ps(s01, od, s23));
+    r = KVQ__RED(r, _mm512_permutexvar_ps(sw2, r));
+    return KVQ__RED(r, _mm512_permutexvar_ps(sw1, r));
+#undef KVQ__RED
+}
+
 #endif

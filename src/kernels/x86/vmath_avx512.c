@@ -28,25 +28,6 @@ KVQ__T512 static inline __m512 kvq__exp512(__m512 y) {
     return _mm512_maskz_mov_ps((__mmask16)~under, res);
 }
 
-/* Lane-wise reductions of 4 vectors at once: every lane of quarter k of the
- * result holds the maximum (sum) of the 16 lanes of a_k. Permutes by index
- * vectors (SIMDe 0.7.4 has these, not the immediate shuffles). */
-KVQ__T512 static inline __m512 kvq__red4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3, int mx) {
-    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    const __m512i ev = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-    const __m512i od = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    const __m512i sw2 = _mm512_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    const __m512i sw1 = _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-#define KVQ__RED(x, y) (mx ? _mm512_max_ps(x, y) : _mm512_add_ps(x, y))
-    __m512 s01 = KVQ__RED(_mm512_permutex2var_ps(a0, lo, a1), _mm512_permutex2var_ps(a0, hi, a1));
-    __m512 s23 = KVQ__RED(_mm512_permutex2var_ps(a2, lo, a3), _mm512_permutex2var_ps(a2, hi, a3));
-    __m512 r = KVQ__RED(_mm512_permutex2var_ps(s01, ev, s23), _mm512_permutex2var_ps(s01, od, s23));
-    r = KVQ__RED(r, _mm512_permutexvar_ps(sw2, r));
-    return KVQ__RED(r, _mm512_permutexvar_ps(sw1, r));
-#undef KVQ__RED
-}
-
 KVQ__T512 int KVQ__SEL512(kvq__page_softmax_avx512)(float *s, size_t ss, size_t nr, size_t n,
                                                     float *m, float *l, float *f) {
     int any = 0;
@@ -62,16 +43,7 @@ KVQ__T512 int KVQ__SEL512(kvq__page_softmax_avx512)(float *s, size_t ss, size_t 
             int live = 1;
             for (int k = 0; k < 4; k++) {
                 size_t r = r0 + (size_t)k;
-                float bm = bmv[4 * k];
-                f[r] = 1.0f;
-                if (bm > m[r]) {
-                    if (l[r] > 0.0f) {
-                        f[r] = expf(m[r] - bm);
-                        l[r] *= f[r];
-                        any = 1;
-                    }
-                    m[r] = bm;
-                }
+                any |= kvq__softmax_max_step(bmv[4 * k], &m[r], &l[r], &f[r]);
                 live &= m[r] != -INFINITY;
             }
             if (!live) { /* a row with nothing visible: the one-row path */
@@ -104,15 +76,7 @@ KVQ__T512 int KVQ__SEL512(kvq__page_softmax_avx512)(float *s, size_t ss, size_t 
         if (i < n)
             mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, tail, x + i));
         float bm = _mm512_reduce_max_ps(mx);
-        f[r] = 1.0f;
-        if (bm > m[r]) {
-            if (l[r] > 0.0f) {
-                f[r] = expf(m[r] - bm);
-                l[r] *= f[r];
-                any = 1;
-            }
-            m[r] = bm;
-        }
+        any |= kvq__softmax_max_step(bm, &m[r], &l[r], &f[r]);
         if (m[r] == -INFINITY) { /* nothing visible yet: every weight 0 */
             memset(x, 0, n * sizeof(float));
             continue;
