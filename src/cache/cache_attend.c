@@ -466,6 +466,24 @@ static kvq__pstate kvq__part_state(const kvq__attn_call *jb, size_t item, size_t
     return s;
 }
 
+/* The view of w in which head h's G query rows of a decode step are rows
+ * 0..G-1: query blocks of G rows per head (prepared queries in blocks of G
+ * * max_qp bytes, rows at the codec's own stride). */
+static kvq__work kvq__head_rows(const kvq_cache *c, const kvq__work *w, size_t h) {
+    const size_t G = c->G;
+    kvq__work wh = *w;
+    wh.qs += h * G * c->d;
+    wh.qpk += h * G * c->max_qp;
+    wh.qpw += h * G * c->max_qp;
+    wh.qtk += h * G * c->max_qp;
+    wh.qtw += h * G * c->max_qp;
+    wh.qpf += h * G * c->f16->qp_bytes;
+    wh.cdot += h * G;
+    wh.rqp += h * G;
+    wh.bytes_read = 0;
+    return wh;
+}
+
 /* A decode step (one query token) over pages [p0, p1) for every KV head at
  * once, page after page: the heads' areas of a page block are read in
  * order (two sequential streams, keys and values) while the next block is
@@ -518,16 +536,7 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
             }
             float *raw = rawsc ? rawsc + h * G * slots : NULL;
             if (!fast || ph->kchan_bits) {
-                kvq__work wh = *w;
-                wh.qs += h * G * d;
-                wh.qpk += h * G * c->max_qp;
-                wh.qpw += h * G * c->max_qp;
-                wh.qtk += h * G * c->max_qp;
-                wh.qtw += h * G * c->max_qp;
-                wh.qpf += h * G * c->f16->qp_bytes;
-                wh.cdot += h * G;
-                wh.rqp += h * G;
-                wh.bytes_read = 0;
+                kvq__work wh = kvq__head_rows(c, w, h);
                 kvq__attend_pages(jb, &wh, h, G, qmax, p, p + 1, &ps[h], raw, 0);
                 w->bytes_read += wh.bytes_read;
                 continue;
@@ -577,45 +586,12 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
     }
 }
 
-/* Prepares the query rows of every KV head of a decode step in w: head h's
- * G rows are rows h*G.., prepared with its own codecs. */
+/* Prepares the query rows of every KV head of a decode step in w, head h's
+ * in its kvq__head_rows view, with its own codecs. */
 static int32_t kvq__decode_setup(const kvq__attn_call *jb, kvq__work *w) {
-    kvq_cache *c = jb->c;
-    kvq__layer *ly = jb->ly;
-    const size_t d = c->d, G = c->G;
-    const int warm = ly->tier_pages[KVQ__TIER_WARM] > 0 && c->warm_distinct;
-    const float scale = 1.0f / sqrtf((float)d);
-    for (size_t h = 0; h < c->H; h++) {
-        const kvq__head *hd = &ly->heads[h], *wd = &ly->wheads[h];
-        for (size_t g = 0; g < G; g++) {
-            size_t r = h * G + g;
-            const float *src = jb->q + r * d;
-            for (size_t i = 0; i < d; i++)
-                w->qs[r * d + i] = src[i] * scale;
-            w->rqp[r] = jb->qpos[0];
-            float cd = 0.0f;
-            if (ly->center && !c->cfg.k_prerope)
-                for (size_t i = 0; i < d; i++)
-                    cd += w->qs[r * d + i] * ly->center[h * d + i];
-            w->cdot[r] = cd;
-        }
-        if (c->cfg.k_prerope)
-            continue;
-        const float *qh = w->qs + h * G * d;
-        for (size_t g = 0; g < G; g++) {
-            size_t r = h * G + g;
-            /* head blocks of G * max_qp bytes, rows at the codec's own stride */
-            size_t b = h * G * c->max_qp;
-            if (hd->kc)
-                hd->kc->k.prep(hd->kc, w->qpk + b + g * hd->kc->qp_bytes, qh + g * d);
-            if (warm && wd->kc)
-                wd->kc->k.prep(wd->kc, w->qpw + b + g * wd->kc->qp_bytes, qh + g * d);
-            if (hd->kc && hd->ktiled && hd->kc->k.tprep)
-                hd->kc->k.tprep(hd->kc, w->qtk + b + g * hd->kc->tqp_bytes, qh + g * d);
-            if (warm && wd->kc && wd->ktiled && wd->kc->k.tprep)
-                wd->kc->k.tprep(wd->kc, w->qtw + b + g * wd->kc->tqp_bytes, qh + g * d);
-            c->f16->k.prep(c->f16, w->qpf + r * c->f16->qp_bytes, qh + g * d);
-        }
+    for (size_t h = 0; h < jb->c->H; h++) {
+        kvq__work wh = kvq__head_rows(jb->c, w, h);
+        kvq__tile_setup(jb, &wh, h, 0, 1);
     }
     return jb->qpos[0];
 }
