@@ -67,6 +67,19 @@ typedef struct {
     int any_pend;
 } kvq__pstate;
 
+/* Row r of a state's accumulators times f: the hot codec's (alen floats),
+ * the warm codec's (walen, 0 when none) and the staged values' (slen, 0 when
+ * none). The online softmax's rescale when a row's maximum grows. */
+static inline void kvq__pstate_scale(kvq__pstate *ps, size_t r, float f, size_t alen, size_t walen,
+                                     size_t slen) {
+    for (size_t i = 0; i < alen; i++)
+        ps->acc[r * alen + i] *= f;
+    for (size_t i = 0; i < walen; i++)
+        ps->accw[r * walen + i] *= f;
+    for (size_t i = 0; i < slen; i++)
+        ps->accs[r * slen + i] *= f;
+}
+
 /* Work of one attend. A decode step (one query token, QH <= rows_max):
  * item i is chunk i of the pages, worked for every head page after page
  * (kvq__decode_pages), its state in parts; fold jobs then merge the chunks
@@ -318,14 +331,7 @@ static void kvq__attend_pages(const kvq__attn_call *jb, kvq__work *w, size_t h, 
             }
             if (mnew > ps->m[r] && ps->l[r] > 0.0f) {
                 float f = expf(ps->m[r] - mnew);
-                for (size_t i = 0; i < alen; i++)
-                    ps->acc[r * alen + i] *= f;
-                if (warm)
-                    for (size_t i = 0; i < walen; i++)
-                        ps->accw[r * walen + i] *= f;
-                if (any_pend)
-                    for (size_t i = 0; i < d; i++)
-                        ps->accs[r * d + i] *= f;
+                kvq__pstate_scale(ps, r, f, alen, warm ? walen : 0, any_pend ? d : 0);
                 ps->l[r] *= f;
             }
             ps->m[r] = mnew;
@@ -566,17 +572,9 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
             if (c->page_softmax(sc, P, G, P, st->m, st->l, fr))
                 for (size_t r = 0; r < G; r++) {
                     /* every accumulator of the row: warm and staged ones too */
-                    float f = fr[r];
-                    if (f == 1.0f)
-                        continue;
-                    for (size_t i = 0; i < alen; i++)
-                        st->acc[r * alen + i] *= f;
-                    if (warm)
-                        for (size_t i = 0; i < walen; i++)
-                            st->accw[r * walen + i] *= f;
-                    if (st->any_pend)
-                        for (size_t i = 0; i < d; i++)
-                            st->accs[r * d + i] *= f;
+                    if (fr[r] != 1.0f)
+                        kvq__pstate_scale(st, r, fr[r], alen, warm ? walen : 0,
+                                          st->any_pend ? d : 0);
                 }
             kvq__pf_next = nh && nh->vc == ph->vc ? nx->block + nh->v_off : NULL;
             kvq__vaccum(ph, st->acc, alen, sc, P, G, pg->block + ph->v_off, P, w->rows);
