@@ -49,7 +49,17 @@
  *                              in the same accumulation domain; it may round
  *                              the weights (per row and page) within the bound
  *                              its family documents.
- * The scalar reference of a tiled kernel is tget + ref.score / ref.accum.
+ *   taccum_run(c, acc, astride, w, wstride, nq, pages, np, P)
+ *                              optional (NULL: the driver calls taccum page
+ *                              by page): as taccum over the np tiled V pages
+ *                              pages[0..np), the weights of page i at w +
+ *                              i * P (row stride wstride >= np * P); it may
+ *                              round the weights once per run of pages, and
+ *                              convert and scale its integer sums once per
+ *                              run, within its family's bound for a run of
+ *                              np * P tokens. Any np >= 1.
+ * The scalar reference of a tiled kernel is tget + ref.score / ref.accum
+ * (for taccum_run: that, page after page).
  */
 #ifndef KVQ_CODEC_IMPL_H
 #define KVQ_CODEC_IMPL_H
@@ -73,6 +83,8 @@ typedef struct kvq__kernels {
                    const uint8_t *page, size_t P);
     void (*taccum)(const kvq_codec *c, float *acc, size_t astride, const float *w, size_t wstride,
                    size_t nq, const uint8_t *page, size_t P);
+    void (*taccum_run)(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                       size_t wstride, size_t nq, const uint8_t *const *pages, size_t np, size_t P);
 } kvq__kernels;
 
 typedef enum {
@@ -182,6 +194,14 @@ void kvq__tile_score_rows(const kvq_codec *c, const kvq__kernels *k, float *out,
 void kvq__tile_accum_rows(const kvq_codec *c, const kvq__kernels *k, float *acc, size_t astride,
                           const float *w, size_t wstride, size_t nq, const uint8_t *page, size_t P,
                           uint8_t *rows);
+
+/* taccum_run's meaning through `k`'s taccum (or the gathered rows and
+ * k->accum when k has no taccum: rows then holds P * c->bytes of scratch),
+ * page after page: the reference of taccum_run, and the driver's path for
+ * codecs without one. */
+void kvq__tile_accum_pages(const kvq_codec *c, const kvq__kernels *k, float *acc, size_t astride,
+                           const float *w, size_t wstride, size_t nq, const uint8_t *const *pages,
+                           size_t np, size_t P, uint8_t *rows);
 
 /* Round up to a multiple of 64. */
 static inline size_t kvq__round64(size_t x) { return (x + 63) & ~(size_t)63; }

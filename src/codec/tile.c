@@ -43,3 +43,14 @@ void kvq__tile_accum_rows(const kvq_codec *c, const kvq__kernels *k, float *acc,
     kvq__tile_gather(c, KVQ__ROLE_V, P, page, rows);
     k->accum(c, acc, astride, w, wstride, nq, rows, P);
 }
+
+void kvq__tile_accum_pages(const kvq_codec *c, const kvq__kernels *k, float *acc, size_t astride,
+                           const float *w, size_t wstride, size_t nq, const uint8_t *const *pages,
+                           size_t np, size_t P, uint8_t *rows) {
+    for (size_t i = 0; i < np; i++) {
+        if (k->taccum)
+            k->taccum(c, acc, astride, w + i * P, wstride, nq, pages[i], P);
+        else
+            kvq__tile_accum_rows(c, k, acc, astride, w + i * P, wstride, nq, pages[i], P, rows);
+    }
+}
