@@ -490,21 +490,45 @@ static kvq__work kvq__head_rows(const kvq_cache *c, const kvq__work *w, size_t h
     return wh;
 }
 
+/* Whether page p takes the decode fast path: fully encoded, hot (or warm
+ * with the hot codecs), keys not pre-RoPE, every token visible to qmax. */
+static int kvq__page_fast(const kvq_cache *c, const kvq__layer *ly, size_t p, int32_t qmax,
+                          int all_visible, int warm_distinct) {
+    const kvq__page *pg = &ly->pages[p];
+    const size_t P = c->P;
+    if (!pg->block || pg->min_pos > qmax || c->cfg.k_prerope || pg->n_pending != 0 ||
+        pg->n_valid != P || (pg->tier != KVQ__TIER_HOT && warm_distinct))
+        return 0;
+    if (!all_visible)
+        for (size_t i = 0; i < P; i++)
+            if (ly->pos[p * P + i] > qmax)
+                return 0;
+    return 1;
+}
+
 /* A decode step (one query token) over pages [p0, p1) for every KV head at
- * once, page after page: the heads' areas of a page block are read in
- * order (two sequential streams, keys and values) while the next block is
- * prefetched, instead of one small area per page and head. ps[h] holds the
- * state of head h's G rows; the rows of every head were prepared in w by
- * kvq__decode_setup. Pages that are fully encoded, hot (or warm with the
- * hot codecs) and keys not in the channel layout or pre-RoPE take the fast
- * path; any other page goes through kvq__attend_pages for that page. */
+ * once. Pages go in runs of up to KVQ__RUN_TOKENS tokens of consecutive
+ * fast pages (kvq__page_fast) that share their heads' codecs; for each head
+ * of a run: the scores of its pages side by side in one row of n * P per
+ * query row, one page softmax over the row, then the values of the run in
+ * one taccum_run (or page after page). Reads go head after head, keys and
+ * values, two sequential streams of the run's blocks, while the areas of
+ * the next head (or of the next run's first head) are prefetched. ps[h]
+ * holds the state of head h's G rows; the rows of every head were prepared
+ * in w by kvq__decode_setup. Any other page goes through kvq__attend_pages
+ * for that page. */
+#define KVQ__RUN_TOKENS 64
+#define KVQ__RUN_MAX 64
+#ifndef KVQ__PF_HEADS
+#define KVQ__PF_HEADS 1
+#endif
 static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qmax, size_t p0,
                               size_t p1, kvq__pstate *ps, float *rawsc) {
     kvq_cache *c = jb->c;
     kvq__layer *ly = jb->ly;
     const size_t P = c->P, d = c->d, G = c->G, H = c->H, slots = ly->slots_cap;
-    const int pre = c->cfg.k_prerope;
     const int warm = ly->tier_pages[KVQ__TIER_WARM] > 0 && c->warm_distinct;
+    const size_t rmax = KVQ__MAX(1, KVQ__MIN(KVQ__RUN_MAX, KVQ__RUN_TOKENS / P));
     for (size_t h = 0; h < H; h++) {
         for (size_t r = 0; r < G; r++) {
             ps[h].m[r] = -INFINITY;
@@ -518,69 +542,113 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
     float *sc = w->sc;
     /* a query at the newest position sees every token (positions increase) */
     const int all_visible = ly->appended && qmax >= ly->last_pos;
-    for (size_t p = p0; p < p1; p++) {
+    for (size_t p = p0; p < p1;) {
         const kvq__page *pg = &ly->pages[p];
-        if (!pg->block || pg->min_pos > qmax)
+        if (!pg->block || pg->min_pos > qmax) {
+            p++;
             continue;
-        const kvq__page *nx = p + 1 < p1 ? &ly->pages[p + 1] : NULL;
-        int fast = !pre && pg->n_pending == 0 && pg->n_valid == P &&
-                   (pg->tier == KVQ__TIER_HOT || !c->warm_distinct);
-        if (fast && !all_visible)
-            for (size_t i = 0; i < P; i++)
-                fast &= ly->pos[p * P + i] <= qmax;
-        for (size_t h = 0; h < H; h++) {
-            const kvq__head *ph = kvq__page_heads(ly, pg) + h;
-            if (nx && nx->block) {
-                const kvq__head *nh = kvq__page_heads(ly, nx) + h;
-                /* the next page's areas, unless the kernels prefetch them
-                 * line by line as they read (kvq__pf_next) */
-                size_t kb = nh->k_hdr + P * nh->kbytes, vb = P * nh->vbytes;
-                if (!nh->kc || !nh->kc->pf_self)
-                    kvq__prefetch(nx->block + nh->k_off, KVQ__MIN(kb, KVQ__PF_AREA), 0);
-                if (!nh->vc->pf_self)
-                    kvq__prefetch(nx->block + nh->v_off, KVQ__MIN(vb, KVQ__PF_AREA), 0);
-            }
-            float *raw = rawsc ? rawsc + h * G * slots : NULL;
-            if (!fast || ph->kchan_bits) {
+        }
+        if (!kvq__page_fast(c, ly, p, qmax, all_visible, c->warm_distinct)) {
+            for (size_t h = 0; h < H; h++) {
                 kvq__work wh = kvq__head_rows(c, w, h);
-                kvq__attend_pages(jb, &wh, h, G, qmax, p, p + 1, &ps[h], raw, 0);
+                kvq__attend_pages(jb, &wh, h, G, qmax, p, p + 1, &ps[h],
+                                  rawsc ? rawsc + h * G * slots : NULL, 0);
+                w->bytes_read += wh.bytes_read;
+            }
+            p++;
+            continue;
+        }
+        const kvq__head *heads = kvq__page_heads(ly, pg);
+        const uint8_t *blk[KVQ__RUN_MAX], *nblk[KVQ__RUN_MAX];
+        size_t n = 1, nn = 0;
+        blk[0] = pg->block;
+        /* (without a warm codec of its own, warm pages have the hot layout) */
+        while (n < rmax && p + n < p1 &&
+               (!c->warm_distinct || kvq__page_heads(ly, &ly->pages[p + n]) == heads) &&
+               kvq__page_fast(c, ly, p + n, qmax, all_visible, c->warm_distinct)) {
+            blk[n] = ly->pages[p + n].block;
+            n++;
+        }
+        /* the pages after the run, to prefetch while its last head is read */
+        while (nn < n && p + n + nn < p1 && ly->pages[p + n + nn].block &&
+               (!c->warm_distinct || kvq__page_heads(ly, &ly->pages[p + n + nn]) == heads)) {
+            nblk[nn] = ly->pages[p + n + nn].block;
+            nn++;
+        }
+        const size_t ss = n * P;
+        for (size_t h = 0; h < H; h++) {
+            const kvq__head *ph = heads + h;
+            /* what is read after this head: the next head of the run, or
+             * the first head of the pages after it */
+            const size_t hd = h + KVQ__PF_HEADS;
+            const kvq__head *th = hd < H ? ph + KVQ__PF_HEADS : nn && hd - H < H ? heads + (hd - H) : NULL;
+            const uint8_t *const *tb = hd < H ? blk : nblk;
+            const size_t tn = hd < H ? n : nn;
+            /* areas of the head KVQ__PF_HEADS ahead, a page's at each page
+             * of the scores (the requests spread over the head's work) */
+            const size_t pkb = th && (!th->kc || !th->kc->pf_self)
+                                   ? KVQ__MIN(th->k_hdr + P * th->kbytes, KVQ__PF_AREA) : 0;
+            const size_t pvb = th && !th->vc->pf_self ? KVQ__MIN(P * th->vbytes, KVQ__PF_AREA) : 0;
+            float *raw = rawsc ? rawsc + h * G * slots : NULL;
+            if (ph->kchan_bits) {
+                kvq__work wh = kvq__head_rows(c, w, h);
+                kvq__attend_pages(jb, &wh, h, G, qmax, p, p + n, &ps[h], raw, 0);
                 w->bytes_read += wh.bytes_read;
                 continue;
             }
             const kvq_codec *kc = ph->kc;
-            const uint8_t *ka = pg->block + ph->k_off;
-            const kvq__head *nh = nx && nx->block ? kvq__page_heads(ly, nx) + h : NULL;
-            kvq__pf_next = nh && nh->kc == kc && nh->ktiled == ph->ktiled ? nx->block + nh->k_off : NULL;
-            if (!ph->ktiled)
-                kc->k.score(kc, sc, P, w->qpk + h * G * c->max_qp, G, ka, P);
-            else if (kc->k.tscore)
-                kc->k.tscore(kc, sc, P, w->qtk + h * G * c->max_qp, G, ka, P);
-            else
-                kvq__tile_score_rows(kc, &kc->k, sc, P, w->qpk + h * G * c->max_qp, G, ka, P,
-                                     w->rows);
+            const int kpf = th && th->kc == kc && th->ktiled == ph->ktiled;
+            for (size_t i = 0; i < n; i++) {
+                const uint8_t *ka = blk[i] + ph->k_off;
+                if (i < tn) {
+                    kvq__prefetch(tb[i] + th->k_off, pkb, 0);
+                    kvq__prefetch(tb[i] + th->v_off, pvb, 0);
+                }
+                kvq__pf_next = kpf && i < tn ? tb[i] + th->k_off : NULL;
+                if (!ph->ktiled)
+                    kc->k.score(kc, sc + i * P, ss, w->qpk + h * G * c->max_qp, G, ka, P);
+                else if (kc->k.tscore)
+                    kc->k.tscore(kc, sc + i * P, ss, w->qtk + h * G * c->max_qp, G, ka, P);
+                else
+                    kvq__tile_score_rows(kc, &kc->k, sc + i * P, ss, w->qpk + h * G * c->max_qp,
+                                         G, ka, P, w->rows);
+            }
             const size_t alen = ph->vc->acc_len, walen = ly->wheads[h].vc->acc_len;
             kvq__pstate *st = &ps[h];
             for (size_t r = 0; r < G; r++) {
-                float *s = sc + r * P, cd = w->cdot[h * G + r];
+                float *s = sc + r * ss, cd = w->cdot[h * G + r];
                 if (cd != 0.0f)
-                    for (size_t i = 0; i < P; i++)
+                    for (size_t i = 0; i < ss; i++)
                         s[i] += cd;
                 if (raw)
-                    memcpy(raw + r * slots + p * P, s, P * sizeof(float));
+                    memcpy(raw + r * slots + p * P, s, ss * sizeof(float));
             }
             float fr[KVQ__MAX_G];
-            if (c->page_softmax(sc, P, G, P, st->m, st->l, fr))
+            if (c->page_softmax(sc, ss, G, ss, st->m, st->l, fr))
                 for (size_t r = 0; r < G; r++) {
                     /* every accumulator of the row: warm and staged ones too */
                     if (fr[r] != 1.0f)
                         kvq__pstate_scale(st, r, fr[r], alen, warm ? walen : 0,
                                           st->any_pend ? d : 0);
                 }
-            kvq__pf_next = nh && nh->vc == ph->vc ? nx->block + nh->v_off : NULL;
-            kvq__vaccum(ph, st->acc, alen, sc, P, G, pg->block + ph->v_off, P, w->rows);
+            const kvq_codec *vc = ph->vc;
+            const int vpf = th && th->vc == vc && th->vtiled == ph->vtiled;
+            if (ph->vtiled && vc->k.taccum_run && n > 1) {
+                const uint8_t *va[KVQ__RUN_MAX];
+                for (size_t i = 0; i < n; i++)
+                    va[i] = blk[i] + ph->v_off;
+                kvq__pf_next = NULL;
+                vc->k.taccum_run(vc, st->acc, alen, sc, ss, G, va, n, P);
+            } else
+                for (size_t i = 0; i < n; i++) {
+                    kvq__pf_next = vpf && i < tn ? tb[i] + th->v_off : NULL;
+                    kvq__vaccum(ph, st->acc, alen, sc + i * P, ss, G, blk[i] + ph->v_off, P,
+                                w->rows);
+                }
             kvq__pf_next = NULL;
-            w->bytes_read += ph->k_hdr + P * ph->kbytes + P * ph->vbytes;
+            w->bytes_read += n * (ph->k_hdr + P * ph->kbytes + P * ph->vbytes);
         }
+        p += n;
     }
 }
 
