@@ -118,12 +118,13 @@ static void check_paths(kvq_codec *c, const kvq__kernels *k, size_t tqp, const c
  * maxima and rescale factors exact (the same comparisons and expf), each
  * exp within 2e-7 relative of expf (the polynomial's documented bound, 4
  * ulps of margin: 2.5e-7), each sum within that plus gamma_(n+1); a row
- * with nothing visible gets weights of exactly 0. Rows in groups of 4 of 16
- * take the AVX-512 path's side-by-side reductions. */
+ * with nothing visible gets weights of exactly 0. Rows in groups of 4 of 16,
+ * 32, 48 or 64 (runs of pages) take the AVX-512 path's side-by-side
+ * reductions. */
 static void check_softmax(kvq__softmax_fn fn, const char *path, tu_rng *r) {
-    const size_t ns[] = {1, 5, 16, 17, 33, 64};
+    const size_t ns[] = {1, 5, 16, 17, 32, 33, 48, 64};
     int ok = 1;
-    for (size_t ni = 0; ni < 6; ni++)
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
         for (size_t nri = 0; nri < 5; nri++) {
             static const size_t nrs[] = {1, 3, 4, 5, 8};
             size_t nr = nrs[nri], n = ns[ni], ss = n + 3;

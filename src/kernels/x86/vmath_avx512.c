@@ -33,36 +33,38 @@ KVQ__T512 int KVQ__SEL512(kvq__page_softmax_avx512)(float *s, size_t ss, size_t 
     int any = 0;
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     size_t r0 = 0;
-    if (n == 16) /* a page of 16 tokens: 4 rows at a time, reductions side by side */
+    if (n % 16 == 0 && n <= 64) /* runs of 16..64 tokens: 4 rows at a time, reductions side by side */
         for (; r0 + 4 <= nr; r0 += 4) {
-            __m512 x[4];
+            const size_t nb = n / 16;
+            __m512 mx[4];
             float bmv[16], sum[16];
-            for (int k = 0; k < 4; k++)
-                x[k] = _mm512_loadu_ps(s + (r0 + k) * ss);
-            _mm512_storeu_ps(bmv, kvq__red4x16(x[0], x[1], x[2], x[3], 1));
-            int live = 1;
+            for (int k = 0; k < 4; k++) {
+                const float *x = s + (r0 + (size_t)k) * ss;
+                mx[k] = _mm512_loadu_ps(x);
+                for (size_t b = 1; b < nb; b++)
+                    mx[k] = _mm512_max_ps(mx[k], _mm512_loadu_ps(x + 16 * b));
+            }
+            _mm512_storeu_ps(bmv, kvq__red4x16(mx[0], mx[1], mx[2], mx[3], 1));
             for (int k = 0; k < 4; k++) {
                 size_t r = r0 + (size_t)k;
                 any |= kvq__softmax_max_step(bmv[4 * k], &m[r], &l[r], &f[r]);
-                live &= m[r] != -INFINITY;
             }
-            if (!live) { /* a row with nothing visible: the one-row path */
-                for (int k = 0; k < 4; k++)
-                    if (m[r0 + (size_t)k] == -INFINITY)
-                        memset(s + (r0 + (size_t)k) * ss, 0, 16 * sizeof(float));
-                    else {
-                        float *xr = s + (r0 + (size_t)k) * ss;
-                        __m512 e = kvq__exp512(_mm512_sub_ps(x[k], _mm512_set1_ps(m[r0 + (size_t)k])));
-                        _mm512_storeu_ps(xr, e);
-                        l[r0 + (size_t)k] += _mm512_reduce_add_ps(e);
-                    }
-                continue;
-            }
+            __m512 acc[4];
             for (int k = 0; k < 4; k++) {
-                x[k] = kvq__exp512(_mm512_sub_ps(x[k], _mm512_set1_ps(m[r0 + (size_t)k])));
-                _mm512_storeu_ps(s + (r0 + (size_t)k) * ss, x[k]);
+                float *x = s + (r0 + (size_t)k) * ss;
+                acc[k] = _mm512_setzero_ps();
+                if (m[r0 + (size_t)k] == -INFINITY) { /* nothing visible yet: every weight 0 */
+                    memset(x, 0, n * sizeof(float));
+                    continue;
+                }
+                const __m512 mv = _mm512_set1_ps(m[r0 + (size_t)k]);
+                for (size_t b = 0; b < nb; b++) {
+                    __m512 e = kvq__exp512(_mm512_sub_ps(_mm512_loadu_ps(x + 16 * b), mv));
+                    _mm512_storeu_ps(x + 16 * b, e);
+                    acc[k] = _mm512_add_ps(acc[k], e);
+                }
             }
-            _mm512_storeu_ps(sum, kvq__red4x16(x[0], x[1], x[2], x[3], 0));
+            _mm512_storeu_ps(sum, kvq__red4x16(acc[0], acc[1], acc[2], acc[3], 0));
             for (int k = 0; k < 4; k++)
                 l[r0 + (size_t)k] += sum[4 * k];
         }
