@@ -508,20 +508,26 @@ static int kvq__page_fast(const kvq_cache *c, const kvq__layer *ly, size_t p, in
 
 /* A decode step (one query token) over pages [p0, p1) for every KV head at
  * once. Pages go in runs of up to KVQ__RUN_TOKENS tokens of consecutive
- * fast pages (kvq__page_fast) that share their heads' codecs; for each head
- * of a run: the scores of its pages side by side in one row of n * P per
- * query row, one page softmax over the row, then the values of the run in
- * one taccum_run (or page after page). Reads go head after head, keys and
- * values, two sequential streams of the run's blocks, while the areas of
- * the next head (or of the next run's first head) are prefetched. ps[h]
- * holds the state of head h's G rows; the rows of every head were prepared
- * in w by kvq__decode_setup. Any other page goes through kvq__attend_pages
- * for that page. */
+ * fast pages (kvq__page_fast) with the same layout: the keys of the run page
+ * after page, every head's area of a page in block order, the scores of a
+ * head's G rows side by side in rows of n * P; one page softmax over all the
+ * rows of the run; then the values (kvq__run_values). The areas of the page
+ * one run ahead are prefetched as each page's are read. ps[h] holds the
+ * state of head h's G rows (ps[h].m = ps[0].m + h * G, and l alike); the
+ * rows of every head were prepared in w by kvq__decode_setup. Any other
+ * page, and heads with keys in the channel layout, go through
+ * kvq__attend_pages. */
 #define KVQ__RUN_TOKENS 64
 #define KVQ__RUN_MAX 64
-#ifndef KVQ__PF_HEADS
-#define KVQ__PF_HEADS 1
-#endif
+
+/* The block one page after page i of a run of n (blk) followed by nn pages
+ * (nblk), plus off; NULL past them. */
+static inline const uint8_t *kvq__run_next(const uint8_t *const *blk, size_t n,
+                                           const uint8_t *const *nblk, size_t nn, size_t i,
+                                           size_t off) {
+    return i + 1 < n ? blk[i + 1] + off : i + 1 - n < nn ? nblk[i + 1 - n] + off : NULL;
+}
+int kvq__vmode = 0;
 static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qmax, size_t p0,
                               size_t p1, kvq__pstate *ps, float *rawsc) {
     kvq_cache *c = jb->c;
@@ -569,84 +575,115 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
             blk[n] = ly->pages[p + n].block;
             n++;
         }
-        /* the pages after the run, to prefetch while its last head is read */
+        /* the pages one run ahead, prefetched as this run's are read */
         while (nn < n && p + n + nn < p1 && ly->pages[p + n + nn].block &&
                (!c->warm_distinct || kvq__page_heads(ly, &ly->pages[p + n + nn]) == heads)) {
             nblk[nn] = ly->pages[p + n + nn].block;
             nn++;
         }
         const size_t ss = n * P;
-        for (size_t h = 0; h < H; h++) {
-            const kvq__head *ph = heads + h;
-            /* what is read after this head: the next head of the run, or
-             * the first head of the pages after it */
-            const size_t hd = h + KVQ__PF_HEADS;
-            const kvq__head *th = hd < H ? ph + KVQ__PF_HEADS : nn && hd - H < H ? heads + (hd - H) : NULL;
-            const uint8_t *const *tb = hd < H ? blk : nblk;
-            const size_t tn = hd < H ? n : nn;
-            /* areas of the head KVQ__PF_HEADS ahead, a page's at each page
-             * of the scores (the requests spread over the head's work) */
-            const size_t pkb = th && (!th->kc || !th->kc->pf_self)
-                                   ? KVQ__MIN(th->k_hdr + P * th->kbytes, KVQ__PF_AREA) : 0;
-            const size_t pvb = th && !th->vc->pf_self ? KVQ__MIN(P * th->vbytes, KVQ__PF_AREA) : 0;
-            float *raw = rawsc ? rawsc + h * G * slots : NULL;
-            if (ph->kchan_bits) {
-                kvq__work wh = kvq__head_rows(c, w, h);
-                kvq__attend_pages(jb, &wh, h, G, qmax, p, p + n, &ps[h], raw, 0);
-                w->bytes_read += wh.bytes_read;
-                continue;
-            }
-            const kvq_codec *kc = ph->kc;
-            const int kpf = th && th->kc == kc && th->ktiled == ph->ktiled;
-            for (size_t i = 0; i < n; i++) {
-                const uint8_t *ka = blk[i] + ph->k_off;
-                if (i < tn) {
-                    kvq__prefetch(tb[i] + th->k_off, pkb, 0);
-                    kvq__prefetch(tb[i] + th->v_off, pvb, 0);
-                }
-                kvq__pf_next = kpf && i < tn ? tb[i] + th->k_off : NULL;
+        for (size_t i = 0; i < n; i++)
+            for (size_t h = 0; h < H; h++) {
+                const kvq__head *ph = heads + h;
+                if (ph->kchan_bits)
+                    continue;
+                const kvq_codec *kc = ph->kc;
+                /* the same head's areas one page ahead */
+                const uint8_t *nb = kvq__run_next(blk, n, nblk, nn, i, 0);
+                const uint8_t *ka = blk[i] + ph->k_off, *nk = nb ? nb + ph->k_off : NULL;
+                if (nk && !kc->pf_self)
+                    kvq__prefetch(nk, KVQ__MIN(ph->k_hdr + P * ph->kbytes, KVQ__PF_AREA), 0);
+                if (nk && !ph->vc->pf_self)
+                    kvq__prefetch(nb + ph->v_off, KVQ__MIN(P * ph->vbytes, KVQ__PF_AREA), 0);
+                kvq__pf_next = nk;
+                float *s0 = sc + h * G * ss + i * P;
+                const size_t qo = h * G * c->max_qp;
                 if (!ph->ktiled)
-                    kc->k.score(kc, sc + i * P, ss, w->qpk + h * G * c->max_qp, G, ka, P);
+                    kc->k.score(kc, s0, ss, w->qpk + qo, G, ka, P);
                 else if (kc->k.tscore)
-                    kc->k.tscore(kc, sc + i * P, ss, w->qtk + h * G * c->max_qp, G, ka, P);
+                    kc->k.tscore(kc, s0, ss, w->qtk + qo, G, ka, P);
                 else
-                    kvq__tile_score_rows(kc, &kc->k, sc + i * P, ss, w->qpk + h * G * c->max_qp,
-                                         G, ka, P, w->rows);
+                    kvq__tile_score_rows(kc, &kc->k, s0, ss, w->qpk + qo, G, ka, P, w->rows);
             }
-            const size_t alen = ph->vc->acc_len, walen = ly->wheads[h].vc->acc_len;
-            kvq__pstate *st = &ps[h];
+        kvq__pf_next = NULL;
+        for (size_t h = 0; h < H; h++) {
+            if (heads[h].kchan_bits)
+                continue;
             for (size_t r = 0; r < G; r++) {
-                float *s = sc + r * ss, cd = w->cdot[h * G + r];
+                float *s = sc + (h * G + r) * ss, cd = w->cdot[h * G + r];
                 if (cd != 0.0f)
                     for (size_t i = 0; i < ss; i++)
                         s[i] += cd;
-                if (raw)
-                    memcpy(raw + r * slots + p * P, s, ss * sizeof(float));
+                if (rawsc)
+                    memcpy(rawsc + (h * G + r) * slots + p * P, s, ss * sizeof(float));
             }
-            float fr[KVQ__MAX_G];
-            if (c->page_softmax(sc, ss, G, ss, st->m, st->l, fr))
-                for (size_t r = 0; r < G; r++) {
-                    /* every accumulator of the row: warm and staged ones too */
-                    if (fr[r] != 1.0f)
-                        kvq__pstate_scale(st, r, fr[r], alen, warm ? walen : 0,
-                                          st->any_pend ? d : 0);
-                }
-            const kvq_codec *vc = ph->vc;
-            const int vpf = th && th->vc == vc && th->vtiled == ph->vtiled;
-            if (ph->vtiled && vc->k.taccum_run && n > 1) {
-                const uint8_t *va[KVQ__RUN_MAX];
-                for (size_t i = 0; i < n; i++)
-                    va[i] = blk[i] + ph->v_off;
+        }
+        /* the softmax of every row at once, or head by head around the
+         * heads in the channel layout */
+        float fr[KVQ__MAX_G];
+        for (size_t h0 = 0; h0 < H;) {
+            size_t h1 = h0 + 1;
+            if (heads[h0].kchan_bits) {
+                h0 = h1;
+                continue;
+            }
+            while (h1 < H && !heads[h1].kchan_bits && (h1 + 1 - h0) * G <= KVQ__MAX_G)
+                h1++;
+            if (c->page_softmax(sc + h0 * G * ss, ss, (h1 - h0) * G, ss, ps[h0].m, ps[h0].l, fr))
+                for (size_t h = h0; h < h1; h++)
+                    for (size_t r = 0; r < G; r++) {
+                        /* every accumulator of the row: warm and staged ones too */
+                        float f = fr[(h - h0) * G + r];
+                        if (f != 1.0f)
+                            kvq__pstate_scale(&ps[h], r, f, heads[h].vc->acc_len,
+                                              warm ? ly->wheads[h].vc->acc_len : 0,
+                                              ps[h].any_pend ? d : 0);
+                    }
+            h0 = h1;
+        }
+        if (kvq__vmode == 0) {
+            /* values head after head, the run's pages in one taccum_run */
+            for (size_t h = 0; h < H; h++) {
+                const kvq__head *ph = heads + h;
+                if (ph->kchan_bits)
+                    continue;
+                const kvq_codec *vc = ph->vc;
+                const float *wt = sc + h * G * ss;
+                if (ph->vtiled && vc->k.taccum_run && n > 1) {
+                    const uint8_t *va[KVQ__RUN_MAX];
+                    for (size_t i = 0; i < n; i++)
+                        va[i] = blk[i] + ph->v_off;
+                    vc->k.taccum_run(vc, ps[h].acc, vc->acc_len, wt, ss, G, va, n, P);
+                } else
+                    for (size_t i = 0; i < n; i++) {
+                        kvq__pf_next = kvq__run_next(blk, n, nblk, nn, i, ph->v_off);
+                        kvq__vaccum(ph, ps[h].acc, vc->acc_len, wt + i * P, ss, G,
+                                    blk[i] + ph->v_off, P, w->rows);
+                    }
                 kvq__pf_next = NULL;
-                vc->k.taccum_run(vc, st->acc, alen, sc, ss, G, va, n, P);
-            } else
-                for (size_t i = 0; i < n; i++) {
-                    kvq__pf_next = vpf && i < tn ? tb[i] + th->v_off : NULL;
-                    kvq__vaccum(ph, st->acc, alen, sc + i * P, ss, G, blk[i] + ph->v_off, P,
-                                w->rows);
+            }
+        } else {
+            /* values page after page, every head's area in block order */
+            for (size_t i = 0; i < n; i++)
+                for (size_t h = 0; h < H; h++) {
+                    const kvq__head *ph = heads + h;
+                    if (ph->kchan_bits)
+                        continue;
+                    kvq__pf_next = kvq__run_next(blk, n, nblk, nn, i, ph->v_off);
+                    kvq__vaccum(ph, ps[h].acc, ph->vc->acc_len, sc + h * G * ss + i * P, ss, G,
+                                blk[i] + ph->v_off, P, w->rows);
                 }
             kvq__pf_next = NULL;
-            w->bytes_read += n * (ph->k_hdr + P * ph->kbytes + P * ph->vbytes);
+        }
+        for (size_t h = 0; h < H; h++) {
+            const kvq__head *ph = heads + h;
+            if (ph->kchan_bits) {
+                kvq__work wh = kvq__head_rows(c, w, h);
+                kvq__attend_pages(jb, &wh, h, G, qmax, p, p + n, &ps[h],
+                                  rawsc ? rawsc + h * G * slots : NULL, 0);
+                w->bytes_read += wh.bytes_read;
+            } else
+                w->bytes_read += n * (ph->k_hdr + P * ph->kbytes + P * ph->vbytes);
         }
         p += n;
     }
