@@ -119,8 +119,8 @@ static void check_paths(kvq_codec *c, const kvq__kernels *k, size_t tqp, const c
  * exp within 2e-7 relative of expf (the polynomial's documented bound, 4
  * ulps of margin: 2.5e-7), each sum within that plus gamma_(n+1); a row
  * with nothing visible gets weights of exactly 0. Rows in groups of 4 of 16,
- * 32, 48 or 64 (runs of pages) take the AVX-512 path's side-by-side
- * reductions. */
+ * 32, 48 or 64 (runs of pages) take the side-by-side reductions of the
+ * AVX-512 and AVX2 paths. */
 static void check_softmax(kvq__softmax_fn fn, const char *path, tu_rng *r) {
     const size_t ns[] = {1, 5, 16, 17, 32, 33, 48, 64};
     int ok = 1;

@@ -27,10 +27,58 @@ static inline __m256 kvq__exp256(__m256 y) {
     return _mm256_andnot_ps(under, res);
 }
 
+/* The maxima (mx) or sums of a0..a3's 8 lanes each, in that order. */
+static inline __m128 kvq__red4x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, int mx) {
+    __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
+    __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
+    __m256 u0 = mx ? _mm256_max_ps(t0, t1) : _mm256_add_ps(t0, t1);
+    __m256 u1 = mx ? _mm256_max_ps(t2, t3) : _mm256_add_ps(t2, t3);
+    __m256 v0 = _mm256_shuffle_ps(u0, u1, _MM_SHUFFLE(1, 0, 1, 0));
+    __m256 v1 = _mm256_shuffle_ps(u0, u1, _MM_SHUFFLE(3, 2, 3, 2));
+    __m256 w = mx ? _mm256_max_ps(v0, v1) : _mm256_add_ps(v0, v1);
+    __m128 lo = _mm256_castps256_ps128(w), hi = _mm256_extractf128_ps(w, 1);
+    return mx ? _mm_max_ps(lo, hi) : _mm_add_ps(lo, hi);
+}
+
 int kvq__page_softmax_avx2(float *s, size_t ss, size_t nr, size_t n, float *m, float *l,
                            float *f) {
     int any = 0;
-    for (size_t r = 0; r < nr; r++) {
+    size_t r0 = 0;
+    if (n % 8 == 0 && n <= 64) /* pages and runs of pages: 4 rows at a time, reductions side by side */
+        for (; r0 + 4 <= nr; r0 += 4) {
+            const size_t nb = n / 8;
+            __m256 v[4];
+            float red[4];
+            for (int k = 0; k < 4; k++) {
+                const float *x = s + (r0 + (size_t)k) * ss;
+                v[k] = _mm256_loadu_ps(x);
+                for (size_t b = 1; b < nb; b++)
+                    v[k] = _mm256_max_ps(v[k], _mm256_loadu_ps(x + 8 * b));
+            }
+            _mm_storeu_ps(red, kvq__red4x8(v[0], v[1], v[2], v[3], 1));
+            for (int k = 0; k < 4; k++) {
+                size_t r = r0 + (size_t)k;
+                any |= kvq__softmax_max_step(red[k], &m[r], &l[r], &f[r]);
+            }
+            for (int k = 0; k < 4; k++) {
+                float *x = s + (r0 + (size_t)k) * ss;
+                v[k] = _mm256_setzero_ps();
+                if (m[r0 + (size_t)k] == -INFINITY) { /* nothing visible yet: every weight 0 */
+                    memset(x, 0, n * sizeof(float));
+                    continue;
+                }
+                const __m256 mv = _mm256_set1_ps(m[r0 + (size_t)k]);
+                for (size_t b = 0; b < nb; b++) {
+                    __m256 e = kvq__exp256(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * b), mv));
+                    _mm256_storeu_ps(x + 8 * b, e);
+                    v[k] = _mm256_add_ps(v[k], e);
+                }
+            }
+            _mm_storeu_ps(red, kvq__red4x8(v[0], v[1], v[2], v[3], 0));
+            for (int k = 0; k < 4; k++)
+                l[r0 + (size_t)k] += red[k];
+        }
+    for (size_t r = r0; r < nr; r++) {
         float *x = s + r * ss, bm = -INFINITY;
         size_t i = 0;
         if (n >= 8) {
