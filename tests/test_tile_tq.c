@@ -15,7 +15,8 @@
  * exact path), pages longer than one weight segment (P = 272).
  * `--bench [P]` (off by default; P = 64) times one decode step's kernels
  * (4 query rows per KV head, 8 KV heads x 32k tokens) on every path against
- * the row kernels and the f32 codec, in the same run.
+ * the row kernels and the f32 codec, in the same run; `--bench-run` times
+ * taccum page by page against taccum_run on a run of 4 pages (hot data).
  */
 #include "testutil.h"
 
@@ -953,6 +954,69 @@ static void bench(size_t P) {
     free(acc);
 }
 
+/* `--bench-run`: the V side of a decode run on hot data (tq3, tq4, d 128,
+ * 4 query rows, 4 pages of 16 tokens: what the decode driver hands one
+ * taccum_run call): taccum page by page (4 calls) against one taccum_run,
+ * side by side in the same run, best of 31 alternating rounds. */
+static void bench_run_pages(void) {
+    const size_t d = 128, P = 16, np = 4, nq = 4, N = np * P, iters = 4000;
+    printf("bench-run: taccum x %zu pages vs taccum_run (np %zu), P %zu, head_dim %zu, %zu rows, hot data, one thread\n",
+           np, np, P, d, nq);
+    printf("best isa %s, AVX-512 features %s%s\n", kvq_isa_name(kvq_cpu_best_isa()),
+           (kvq__cpu_avx512_features() & KVQ__X512_VNNI) ? "VNNI " : "",
+           (kvq__cpu_avx512_features() & KVQ__X512_VBMI) ? "VBMI" : "");
+    static const char *specs[] = {"tq3", "tq4"};
+    for (int pi = 0; pi < npaths; pi++) {
+        if (paths[pi].sel == 2) /* SIMDe: not a speed */
+            continue;
+        for (int si = 0; si < 2; si++) {
+            kvq_codec *c = mk_path(&paths[pi], specs[si], d);
+            if (!c)
+                continue;
+            tu_rng r;
+            tu_seed(&r, 11);
+            float *x = (float *)xalloc(P * d * 4), *w = (float *)xalloc(nq * N * 4);
+            float *acc = (float *)xalloc(nq * c->acc_len * 4);
+            uint8_t *rows = (uint8_t *)xalloc(P * c->bytes), *pages[4];
+            for (size_t i = 0; i < np; i++) {
+                pages[i] = (uint8_t *)xalloc(P * c->bytes);
+                fill_vectors(&r, x, P, d);
+                make_page(c, KVQ__ROLE_V, P, x, rows, pages[i]);
+            }
+            for (size_t i = 0; i < nq; i++)
+                fill_run_weights(&r, w + i * N, 0, N, P);
+            memset(acc, 0, nq * c->acc_len * 4);
+            double best1 = 1e9, best2 = 1e9;
+            for (int rep = 0; rep < 31; rep++) {
+                double t0 = now_s();
+                for (size_t it = 0; it < iters; it++)
+                    for (size_t i = 0; i < np; i++)
+                        c->k.taccum(c, acc, c->acc_len, w + i * P, N, nq, pages[i], P);
+                double t1 = now_s();
+                if (c->k.taccum_run)
+                    for (size_t it = 0; it < iters; it++)
+                        c->k.taccum_run(c, acc, c->acc_len, w, N, nq, (const uint8_t *const *)pages, np, P);
+                double t2 = now_s();
+                best1 = fmin(best1, t1 - t0);
+                best2 = fmin(best2, t2 - t1);
+            }
+            const double n1 = best1 * 1e9 / (double)(iters * np), n2 = best2 * 1e9 / (double)(iters * np);
+            if (c->k.taccum_run)
+                printf("  %-22s %s  taccum %6.1f ns/page-head  taccum_run %6.1f ns/page-head  (%.0f%% cheaper)\n",
+                       paths[pi].name, specs[si], n1, n2, 100.0 * (1.0 - n2 / n1));
+            else
+                printf("  %-22s %s  taccum %6.1f ns/page-head  (no taccum_run)\n", paths[pi].name, specs[si], n1);
+            for (size_t i = 0; i < np; i++)
+                free(pages[i]);
+            free(x);
+            free(w);
+            free(acc);
+            free(rows);
+            kvq_codec_free(c);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     for (int i = 1; i < argc; i++)
@@ -960,6 +1024,9 @@ int main(int argc, char **argv) {
             bench(i + 1 < argc ? (size_t)atoi(argv[i + 1]) : 64);
             return 0;
         }
+    int brun = 0;
+    for (int i = 1; i < argc; i++)
+        brun |= strcmp(argv[i], "--bench-run") == 0;
     const int avx2 = kvq_cpu_supports(KVQ_ISA_AVX2), avx512 = kvq_cpu_supports(KVQ_ISA_AVX512);
     const unsigned feat = kvq__cpu_avx512_features();
     if (avx2) {
@@ -978,6 +1045,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < npaths; i++)
         printf(" [%s]", paths[i].name);
     printf("\n");
+    if (brun) {
+        bench_run_pages();
+        return 0;
+    }
     test_tiled_set();
     test_layout();
     test_kernels();
