@@ -129,13 +129,7 @@ static inline int32_t kvq__tq_ld32s(const void *p) {
  * sums stay within 2 * 127 * 127 < 2^15), whatever the run's length: no
  * overflow, and the conversion to float is exact. */
 #define KVQ__TQ_TSEG512 256
-
-/* A page of a run, or the part of it in one weight segment: its units from
- * token k0 on, nquad quads of 4 tokens. */
-typedef struct kvq__tq_tpiece {
-    const uint8_t *page, *units;
-    size_t pg, k0, nquad; /* pg: index of the page in the run */
-} kvq__tq_tpiece;
+_Static_assert(KVQ__TQ_TSEG512 <= 16 * KVQ__TQ_TPIECES, "segment pieces");
 
 /* ---- VNNI variant ---- */
 #define KVQ__TQ512_PASS 1
@@ -347,22 +341,11 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_kb)(const kvq_codec *c, float *
     const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)t->c8));
     float nrm[KVQ__TQ_TSEG512];
     uint8_t wq[4][KVQ__TQ_TSEG512];
-    kvq__tq_tpiece pc[KVQ__TQ_TSEG512 / 16];
+    kvq__tq_tpiece pc[KVQ__TQ_TPIECES];
     const size_t N = np * P;
     for (size_t s0 = 0; s0 < N; s0 += KVQ__TQ_TSEG512) {
         const size_t sn = KVQ__MIN((size_t)KVQ__TQ_TSEG512, N - s0);
-        /* the pieces of the segment (pages or parts of pages; multiples of 16 tokens) and their norms */
-        size_t npc = 0;
-        for (size_t s = s0; s < s0 + sn; npc++) {
-            const size_t i = s / P, k0 = s - i * P, kn = KVQ__MIN(P - k0, s0 + sn - s);
-            pc[npc].page = pages[i];
-            pc[npc].units = pages[i] + P * t->nb + (k0 / 4) * qb;
-            pc[npc].pg = i;
-            pc[npc].k0 = k0;
-            pc[npc].nquad = kn / 4;
-            kvq__tq_tnorms(t, pages[i], k0, kn, nrm + (s - s0));
-            s += kn;
-        }
+        const size_t npc = kvq__tq_tpieces(t, pages, P, qb, s0, sn, pc, nrm);
         for (size_t i0 = 0; i0 < nq; i0 += 4) {
             const size_t m = KVQ__MIN(4, nq - i0);
             float *a[4] = {NULL, NULL, NULL, NULL};
@@ -379,9 +362,7 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_kb)(const kvq_codec *c, float *
                     any = 1;
                 } else {
                     memset(wq[r], 0, sn);
-                    for (size_t p = 0; p < npc; p++)
-                        kvq__tq_taccum_exact(c, acc + (i0 + r) * astride, wr + pc[p].pg * P, pc[p].page, P,
-                                             pc[p].k0, 4 * pc[p].nquad);
+                    kvq__tq_tpieces_exact(c, acc + (i0 + r) * astride, wr, pc, npc, P);
                 }
             }
             if (!any)
