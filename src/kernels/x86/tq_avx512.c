@@ -335,7 +335,7 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_rows)(const kvq__tq_tpiece *pc,
 KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_kb)(const kvq_codec *c, float *acc, size_t astride,
                                                      const float *w, size_t wstride, size_t nq,
                                                      const uint8_t *const *pages, size_t np, size_t P,
-                                                     int kb) {
+                                                     int kb, const int one) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t nh = c->d / 16, qb = nh * 8 * (size_t)kb; /* bytes of a quad's units */
     const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)t->c8));
@@ -345,7 +345,17 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_kb)(const kvq_codec *c, float *
     const size_t N = np * P;
     for (size_t s0 = 0; s0 < N; s0 += KVQ__TQ_TSEG512) {
         const size_t sn = KVQ__MIN((size_t)KVQ__TQ_TSEG512, N - s0);
-        const size_t npc = kvq__tq_tpieces(t, pages, P, qb, s0, sn, pc, nrm);
+        size_t npc = 1;
+        if (one) { /* taccum (np = 1): the piece inline and npc a constant in the loops */
+            pc[0].page = pages[0];
+            pc[0].units = pages[0] + P * t->nb + (s0 / 4) * qb;
+            pc[0].pg = 0;
+            pc[0].k0 = s0;
+            pc[0].nquad = sn / 4;
+            kvq__tq_tnorms(t, pages[0], s0, sn, nrm);
+        } else {
+            npc = kvq__tq_tpieces(t, pages, P, qb, s0, sn, pc, nrm);
+        }
         for (size_t i0 = 0; i0 < nq; i0 += 4) {
             const size_t m = KVQ__MIN(4, nq - i0);
             float *a[4] = {NULL, NULL, NULL, NULL};
@@ -382,16 +392,16 @@ KVQ__TGT static void KVQ__SFX(kvq__tq_taccum_run512)(const kvq_codec *c, float *
                                                      const uint8_t *const *pages, size_t np, size_t P) {
     switch (((const kvq__tq *)c->state)->kb) {
     case 1:
-        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 1);
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 1, 0);
         break;
     case 2:
-        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 2);
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 2, 0);
         break;
     case 3:
-        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 3);
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 3, 0);
         break;
     default:
-        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 4);
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 4, 0);
         break;
     }
 }
@@ -399,7 +409,21 @@ KVQ__TGT static void KVQ__SFX(kvq__tq_taccum_run512)(const kvq_codec *c, float *
 KVQ__TGT static void KVQ__SFX(kvq__tq_taccum512)(const kvq_codec *c, float *acc, size_t astride,
                                                  const float *w, size_t wstride, size_t nq,
                                                  const uint8_t *page, size_t P) {
-    KVQ__SFX(kvq__tq_taccum_run512)(c, acc, astride, w, wstride, nq, &page, 1, P);
+    const uint8_t *const pages[1] = {page};
+    switch (((const kvq__tq *)c->state)->kb) {
+    case 1:
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, 1, P, 1, 1);
+        break;
+    case 2:
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, 1, P, 2, 1);
+        break;
+    case 3:
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, 1, P, 3, 1);
+        break;
+    default:
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, 1, P, 4, 1);
+        break;
+    }
 }
 
 #endif
