@@ -15,7 +15,8 @@
  * exact path), pages longer than one weight segment (P = 272).
  * `--bench [P]` (off by default; P = 64) times one decode step's kernels
  * (4 query rows per KV head, 8 KV heads x 32k tokens) on every path against
- * the row kernels and the f32 codec, in the same run.
+ * the row kernels and the f32 codec, in the same run; `--bench-run` times
+ * taccum page by page against taccum_run on a run of 4 pages (hot data).
  */
 #include "testutil.h"
 
@@ -113,7 +114,8 @@ static void test_tiled_set(void) {
                     TU_REPORT(kvq__tiled(c, role, Ps[pi]) == want, "%s d=%zu P=%zu role=%d tiled %d", specs[si],
                               ds[di], Ps[pi], role, want);
                 }
-            CHECK(c->k.tscore == NULL && c->k.taccum == NULL); /* scalar path: the cache gathers rows */
+            /* scalar path: the cache gathers rows */
+            CHECK(c->k.tscore == NULL && c->k.taccum == NULL && c->k.taccum_run == NULL);
             kvq_codec_free(c);
         }
     static const char *tqp[] = {"tqp2", "tqp3", "tqp4"};
@@ -122,7 +124,7 @@ static void test_tiled_set(void) {
         if (!c)
             continue;
         CHECK(!kvq__tiled(c, KVQ__ROLE_K, 64) && !kvq__tiled(c, KVQ__ROLE_V, 64));
-        CHECK(c->k.tscore == NULL && c->k.taccum == NULL);
+        CHECK(c->k.tscore == NULL && c->k.taccum == NULL && c->k.taccum_run == NULL);
         kvq_codec_free(c);
     }
 }
@@ -461,8 +463,8 @@ static void test_kernels(void) {
                 kvq_codec *c = mk_path(pa, specs[si], ds[di]);
                 if (!c)
                     continue;
-                TU_REPORT(c->k.tprep && c->k.tscore && c->k.taccum, "%s %s d=%zu: no tiled kernels", pa->name,
-                          specs[si], ds[di]);
+                TU_REPORT(c->k.tprep && c->k.tscore && c->k.taccum && c->k.taccum_run, "%s %s d=%zu: no tiled kernels",
+                          pa->name, specs[si], ds[di]);
                 if (!c->k.tscore) {
                     kvq_codec_free(c);
                     continue;
@@ -505,6 +507,272 @@ static void test_kernels(void) {
         TU_REPORT(sa.bad_bound == 0, "%s: %ld accumulations outside the bound of the reference (worst %.3g x)",
                   pa->name, sa.bad_bound, sa.worst_bound);
         TU_REPORT(sa.bad_exact == 0, "%s: %ld values of the exact path / padding differ", pa->name, sa.bad_exact);
+    }
+}
+
+/* ---- taccum_run: runs of np pages ---- */
+
+typedef void (*run_fn)(const kvq_codec *c, float *acc, size_t astride, const float *w, size_t wstride,
+                       size_t nq, const uint8_t *const *pages, size_t np, size_t P);
+
+/* Weights of row `kind` over a run of n tokens (pages of P), as a softmax
+ * over the run gives them: 0 softmax of Gaussian scores, 1 all zero (a
+ * masked row), 2 one dominant weight (the others ~1e-6 of it), 3 tiny and
+ * large mixed (40 decades, half of them exact zeros), 4 softmax-like with a
+ * negative value in every segment of 256 tokens (the exact path), 5 tiny
+ * (below 2^-100, partly subnormal), 6 softmax with page 1 all zero; and
+ * RUN_FLAT (not in the rotation): softmax of flat scores, where every page
+ * carries its share of the weight. */
+#define RUN_KINDS 7
+#define RUN_FLAT 7
+static void fill_run_weights(tu_rng *r, float *w, int kind, size_t n, size_t P) {
+    double sum = 0.0;
+    const size_t dom = (size_t)(tu_uniform(r) * (double)n) % n;
+    for (size_t k = 0; k < n; k++) {
+        double v;
+        switch (kind) {
+        case 0:
+        case 4:
+        case 6:
+            v = exp(3.0 * tu_gauss(r));
+            break;
+        case 1:
+            v = 0.0;
+            break;
+        case RUN_FLAT:
+            v = exp(0.5 * tu_gauss(r));
+            break;
+        case 2:
+            v = k == dom ? 1.0 : 1e-6 * exp(tu_gauss(r));
+            break;
+        case 3:
+            v = tu_uniform(r) < 0.5 ? 0.0 : exp(-46.0 * tu_uniform(r));
+            break;
+        default:
+            v = 1e-39 * exp(2.0 * tu_gauss(r));
+            break;
+        }
+        if (kind == 6 && k / P == 1)
+            v = 0.0;
+        w[k] = (float)v;
+        sum += v;
+    }
+    if (kind != 3 && kind != 5 && sum > 0.0)
+        for (size_t k = 0; k < n; k++)
+            w[k] = (float)(w[k] / sum);
+    if (kind == 4)
+        for (size_t k = 5; k < n; k += 128) /* every segment of 256 (starting at 256 s) holds one */
+            w[k] = -0.25f;
+}
+
+/* c->k.taccum_run over np random pages of P tokens and nq weight rows
+ * (kinds of fill_run_weights in turn from salt; salt < 0: all RUN_FLAT)
+ * against kvq__tile_accum_pages with the reference kernels, and against
+ * an emulation of the kernel's integer arithmetic. The run's tokens are
+ * taken page after page in segments of 256 (KVQ__TQ_TSEG512 / the AVX2
+ * KVQ__TQ_TSEG); per row and segment the kernel rounds a_k = w_k n_k to
+ * codes round(a_k / s_w), s_w = max a / W, and adds s_w s_c sum_k code_k
+ * c8[idx_kj] with one float conversion (exact: |sum| < 2^23) and one FMA.
+ * Bounds:
+ *  - emulation: the FMAs only, one per segment: u (|acc0| + sum_seg
+ *    |s_w s_c isum|) each, margin 2 (plus subnormal terms as check_accum);
+ *  - reference: tq.c's bound per segment, s_w/2 sum_k |c^_kj| + s_c/2
+ *    sum_k a_k (0.5 + 1e-4: the float scales are within a few ulps of the
+ *    exact ones), plus the reference's own float sums over the run,
+ *    gamma_{np P + 1} (|acc0| + sum_k |a_k c_kj|), and the kernel's FMAs,
+ *    with margin 2.
+ * Rows with a negative weight take the exact path: equal to the reference. */
+static void check_accum_run(const path *pa, kvq_codec *c, run_fn fn, size_t P, size_t np, size_t nq, int salt,
+                            tu_rng *r, stats *st) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const size_t d = c->d, vb = c->bytes, as = c->acc_len + 5, N = np * P, ws = N + 7;
+    float *x = (float *)xalloc(P * d * 4), *w = (float *)xalloc(nq * ws * 4), *nrm = (float *)xalloc(N * 4);
+    float *a0 = (float *)xalloc(nq * as * 4), *ak = (float *)xalloc(nq * as * 4), *ar = (float *)xalloc(nq * as * 4);
+    uint8_t *rows = (uint8_t *)xalloc(N * vb), *g = (uint8_t *)xalloc(P * vb);
+    uint8_t **pg = (uint8_t **)malloc(np * sizeof *pg);
+    for (size_t i = 0; i < np; i++) {
+        pg[i] = (uint8_t *)xalloc(P * vb);
+        fill_vectors(r, x, P, d);
+        make_page(c, KVQ__ROLE_V, P, x, rows + i * P * vb, pg[i]);
+    }
+    for (size_t i = 0; i < nq; i++)
+        fill_run_weights(r, w + i * ws, salt < 0 ? RUN_FLAT : (int)((i + (size_t)salt) % RUN_KINDS), N, P);
+    tu_fill_gauss(r, a0, nq * as, 0.3f);
+    memcpy(ak, a0, nq * as * 4);
+    memcpy(ar, a0, nq * as * 4);
+    fn(c, ak, as, w, ws, nq, (const uint8_t *const *)pg, np, P);
+    kvq__tile_accum_pages(c, &c->ref, ar, as, w, ws, nq, (const uint8_t *const *)pg, np, P, g);
+    const double s_c = t->c8_scale;
+    const size_t nseg = (N + 255) / 256;
+    for (size_t k = 0; k < N; k++)
+        nrm[k] = kvq__tq_get_norm(t, &t->ns, rows + k * vb);
+    for (size_t i = 0; i < nq; i++) {
+        const float *wi = w + i * ws;
+        int exact = 0;
+        for (size_t k = 0; k < N; k++)
+            exact |= wi[k] < 0.0f;
+        for (size_t j = c->acc_len; j < as; j++) /* padding columns past acc_len are never touched */
+            st->bad_exact += ak[i * as + j] != a0[i * as + j];
+        if (exact) { /* the exact path: the reference's own arithmetic */
+            for (size_t j = 0; j < d; j++)
+                st->bad_exact += ak[i * as + j] != ar[i * as + j];
+            continue;
+        }
+        for (size_t j = 0; j < d; j++) {
+            double emu = a0[i * as + j], chat = 0.0, asum = 0.0, mag = fabs(a0[i * as + j]), bound = 0.0, den = 0.0;
+            for (size_t s0 = 0; s0 < N; s0 += 256) {
+                const size_t sn = KVQ__MIN((size_t)256, N - s0);
+                float m = 0.0f;
+                for (size_t k = s0; k < s0 + sn; k++)
+                    m = fmaxf(m, wi[k] * nrm[k]);
+                if (m == 0.0f)
+                    continue;
+                const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
+                float inv = (float)pa->wmax / ms, sw = ms / (float)pa->wmax * (1.0f / ps), fs = sw * t->c8_scale;
+                long isum = 0;
+                double segc = 0.0;
+                for (size_t k = s0; k < s0 + sn; k++) {
+                    float a = wi[k] * nrm[k];
+                    long cw1 = (long)nearbyintf(a * ps * inv);
+                    unsigned ix = kvq__tq_get_idx(rows + k * vb + t->off_idx, j, t->kb);
+                    isum += cw1 * t->c8[ix];
+                    segc += fabs(t->c8[ix] * s_c);
+                    asum += a;
+                    mag += fabs(a * t->cent[ix]);
+                }
+                emu += (double)isum * fs;
+                chat += segc * sw;
+                bound += fabs((double)isum * fs);
+                den += fabs((double)isum) * DEN + DEN; /* fs and the fma, subnormal */
+            }
+            double kv = ak[i * as + j], rv = ar[i * as + j];
+            note(st, fabs(kv - emu), 2 * U24 * (double)nseg * (fabs(a0[i * as + j]) + bound) + 2 * DEN * (double)nseg, 1);
+            double b = (0.5 + 1e-4) * chat + (0.5 + 1e-4) * s_c * asum + 2 * gam((double)N + 1) * mag +
+                       2 * 2 * U24 * (double)nseg * (fabs(a0[i * as + j]) + bound) + 2 * den;
+            note(st, fabs(kv - rv), b, 0);
+            st->n++;
+        }
+    }
+    for (size_t i = 0; i < np; i++)
+        free(pg[i]);
+    free(pg);
+    free(x);
+    free(w);
+    free(nrm);
+    free(a0);
+    free(ak);
+    free(ar);
+    free(rows);
+    free(g);
+}
+
+/* Deliberately broken runs (the checker must reject them): page 2 read as
+ * page 1; page 2 with the norms of page 1; the run cut after np - 1 pages. */
+static run_fn real_run;
+static void broken_page(const kvq_codec *c, float *acc, size_t astride, const float *w, size_t wstride, size_t nq,
+                        const uint8_t *const *pages, size_t np, size_t P) {
+    const uint8_t *p[64];
+    memcpy(p, pages, np * sizeof *p);
+    p[2] = p[1];
+    real_run(c, acc, astride, w, wstride, nq, p, np, P);
+}
+static void broken_norms(const kvq_codec *c, float *acc, size_t astride, const float *w, size_t wstride,
+                         size_t nq, const uint8_t *const *pages, size_t np, size_t P) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    const uint8_t *p[64];
+    uint8_t *cp = (uint8_t *)xalloc(P * c->bytes);
+    memcpy(p, pages, np * sizeof *p);
+    memcpy(cp, pages[2], P * c->bytes);
+    memcpy(cp, pages[1], P * t->nb);
+    p[2] = cp;
+    real_run(c, acc, astride, w, wstride, nq, p, np, P);
+    free(cp);
+}
+static void broken_short(const kvq_codec *c, float *acc, size_t astride, const float *w, size_t wstride,
+                         size_t nq, const uint8_t *const *pages, size_t np, size_t P) {
+    real_run(c, acc, astride, w, wstride, nq, pages, np - 1, P);
+}
+
+static void test_accum_run(void) {
+    static const char *specs[] = {"tq1", "tq2", "tq3", "tq4", "tq3:norm=8"};
+    static const size_t ds[] = {64, 128};
+    static const size_t Ps[] = {16, 32, 64};
+    tu_rng r;
+    tu_seed(&r, SEED + 3);
+    printf("taccum_run seed %u\n", SEED + 3);
+    for (int pi = 0; pi < npaths; pi++) {
+        const path *pa = &paths[pi];
+        stats sa;
+        memset(&sa, 0, sizeof sa);
+        int salt = 0, have = 0;
+        for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++)
+            for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++) {
+                kvq_codec *c = mk_path(pa, specs[si], ds[di]);
+                if (!c)
+                    continue;
+                if (!c->k.taccum_run) {
+                    kvq_codec_free(c);
+                    continue;
+                }
+                have = 1;
+                for (size_t pj = 0; pj < sizeof Ps / sizeof Ps[0]; pj++)
+                    for (size_t np = 1; np <= 5; np++)
+                        for (size_t nq = 1; nq <= 5; nq++) {
+                            snprintf(sa.where, sizeof sa.where, "%s d=%zu P=%zu np=%zu nq=%zu", specs[si], ds[di],
+                                     Ps[pj], np, nq);
+                            check_accum_run(pa, c, c->k.taccum_run, Ps[pj], np, nq, salt++, &r, &sa);
+                        }
+                if (si == 2) { /* segments of 256 across and inside pages: 17 pages of 16 (16 + 1
+                                * pieces), 2 pages of 272 (a page in three segments' pieces) */
+                    snprintf(sa.where, sizeof sa.where, "%s d=%zu P=16 np=17", specs[si], ds[di]);
+                    check_accum_run(pa, c, c->k.taccum_run, 16, 17, 5, salt++, &r, &sa);
+                    snprintf(sa.where, sizeof sa.where, "%s d=%zu P=272 np=2", specs[si], ds[di]);
+                    check_accum_run(pa, c, c->k.taccum_run, 272, 2, 6, salt++, &r, &sa);
+                }
+                kvq_codec_free(c);
+            }
+        if (!have) {
+            TU_REPORT(0, "%s: no taccum_run", pa->name);
+            continue;
+        }
+        printf("  %-22s taccum_run: %ld checked, worst err/bound %.3g (emulation) %.3g (reference, %s)\n",
+               pa->name, sa.n, sa.worst_emu, sa.worst_bound, sa.worst_ref);
+        if (sa.first[0])
+            printf("  first taccum_run failure: %s\n", sa.first);
+        TU_REPORT(sa.bad_emu == 0, "%s: %ld run accumulations off the integer emulation (worst %.3g x bound)",
+                  pa->name, sa.bad_emu, sa.worst_emu);
+        TU_REPORT(sa.bad_bound == 0, "%s: %ld run accumulations outside the bound of the reference (worst %.3g x)",
+                  pa->name, sa.bad_bound, sa.worst_bound);
+        TU_REPORT(sa.bad_exact == 0, "%s: %ld run values of the exact path / padding differ", pa->name,
+                  sa.bad_exact);
+
+        /* the checker rejects broken runs (tq3 and tq4, d 128, 4 pages of 16, 4 rows of
+         * flat softmax weights: the decode step's shape), by both of its checks (the
+         * reference's bound, ~ max a np P / 2W, cannot see a broken page whose weights
+         * are far below the largest: hence flat weights) */
+        static const struct {
+            run_fn fn;
+            const char *what;
+        } broken[] = {{broken_page, "page 2 read as page 1"},
+                      {broken_norms, "page 2 with page 1's norms"},
+                      {broken_short, "last page left out"}};
+        for (size_t bi = 0; bi < sizeof broken / sizeof broken[0]; bi++)
+            for (int si = 2; si <= 3; si++) {
+                kvq_codec *c = mk_path(pa, specs[si], 128);
+                if (!c)
+                    continue;
+                stats sb;
+                memset(&sb, 0, sizeof sb);
+                real_run = c->k.taccum_run;
+                snprintf(sb.where, sizeof sb.where, "broken");
+                check_accum_run(pa, c, broken[bi].fn, 16, 4, 4, -1, &r, &sb);
+                printf("    broken run %s %-26s: %4ld emulation, %4ld bound failures of %ld\n", specs[si],
+                       broken[bi].what, sb.bad_emu, sb.bad_bound, sb.n);
+                TU_REPORT(sb.bad_emu > 0 && sb.bad_bound > 0,
+                          "%s %s: a broken run (%s) passes the checks (%ld emulation, %ld bound failures)",
+                          pa->name, specs[si], broken[bi].what, sb.bad_emu, sb.bad_bound);
+                kvq_codec_free(c);
+            }
     }
 }
 
@@ -695,6 +963,69 @@ static void bench(size_t P) {
     free(acc);
 }
 
+/* `--bench-run`: the V side of a decode run on hot data (tq3, tq4, d 128,
+ * 4 query rows, 4 pages of 16 tokens: what the decode driver hands one
+ * taccum_run call): taccum page by page (4 calls) against one taccum_run,
+ * side by side in the same run, best of 31 alternating rounds. */
+static void bench_run_pages(void) {
+    const size_t d = 128, P = 16, np = 4, nq = 4, N = np * P, iters = 4000;
+    printf("bench-run: taccum x %zu pages vs taccum_run (np %zu), P %zu, head_dim %zu, %zu rows, hot data, one thread\n",
+           np, np, P, d, nq);
+    printf("best isa %s, AVX-512 features %s%s\n", kvq_isa_name(kvq_cpu_best_isa()),
+           (kvq__cpu_avx512_features() & KVQ__X512_VNNI) ? "VNNI " : "",
+           (kvq__cpu_avx512_features() & KVQ__X512_VBMI) ? "VBMI" : "");
+    static const char *specs[] = {"tq3", "tq4"};
+    for (int pi = 0; pi < npaths; pi++) {
+        if (paths[pi].sel == 2) /* SIMDe: not a speed */
+            continue;
+        for (int si = 0; si < 2; si++) {
+            kvq_codec *c = mk_path(&paths[pi], specs[si], d);
+            if (!c)
+                continue;
+            tu_rng r;
+            tu_seed(&r, 11);
+            float *x = (float *)xalloc(P * d * 4), *w = (float *)xalloc(nq * N * 4);
+            float *acc = (float *)xalloc(nq * c->acc_len * 4);
+            uint8_t *rows = (uint8_t *)xalloc(P * c->bytes), *pages[4];
+            for (size_t i = 0; i < np; i++) {
+                pages[i] = (uint8_t *)xalloc(P * c->bytes);
+                fill_vectors(&r, x, P, d);
+                make_page(c, KVQ__ROLE_V, P, x, rows, pages[i]);
+            }
+            for (size_t i = 0; i < nq; i++)
+                fill_run_weights(&r, w + i * N, 0, N, P);
+            memset(acc, 0, nq * c->acc_len * 4);
+            double best1 = 1e9, best2 = 1e9;
+            for (int rep = 0; rep < 31; rep++) {
+                double t0 = now_s();
+                for (size_t it = 0; it < iters; it++)
+                    for (size_t i = 0; i < np; i++)
+                        c->k.taccum(c, acc, c->acc_len, w + i * P, N, nq, pages[i], P);
+                double t1 = now_s();
+                if (c->k.taccum_run)
+                    for (size_t it = 0; it < iters; it++)
+                        c->k.taccum_run(c, acc, c->acc_len, w, N, nq, (const uint8_t *const *)pages, np, P);
+                double t2 = now_s();
+                best1 = fmin(best1, t1 - t0);
+                best2 = fmin(best2, t2 - t1);
+            }
+            const double n1 = best1 * 1e9 / (double)(iters * np), n2 = best2 * 1e9 / (double)(iters * np);
+            if (c->k.taccum_run)
+                printf("  %-22s %s  taccum %6.1f ns/page-head  taccum_run %6.1f ns/page-head  (%.0f%% cheaper)\n",
+                       paths[pi].name, specs[si], n1, n2, 100.0 * (1.0 - n2 / n1));
+            else
+                printf("  %-22s %s  taccum %6.1f ns/page-head  (no taccum_run)\n", paths[pi].name, specs[si], n1);
+            for (size_t i = 0; i < np; i++)
+                free(pages[i]);
+            free(x);
+            free(w);
+            free(acc);
+            free(rows);
+            kvq_codec_free(c);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     for (int i = 1; i < argc; i++)
@@ -702,6 +1033,9 @@ int main(int argc, char **argv) {
             bench(i + 1 < argc ? (size_t)atoi(argv[i + 1]) : 64);
             return 0;
         }
+    int brun = 0;
+    for (int i = 1; i < argc; i++)
+        brun |= strcmp(argv[i], "--bench-run") == 0;
     const int avx2 = kvq_cpu_supports(KVQ_ISA_AVX2), avx512 = kvq_cpu_supports(KVQ_ISA_AVX512);
     const unsigned feat = kvq__cpu_avx512_features();
     if (avx2) {
@@ -720,9 +1054,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < npaths; i++)
         printf(" [%s]", paths[i].name);
     printf("\n");
+    if (brun) {
+        bench_run_pages();
+        return 0;
+    }
     test_tiled_set();
     test_layout();
     test_kernels();
+    test_accum_run();
     test_special_queries();
     return tu_finish();
 }

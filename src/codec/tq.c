@@ -82,6 +82,15 @@
  *   i.e. at most (P max_k a_k / (2 W) + sum_k a_k / 254) max|c|. A row
  *   whose a_k are not all finite and >= 0 (softmax weights always are)
  *   takes an exact path instead: tget and the reference accumulate.
+ *   taccum_run: the same over a run of np pages, its np * P tokens taken
+ *   page after page in segments of up to 256 tokens (taccum is the run of
+ *   one page): per row and segment one s_w (over the tokens of every page
+ *   in it), one conversion and one FMA; the bound above holds per segment
+ *   with P its length, the exact path per row and segment. The int32 sum
+ *   of a dimension over a segment is below 256 * 255 * 127 < 2^23
+ *   (vpdpbusd) or 256 * 127 * 127 < 2^22 (vpmaddubsw, whose int16 pair
+ *   sums stay within 2 * 127 * 127 < 2^15) for any run length: it cannot
+ *   overflow, and its conversion to float is exact.
  * A query or weight row whose largest value is below 2^-100 is multiplied
  * by 2^100 (exactly) before its codes are taken, so that Q / max stays
  * finite; its float scale may then be subnormal, which adds an absolute

@@ -168,6 +168,24 @@ void kvq__tq_taccum_exact(const kvq_codec *c, float *acc, const float *w, const 
 void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax);
 /* Norms (decoded) of tokens k0..k0+n-1 (n a multiple of 8) of a tiled page. */
 void kvq__tq_tnorms(const kvq__tq *t, const uint8_t *page, size_t k0, size_t n, float *out);
+/* taccum_run (tq_avx2.c, tq_avx512.c) takes the np * P tokens of a run of
+ * tiled V pages page after page, in segments of up to 256 tokens (one
+ * weight scale per row and segment). A piece is a page of the run, or its
+ * part in one segment: tokens k0..k0 + 4 nquad - 1 of page pg. */
+typedef struct kvq__tq_tpiece {
+    const uint8_t *page, *units; /* units: those of the piece's first quad */
+    size_t pg, k0, nquad;
+} kvq__tq_tpiece;
+#define KVQ__TQ_TPIECES 16 /* pieces of a segment at most: 256 / 16 */
+/* Fills pc with the pieces of tokens s0..s0+sn-1 of the run (s0, sn
+ * multiples of 16, sn <= 256; qb: bytes of a quad's units) and nrm[0..sn)
+ * with their norms; returns the number of pieces. */
+size_t kvq__tq_tpieces(const kvq__tq *t, const uint8_t *const *pages, size_t P, size_t qb, size_t s0,
+                       size_t sn, kvq__tq_tpiece *pc, float *nrm);
+/* The exact path (kvq__tq_taccum_exact) of one row over the pieces; w is
+ * the row's weights of the whole run (page pg's at w + pg * P). */
+void kvq__tq_tpieces_exact(const kvq_codec *c, float *acc, const float *w, const kvq__tq_tpiece *pc,
+                           size_t npc, size_t P);
 int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t *code, float *scale);
 /* tq_avx2.c: qr (32-byte aligned, d floats) = R q, bit-identical to
  * kvq__tq_rotate (used by the tiled query preparation of AVX2 and AVX-512). */

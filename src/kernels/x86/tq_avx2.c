@@ -1502,7 +1502,9 @@ static void kvq__tq_accum_avx2(const kvq_codec *c, float *acc, size_t astride, c
  * token. Values: for each quad of tokens and block of 16 dimensions, one
  * unit decodes to 64 signed codes c8 (a 32-bit lane = one dimension of 4
  * tokens), multiplied with the 4 tokens' weights quantized to u8 (<= 127)
- * and broadcast. Decoding: fields come out of their planes with a shift per
+ * and broadcast; taccum_run rounds the weights once over the run of pages
+ * (per segment of 256 tokens) and sums the pages of the run in the same
+ * int32 registers, converted once. Decoding: fields come out of their planes with a shift per
  * 64-bit lane and a mask, tq3's third bit is added to the low two, and
  * vpshufb looks the centroid codes up in a 16-byte table. */
 
@@ -1543,6 +1545,28 @@ void kvq__tq_tnorms(const kvq__tq *t, const uint8_t *page, size_t k0, size_t n, 
         for (size_t k = 0; k < n; k++)
             out[k] = t->ns.tab[page[k0 + k]];
     }
+}
+
+size_t kvq__tq_tpieces(const kvq__tq *t, const uint8_t *const *pages, size_t P, size_t qb, size_t s0,
+                       size_t sn, kvq__tq_tpiece *pc, float *nrm) {
+    size_t npc = 0;
+    for (size_t s = s0; s < s0 + sn; npc++) {
+        const size_t i = s / P, k0 = s - i * P, kn = KVQ__MIN(P - k0, s0 + sn - s);
+        pc[npc].page = pages[i];
+        pc[npc].units = pages[i] + P * t->nb + (k0 / 4) * qb;
+        pc[npc].pg = i;
+        pc[npc].k0 = k0;
+        pc[npc].nquad = kn / 4;
+        kvq__tq_tnorms(t, pages[i], k0, kn, nrm + (s - s0));
+        s += kn;
+    }
+    return npc;
+}
+
+void kvq__tq_tpieces_exact(const kvq_codec *c, float *acc, const float *w, const kvq__tq_tpiece *pc,
+                           size_t npc, size_t P) {
+    for (size_t p = 0; p < npc; p++)
+        kvq__tq_taccum_exact(c, acc, w + pc[p].pg * P, pc[p].page, P, pc[p].k0, 4 * pc[p].nquad);
 }
 
 void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
@@ -1721,28 +1745,39 @@ static void kvq__tq_tscore_avx2(const kvq_codec *c, float *out, size_t ostride, 
     }
 }
 
-/* Tokens of a page handled with one weight scale per row. */
+/* Tokens of a page, or of a run of pages (taccum_run), handled with one
+ * weight scale per row. It bounds the int32 sums of a dimension: |sum_k
+ * code_k c8_k| <= 256 * 127 * 127 < 2^22 (the int16 pair sums of
+ * vpmaddubsw stay within 2 * 127 * 127 < 2^15) whatever the run's length:
+ * no overflow, and the conversion to float is exact. */
 #define KVQ__TQ_TSEG 256
+_Static_assert(KVQ__TQ_TSEG <= 16 * KVQ__TQ_TPIECES, "segment pieces");
 
-/* R rows: acc rows a[r] (dims 16h..16h+15) += the nquad quads of units
- * (stride d/16 units) weighted by wq[r] (u8, 4 per quad) times fs[r]. */
-KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const uint8_t *units, size_t nquad,
+/* R rows: acc rows a[r] (dims 16h..16h+15) += the quads of the pieces
+ * pc[0..npc) (one after the other; units d/16 apart) weighted by wq[r]
+ * (u8, 4 per quad) times fs[r]: the pages of a run sum into the same int32
+ * registers, converted and scaled once. */
+KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const kvq__tq_tpiece *pc, size_t npc,
                                 const uint8_t (*wq)[KVQ__TQ_TSEG], float *const *a, const float *fs,
                                 int kb, const int R) {
     const kvq__tq *t = (const kvq__tq *)c->state;
-    const size_t nh = c->d / 16, ub = 8 * (size_t)kb;
+    const size_t nh = c->d / 16, ub = 8 * (size_t)kb, qb = nh * ub;
     const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t->c8));
     for (size_t h = 0; h < nh; h++) {
         __m256i lo[4], hi[4];
         KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-        for (size_t qd = 0; qd < nquad; qd++) {
-            const uint8_t *u = units + (qd * nh + h) * ub;
-            __m256i x = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 0));
-            __m256i y = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 1));
-            KVQ__UNROLL4 for (int r = 0; r < R; r++) {
-                __m256i wb = _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + 4 * qd));
-                lo[r] = kvq__tq_dot4(lo[r], wb, x);
-                hi[r] = kvq__tq_dot4(hi[r], wb, y);
+        size_t wo = 0; /* offset of the quad's 4 codes in wq[r] */
+        for (size_t pi = 0; pi < npc; pi++) {
+            const uint8_t *u = pc[pi].units + h * ub;
+            const size_t nquad = pc[pi].nquad;
+            for (size_t qd = 0; qd < nquad; qd++, u += qb, wo += 4) {
+                __m256i x = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 0));
+                __m256i y = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 1));
+                KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+                    __m256i wb = _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo));
+                    lo[r] = kvq__tq_dot4(lo[r], wb, x);
+                    hi[r] = kvq__tq_dot4(hi[r], wb, y);
+                }
             }
         }
         KVQ__UNROLL4 for (int r = 0; r < R; r++) {
@@ -1756,16 +1791,31 @@ KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const uint8_t *units, size_t
     }
 }
 
+/* taccum over the run of np pages (np = 1: one page), in segments of the
+ * run's np * P tokens (page after page) of up to KVQ__TQ_TSEG: one weight
+ * scale per row and segment, one conversion per segment. */
 KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                               size_t wstride, size_t nq, const uint8_t *page, size_t P, int kb) {
+                               size_t wstride, size_t nq, const uint8_t *const *pages, size_t np, size_t P,
+                               int kb, const int one) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t qb = (c->d / 16) * 8 * (size_t)kb; /* bytes of a quad's units */
-    const uint8_t *units = page + P * t->nb;
     float nrm[KVQ__TQ_TSEG];
     uint8_t wq[4][KVQ__TQ_TSEG];
-    for (size_t k0 = 0; k0 < P; k0 += KVQ__TQ_TSEG) {
-        const size_t kn = KVQ__MIN((size_t)KVQ__TQ_TSEG, P - k0);
-        kvq__tq_tnorms(t, page, k0, kn, nrm);
+    kvq__tq_tpiece pc[KVQ__TQ_TPIECES];
+    const size_t N = np * P;
+    for (size_t s0 = 0; s0 < N; s0 += KVQ__TQ_TSEG) {
+        const size_t sn = KVQ__MIN((size_t)KVQ__TQ_TSEG, N - s0);
+        size_t npc = 1;
+        if (one) { /* taccum (np = 1): the piece inline and npc a constant in the loops */
+            pc[0].page = pages[0];
+            pc[0].units = pages[0] + P * t->nb + (s0 / 4) * qb;
+            pc[0].pg = 0;
+            pc[0].k0 = s0;
+            pc[0].nquad = sn / 4;
+            kvq__tq_tnorms(t, pages[0], s0, sn, nrm);
+        } else {
+            npc = kvq__tq_tpieces(t, pages, P, qb, s0, sn, pc, nrm);
+        }
         for (size_t i0 = 0; i0 < nq; i0 += 4) {
             const size_t m = KVQ__MIN(4, nq - i0);
             float *a[4] = {NULL, NULL, NULL, NULL};
@@ -1773,44 +1823,64 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
             int any = 0;
             for (size_t r = 0; r < 4; r++) {
                 float sw;
+                const float *wr = w + (i0 + r) * wstride;
                 if (r >= m) {
-                    memset(wq[r], 0, kn);
-                } else if (kvq__tq_wquant(w + (i0 + r) * wstride + k0, nrm, kn, KVQ__TQ_W_MADD, wq[r], &sw)) {
+                    memset(wq[r], 0, sn);
+                } else if (kvq__tq_wquant(wr + s0, nrm, sn, KVQ__TQ_W_MADD, wq[r], &sw)) {
                     a[r] = acc + (i0 + r) * astride;
                     fs[r] = sw * t->c8_scale;
                     any = 1;
                 } else {
-                    memset(wq[r], 0, kn);
-                    kvq__tq_taccum_exact(c, acc + (i0 + r) * astride, w + (i0 + r) * wstride, page, P, k0, kn);
+                    memset(wq[r], 0, sn);
+                    kvq__tq_tpieces_exact(c, acc + (i0 + r) * astride, wr, pc, npc, P);
                 }
             }
             if (!any)
                 continue;
-            const uint8_t *u = units + (k0 / 4) * qb;
             if (m > 2)
-                kvq__tq_taccum_blk(c, u, kn / 4, wq, a, fs, kb, 4);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, kb, 4);
             else if (m == 2)
-                kvq__tq_taccum_blk(c, u, kn / 4, wq, a, fs, kb, 2);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, kb, 2);
             else
-                kvq__tq_taccum_blk(c, u, kn / 4, wq, a, fs, kb, 1);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, kb, 1);
         }
+    }
+}
+
+static void kvq__tq_taccum_run_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                                    size_t wstride, size_t nq, const uint8_t *const *pages, size_t np,
+                                    size_t P) {
+    switch (((const kvq__tq *)c->state)->kb) {
+    case 1:
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 1, 0);
+        break;
+    case 2:
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 2, 0);
+        break;
+    case 3:
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 3, 0);
+        break;
+    default:
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 4, 0);
+        break;
     }
 }
 
 static void kvq__tq_taccum_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
                                 size_t wstride, size_t nq, const uint8_t *page, size_t P) {
+    const uint8_t *const pages[1] = {page};
     switch (((const kvq__tq *)c->state)->kb) {
     case 1:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, page, P, 1);
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 1, 1);
         break;
     case 2:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, page, P, 2);
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 2, 1);
         break;
     case 3:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, page, P, 3);
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 3, 1);
         break;
     default:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, page, P, 4);
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 4, 1);
         break;
     }
 }
@@ -1822,6 +1892,7 @@ void kvq__tq_avx2_select(kvq_codec *c) {
         c->k.tprep = kvq__tq_tprep_avx2;
         c->k.tscore = kvq__tq_tscore_avx2;
         c->k.taccum = kvq__tq_taccum_avx2;
+        c->k.taccum_run = kvq__tq_taccum_run_avx2;
         c->tqp_bytes = KVQ__TQ_TQ_CODES + kvq__round64(c->d);
     }
     c->k.encode = kvq__tq_encode_avx2;

@@ -17,6 +17,11 @@
  *    multiplies the 4 tokens' weights (u8, <= 255, broadcast) with the
  *    signed codes c8 into int32 per dimension, 4 rows x 64 dimensions in 16
  *    registers over the page, converted and scaled once per page.
+ *  - taccum_run: the same over a run of np pages: the weights of a row are
+ *    rounded once over the run's np * P tokens (per segment of up to
+ *    KVQ__TQ_TSEG512 tokens, page after page) and the strip loop runs over
+ *    the pages of the segment into the same int32 registers, converted and
+ *    scaled once per run (per segment). taccum is the run of one page.
  * Without VNNI the same kernels use vpmaddubsw + vpmaddwd (query codes
  * <= 63, weights <= 127: the int16 pair sums cannot saturate).
  *
@@ -117,8 +122,14 @@ static inline int32_t kvq__tq_ld32s(const void *p) {
     return v;
 }
 
-/* Tokens of a page handled with one weight scale per row (as tq_avx2.c). */
+/* Tokens of a page, or of a run of pages, handled with one weight scale per
+ * row (as tq_avx2.c). It bounds the int32 sums of a dimension: |sum_k
+ * code_k c8_k| <= 256 * 255 * 127 < 2^23 with vpdpbusd (codes <= 255),
+ * 256 * 127 * 127 < 2^22 with vpmaddubsw (codes <= 127; its int16 pair
+ * sums stay within 2 * 127 * 127 < 2^15), whatever the run's length: no
+ * overflow, and the conversion to float is exact. */
 #define KVQ__TQ_TSEG512 256
+_Static_assert(KVQ__TQ_TSEG512 <= 16 * KVQ__TQ_TPIECES, "segment pieces");
 
 /* ---- VNNI variant ---- */
 #define KVQ__TQ512_PASS 1
@@ -153,10 +164,12 @@ void KVQ__SEL512(kvq__tq_avx512_select)(kvq_codec *c, unsigned feat) {
         c->k.tprep = kvq__tq_tprep512_vnni;
         c->k.tscore = kvq__tq_tscore512_vnni;
         c->k.taccum = kvq__tq_taccum512_vnni;
+        c->k.taccum_run = kvq__tq_taccum_run512_vnni;
     } else {
         c->k.tprep = kvq__tq_tprep512_bw;
         c->k.tscore = kvq__tq_tscore512_bw;
         c->k.taccum = kvq__tq_taccum512_bw;
+        c->k.taccum_run = kvq__tq_taccum_run512_bw;
     }
     c->tqp_bytes = KVQ__TQ_TQ_CODES + kvq__round64(c->d);
 }
@@ -266,26 +279,32 @@ KVQ__TGT static void KVQ__SFX(kvq__tq_tscore512)(const kvq_codec *c, float *out,
 }
 
 /* R rows, H (4 or 1) blocks of 16 dimensions from h0: a[r] += fs[r] *
- * sum over the nquad quads of the units (stride nh units) weighted by
- * wq[r] (4 u8 per quad). */
-KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tablk)(const uint8_t *units, size_t nquad, size_t nh, size_t h0,
+ * sum over the quads of the pieces pc[0..npc) (nquad quads each, their
+ * units nh apart) weighted by wq[r] (4 u8 per quad, the pieces' quads one
+ * after the other): the int32 sums run over every piece (the pages of a
+ * run) in the same registers and are converted and scaled once. */
+KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tablk)(const kvq__tq_tpiece *pc, size_t npc, size_t nh, size_t h0,
                                                  const __m512i tab, const uint8_t (*wq)[KVQ__TQ_TSEG512],
                                                  float *const *a, const float *fs, int kb, const int R,
                                                  const int H) {
-    const size_t ub = 8 * (size_t)kb;
+    const size_t ub = 8 * (size_t)kb, qb = nh * ub;
     __m512i x[4][4];
     KVQ__UNROLL for (int r = 0; r < R; r++)
         KVQ__UNROLL for (int hh = 0; hh < H; hh++)
             x[r][hh] = _mm512_setzero_si512();
-    for (size_t qd = 0; qd < nquad; qd++) {
-        const uint8_t *u = units + (qd * nh + h0) * ub;
-        __m512i wb[4];
-        KVQ__UNROLL for (int r = 0; r < R; r++)
-            wb[r] = _mm512_set1_epi32(kvq__tq_ld32s(wq[r] + 4 * qd));
-        KVQ__UNROLL for (int hh = 0; hh < H; hh++) {
-            __m512i cv = _mm512_shuffle_epi8(tab, kvq__tq_tidx64(u + (size_t)hh * ub, kb));
+    size_t wo = 0; /* offset of the quad's 4 codes in wq[r] */
+    for (size_t pi = 0; pi < npc; pi++) {
+        const uint8_t *u = pc[pi].units + h0 * ub;
+        const size_t nquad = pc[pi].nquad;
+        for (size_t qd = 0; qd < nquad; qd++, u += qb, wo += 4) {
+            __m512i wb[4];
             KVQ__UNROLL for (int r = 0; r < R; r++)
-                x[r][hh] = KVQ__DOT(x[r][hh], wb[r], cv);
+                wb[r] = _mm512_set1_epi32(kvq__tq_ld32s(wq[r] + wo));
+            KVQ__UNROLL for (int hh = 0; hh < H; hh++) {
+                __m512i cv = _mm512_shuffle_epi8(tab, kvq__tq_tidx64(u + (size_t)hh * ub, kb));
+                KVQ__UNROLL for (int r = 0; r < R; r++)
+                    x[r][hh] = KVQ__DOT(x[r][hh], wb[r], cv);
+            }
         }
     }
     KVQ__UNROLL for (int r = 0; r < R; r++) {
@@ -294,33 +313,49 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tablk)(const uint8_t *units, size_t nq
         const __m512 s = _mm512_set1_ps(fs[r]);
         KVQ__UNROLL for (int hh = 0; hh < H; hh++) {
             float *o = a[r] + 16 * (h0 + (size_t)hh);
+            /* |x| < 2^23 (KVQ__TQ_TSEG512 above): the conversion is exact */
             _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(x[r][hh]), s, _mm512_loadu_ps(o)));
         }
     }
 }
 
-KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_rows)(const uint8_t *units, size_t nquad, size_t nh,
+KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_rows)(const kvq__tq_tpiece *pc, size_t npc, size_t nh,
                                                        const __m512i tab, const uint8_t (*wq)[KVQ__TQ_TSEG512],
                                                        float *const *a, const float *fs, int kb, const int R) {
     size_t h = 0;
     for (; h + 4 <= nh; h += 4)
-        KVQ__SFX(kvq__tq_tablk)(units, nquad, nh, h, tab, wq, a, fs, kb, R, 4);
+        KVQ__SFX(kvq__tq_tablk)(pc, npc, nh, h, tab, wq, a, fs, kb, R, 4);
     for (; h < nh; h++)
-        KVQ__SFX(kvq__tq_tablk)(units, nquad, nh, h, tab, wq, a, fs, kb, R, 1);
+        KVQ__SFX(kvq__tq_tablk)(pc, npc, nh, h, tab, wq, a, fs, kb, R, 1);
 }
 
+/* taccum over the run of np pages (np = 1: one page), in segments of the
+ * run's np * P tokens (page after page) of up to KVQ__TQ_TSEG512: one
+ * weight scale per row and segment, one conversion per segment. */
 KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_kb)(const kvq_codec *c, float *acc, size_t astride,
                                                      const float *w, size_t wstride, size_t nq,
-                                                     const uint8_t *page, size_t P, int kb) {
+                                                     const uint8_t *const *pages, size_t np, size_t P,
+                                                     int kb, const int one) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t nh = c->d / 16, qb = nh * 8 * (size_t)kb; /* bytes of a quad's units */
-    const uint8_t *units = page + P * t->nb;
     const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)t->c8));
     float nrm[KVQ__TQ_TSEG512];
     uint8_t wq[4][KVQ__TQ_TSEG512];
-    for (size_t k0 = 0; k0 < P; k0 += KVQ__TQ_TSEG512) {
-        const size_t kn = KVQ__MIN((size_t)KVQ__TQ_TSEG512, P - k0);
-        kvq__tq_tnorms(t, page, k0, kn, nrm);
+    kvq__tq_tpiece pc[KVQ__TQ_TPIECES];
+    const size_t N = np * P;
+    for (size_t s0 = 0; s0 < N; s0 += KVQ__TQ_TSEG512) {
+        const size_t sn = KVQ__MIN((size_t)KVQ__TQ_TSEG512, N - s0);
+        size_t npc = 1;
+        if (one) { /* taccum (np = 1): the piece inline and npc a constant in the loops */
+            pc[0].page = pages[0];
+            pc[0].units = pages[0] + P * t->nb + (s0 / 4) * qb;
+            pc[0].pg = 0;
+            pc[0].k0 = s0;
+            pc[0].nquad = sn / 4;
+            kvq__tq_tnorms(t, pages[0], s0, sn, nrm);
+        } else {
+            npc = kvq__tq_tpieces(t, pages, P, qb, s0, sn, pc, nrm);
+        }
         for (size_t i0 = 0; i0 < nq; i0 += 4) {
             const size_t m = KVQ__MIN(4, nq - i0);
             float *a[4] = {NULL, NULL, NULL, NULL};
@@ -328,45 +363,65 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_kb)(const kvq_codec *c, float *
             int any = 0;
             for (size_t r = 0; r < 4; r++) {
                 float sw;
+                const float *wr = w + (i0 + r) * wstride;
                 if (r >= m) {
-                    memset(wq[r], 0, kn);
-                } else if (kvq__tq_wquant512(w + (i0 + r) * wstride + k0, nrm, kn, KVQ__WMAX, wq[r], &sw)) {
+                    memset(wq[r], 0, sn);
+                } else if (kvq__tq_wquant512(wr + s0, nrm, sn, KVQ__WMAX, wq[r], &sw)) {
                     a[r] = acc + (i0 + r) * astride;
                     fs[r] = sw * t->c8_scale;
                     any = 1;
                 } else {
-                    memset(wq[r], 0, kn);
-                    kvq__tq_taccum_exact(c, acc + (i0 + r) * astride, w + (i0 + r) * wstride, page, P, k0, kn);
+                    memset(wq[r], 0, sn);
+                    kvq__tq_tpieces_exact(c, acc + (i0 + r) * astride, wr, pc, npc, P);
                 }
             }
             if (!any)
                 continue;
-            const uint8_t *u = units + (k0 / 4) * qb;
             if (m > 2)
-                KVQ__SFX(kvq__tq_taccum_rows)(u, kn / 4, nh, tab, wq, a, fs, kb, 4);
+                KVQ__SFX(kvq__tq_taccum_rows)(pc, npc, nh, tab, wq, a, fs, kb, 4);
             else if (m == 2)
-                KVQ__SFX(kvq__tq_taccum_rows)(u, kn / 4, nh, tab, wq, a, fs, kb, 2);
+                KVQ__SFX(kvq__tq_taccum_rows)(pc, npc, nh, tab, wq, a, fs, kb, 2);
             else
-                KVQ__SFX(kvq__tq_taccum_rows)(u, kn / 4, nh, tab, wq, a, fs, kb, 1);
+                KVQ__SFX(kvq__tq_taccum_rows)(pc, npc, nh, tab, wq, a, fs, kb, 1);
         }
+    }
+}
+
+KVQ__TGT static void KVQ__SFX(kvq__tq_taccum_run512)(const kvq_codec *c, float *acc, size_t astride,
+                                                     const float *w, size_t wstride, size_t nq,
+                                                     const uint8_t *const *pages, size_t np, size_t P) {
+    switch (((const kvq__tq *)c->state)->kb) {
+    case 1:
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 1, 0);
+        break;
+    case 2:
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 2, 0);
+        break;
+    case 3:
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 3, 0);
+        break;
+    default:
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, np, P, 4, 0);
+        break;
     }
 }
 
 KVQ__TGT static void KVQ__SFX(kvq__tq_taccum512)(const kvq_codec *c, float *acc, size_t astride,
                                                  const float *w, size_t wstride, size_t nq,
                                                  const uint8_t *page, size_t P) {
+    const uint8_t *const pages[1] = {page};
     switch (((const kvq__tq *)c->state)->kb) {
     case 1:
-        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, page, P, 1);
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, 1, P, 1, 1);
         break;
     case 2:
-        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, page, P, 2);
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, 1, P, 2, 1);
         break;
     case 3:
-        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, page, P, 3);
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, 1, P, 3, 1);
         break;
     default:
-        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, page, P, 4);
+        KVQ__SFX(kvq__tq_taccum_kb)(c, acc, astride, w, wstride, nq, pages, 1, P, 4, 1);
         break;
     }
 }
