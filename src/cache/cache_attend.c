@@ -656,7 +656,14 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
                     vc->k.taccum_run(vc, ps[h].acc, vc->acc_len, wt, ss, G, va, n, P);
                 } else
                     for (size_t i = 0; i < n; i++) {
-                        kvq__pf_next = kvq__run_next(blk, n, nblk, nn, i, ph->v_off);
+                        /* the same page's area of the next head (read n areas later),
+                         * or the next run's for the last head */
+                        const kvq__head *th = h + 1 < H ? ph + 1 : heads;
+                        const uint8_t *tb = h + 1 < H ? blk[i] : i < nn ? nblk[i] : NULL;
+                        kvq__pf_next = tb && th->vc == vc && th->vtiled == ph->vtiled &&
+                                               !th->kchan_bits
+                                           ? tb + th->v_off
+                                           : NULL;
                         kvq__vaccum(ph, ps[h].acc, vc->acc_len, wt + i * P, ss, G,
                                     blk[i] + ph->v_off, P, w->rows);
                     }
