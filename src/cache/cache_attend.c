@@ -527,7 +527,6 @@ static inline const uint8_t *kvq__run_next(const uint8_t *const *blk, size_t n,
                                            size_t off) {
     return i + 1 < n ? blk[i + 1] + off : i + 1 - n < nn ? nblk[i + 1 - n] + off : NULL;
 }
-int kvq__vmode = 0;
 static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qmax, size_t p0,
                               size_t p1, kvq__pstate *ps, float *rawsc) {
     kvq_cache *c = jb->c;
@@ -641,36 +640,25 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
                     }
             h0 = h1;
         }
-        if (kvq__vmode == 0) {
-            /* values head after head, the run's pages in one taccum_run */
+        /* values head after head when the codecs sum a run of pages at
+         * once (taccum_run: one weight rounding and one conversion per
+         * run), otherwise page after page, every head's area of a page in
+         * block order */
+        int vrun = n > 1;
+        for (size_t h = 0; h < H && vrun; h++)
+            vrun = heads[h].kchan_bits || (heads[h].vtiled && heads[h].vc->k.taccum_run);
+        if (vrun) {
             for (size_t h = 0; h < H; h++) {
                 const kvq__head *ph = heads + h;
                 if (ph->kchan_bits)
                     continue;
-                const kvq_codec *vc = ph->vc;
-                const float *wt = sc + h * G * ss;
-                if (ph->vtiled && vc->k.taccum_run && n > 1) {
-                    const uint8_t *va[KVQ__RUN_MAX];
-                    for (size_t i = 0; i < n; i++)
-                        va[i] = blk[i] + ph->v_off;
-                    vc->k.taccum_run(vc, ps[h].acc, vc->acc_len, wt, ss, G, va, n, P);
-                } else
-                    for (size_t i = 0; i < n; i++) {
-                        /* the same page's area of the next head (read n areas later),
-                         * or the next run's for the last head */
-                        const kvq__head *th = h + 1 < H ? ph + 1 : heads;
-                        const uint8_t *tb = h + 1 < H ? blk[i] : i < nn ? nblk[i] : NULL;
-                        kvq__pf_next = tb && th->vc == vc && th->vtiled == ph->vtiled &&
-                                               !th->kchan_bits
-                                           ? tb + th->v_off
-                                           : NULL;
-                        kvq__vaccum(ph, ps[h].acc, vc->acc_len, wt + i * P, ss, G,
-                                    blk[i] + ph->v_off, P, w->rows);
-                    }
-                kvq__pf_next = NULL;
+                const uint8_t *va[KVQ__RUN_MAX];
+                for (size_t i = 0; i < n; i++)
+                    va[i] = blk[i] + ph->v_off;
+                ph->vc->k.taccum_run(ph->vc, ps[h].acc, ph->vc->acc_len, sc + h * G * ss, ss, G,
+                                     va, n, P);
             }
         } else {
-            /* values page after page, every head's area in block order */
             for (size_t i = 0; i < n; i++)
                 for (size_t h = 0; h < H; h++) {
                     const kvq__head *ph = heads + h;
