@@ -41,7 +41,7 @@
 #define TINY 0x1p-100 /* blocks / runs below this are dropped (int.c) */
 
 static uint64_t seed = 20250611;
-static double worst_score, worst_accum; /* largest |err| / bound seen */
+static double worst_score, worst_accum, worst_run; /* largest |err| / bound seen */
 
 static kvq_codec *mk(const char *spec, size_t d, kvq_isa isa) {
     kvq_codec_params p = {0};
@@ -462,6 +462,194 @@ static void test_kernels(void) {
             }
 }
 
+/* ---- taccum_run: runs of pages ---- */
+
+/* Softmax-like weights of row i over the n tokens of a run of pages: a
+ * softmax of random logits (max weight 1), or zero, a single dominant
+ * weight (the others e^-30), tiny and large weights mixed (half the tokens
+ * near e^-80, below 2^-100 after a small scale), a flat row, or a
+ * negative weight (the float fallback). */
+static void fill_softmax(tu_rng *r, size_t i, float *w, size_t n) {
+    double mx = -1e300, lg[5 * 128 + 64];
+    for (size_t j = 0; j < n; j++) {
+        lg[j] = 3.0 * tu_gauss(r);
+        mx = lg[j] > mx ? lg[j] : mx;
+    }
+    for (size_t j = 0; j < n; j++)
+        w[j] = (float)exp(lg[j] - mx);
+    switch (i % 7) {
+    case 1:
+        memset(w, 0, n * sizeof *w);
+        break;
+    case 2: /* one dominant weight */
+        for (size_t j = 0; j < n; j++)
+            w[j] = j == (n * 5) / 7 ? 1.0f : (float)exp(-30.0 + tu_gauss(r));
+        break;
+    case 3: /* tiny and large: odd tokens near e^-80 */
+        for (size_t j = 1; j < n; j += 2)
+            w[j] = (float)exp(-80.0 + tu_gauss(r));
+        break;
+    case 4:
+        for (size_t j = 0; j < n; j++)
+            w[j] = 1.0f / (float)n;
+        break;
+    case 5: /* a negative weight in the last page */
+        w[n - 1] = -0.25f;
+        break;
+    default:
+        break;
+    }
+}
+
+/* taccum_run over np pages of P tokens against kvq__tile_accum_pages with
+ * c->ref, every path that has one and every row count 1..5. Bound (int.c,
+ * "taccum_run"): the weights are rounded once per run of tokens, a run
+ * being KVQ__TILE_RUN / P whole pages side by side when P <= 64 (runs of up
+ * to 64 tokens within each page otherwise), so per row and dimension t
+ *   |err| <= sum_runs e_g sum_{j in run} |c_{j,t}| + (np P + 16) eps T,
+ *   e_g = (max_{j in run} w_j s_{j,g} / 127) / 2 (1 + 1e-4) (the max when
+ *   below 2^-100, 0 for a run with a weight not >= 0 and finite or a
+ *   product that overflows: computed in float),
+ *   T = |acc_t| + sum_j |w_j| (s |c_{j,t}| + |m|),
+ * with s, c, m of token j in its own page: the rounding error of each
+ * weight (at most half a step alpha = max/127, the 1e-4 covering the
+ * rounding of 127/max and max/127) times the code it multiplies, plus the
+ * float sums of both sides (the reference sums np P products into acc in
+ * turn: gamma_{np P} of T; the kernel one product per run in float, the
+ * int32 sums being exact, and the msum terms over a run). */
+static void test_run_config(const char *spec, size_t d, size_t P, size_t np, int kind) {
+    kvq_codec *ref = mk(spec, d, KVQ_ISA_SCALAR);
+    if (!ref)
+        return;
+    const int bits = ref->bits;
+    const size_t g = ref->group, ng = ref->ngroups, vb = ref->bytes, nq = 5, n = np * P;
+    const size_t astride = d + 3, wstride = n + 7;
+    tu_rng r;
+    tu_seed(&r, seed ^ (d * 131 + P * 7 + np * 77777 + (size_t)kind + (size_t)bits * 1000 + g * 100000));
+    float *x = malloc(n * d * sizeof *x), *w = malloc(nq * wstride * sizeof *w);
+    uint8_t *rows = malloc(n * vb), *scratch = malloc(P * vb);
+    uint8_t *pbuf[5], *pages[5];
+    float *aref = malloc(nq * astride * sizeof(float)), *aout = malloc(nq * astride * sizeof(float));
+    float *acc0 = malloc(nq * astride * sizeof(float));
+    double *ab = malloc(nq * d * sizeof(double));
+    fill_vecs(&r, kind, x, n, d);
+    for (size_t i = 0; i < nq; i++) {
+        for (size_t j = 0; j < wstride; j++)
+            w[i * wstride + j] = 1e30f; /* past the run: must not be read */
+        fill_softmax(&r, i + (size_t)kind * 3 + np, w + i * wstride, n);
+    }
+    tu_fill_gauss(&r, acc0, nq * astride, 1.0f);
+    ref->ref.encode(ref, rows, x, n);
+    for (size_t k = 0; k < np; k++) { /* separate blocks, odd addresses */
+        pbuf[k] = malloc(P * vb + 1 + 64 * k);
+        pages[k] = pbuf[k] + 1 + 64 * k;
+        for (size_t i = 0; i < P; i++)
+            ref->tput(ref, KVQ__ROLE_V, P, pages[k], i, rows + (k * P + i) * vb);
+    }
+    memcpy(aref, acc0, nq * astride * sizeof(float));
+    kvq__tile_accum_pages(ref, &ref->ref, aref, astride, w, wstride, nq,
+                          (const uint8_t *const *)pages, np, P, scratch);
+    const size_t run = P <= RUN ? (RUN / P) * P : RUN; /* tokens per run (within a page if P > 64) */
+    for (size_t i = 0; i < nq; i++) {
+        const float *wi = w + i * wstride;
+        for (size_t t = 0; t < d; t++) {
+            double qerr = 0, T = fabs(acc0[i * astride + t]);
+            for (size_t j0 = 0; j0 < n;) {
+                size_t m = P <= RUN ? KVQ__MIN(run, n - j0) : KVQ__MIN(RUN, P - j0 % P);
+                float mx = 0;
+                int exact = 0;
+                for (size_t j = j0; j < j0 + m; j++) {
+                    float p = wi[j] * (float)row_scale(rows + j * vb, g, t);
+                    exact |= !(p >= 0.0f && p <= FLT_MAX);
+                    mx = p > mx ? p : mx;
+                }
+                double e = exact ? 0.0 : mx >= TINY ? (double)mx / 127 * 0.5 * (1 + 1e-4) : mx;
+                for (size_t j = j0; j < j0 + m; j++)
+                    qerr += e * abs(row_code(bits, ng, rows + j * vb, t));
+                j0 += m;
+            }
+            for (size_t j = 0; j < n; j++) {
+                const uint8_t *row = rows + j * vb;
+                T += fabs(wi[j]) * (row_scale(row, g, t) * abs(row_code(bits, ng, row, t)) +
+                                    fabs(row_min(bits, ng, row, g, t)));
+            }
+            ab[i * d + t] = qerr + (n + 16) * FLT_EPSILON * T + 1e-37;
+        }
+    }
+    tpath paths[8];
+    size_t npath = make_paths(spec, d, paths);
+    for (size_t pi = 0; pi < npath; pi++) {
+        kvq_codec *c = paths[pi].c;
+        if (!c)
+            continue;
+        /* every path has one (AVX-512 for g % 16 == 0, else AVX2's) */
+        TU_REPORT(c->k.taccum_run != NULL, "%s %s d=%zu: taccum_run missing", paths[pi].name, spec, d);
+        if (!c->k.taccum_run) {
+            kvq_codec_free(c);
+            continue;
+        }
+        double worst = 0;
+        size_t wi = 0, wt = 0;
+        float got = 0;
+        for (size_t mrows = 1; mrows <= nq; mrows++) {
+            memcpy(aout, acc0, nq * astride * sizeof(float));
+            c->k.taccum_run(c, aout, astride, w, wstride, mrows, (const uint8_t *const *)pages, np, P);
+            for (size_t i = 0; i < nq; i++)
+                for (size_t t = 0; t < astride; t++) {
+                    float v = aout[i * astride + t];
+                    if (i >= mrows || t >= d) { /* untouched */
+                        if (memcmp(&v, acc0 + i * astride + t, sizeof v) != 0)
+                            worst = INFINITY;
+                        continue;
+                    }
+                    double e = fabs((double)v - aref[i * astride + t]) / ab[i * d + t];
+                    if (!(e <= worst)) {
+                        worst = isnan(e) ? INFINITY : e;
+                        wi = i;
+                        wt = t;
+                        got = v;
+                    }
+                }
+        }
+        TU_REPORT(worst <= 1.0,
+                  "%s %s d=%zu P=%zu np=%zu kind %d: taccum_run |err|/bound %.3g (row %zu dim %zu: "
+                  "%.9g vs %.9g, bound %.3g)",
+                  paths[pi].name, spec, d, P, np, kind, worst, wi, wt, got, aref[wi * astride + wt],
+                  ab[wi * d + wt]);
+        worst_run = worst > worst_run ? worst : worst_run;
+        kvq_codec_free(c);
+    }
+    for (size_t k = 0; k < np; k++)
+        free(pbuf[k]);
+    free(x);
+    free(w);
+    free(rows);
+    free(scratch);
+    free(aref);
+    free(aout);
+    free(acc0);
+    free(ab);
+    kvq_codec_free(ref);
+}
+
+static void test_run(void) {
+    static const size_t dims[] = {64, 128};
+    static const size_t groups[] = {8, 16, 32, 64, 128};
+    static const size_t Ps[] = {16, 32, 48, 64, 80};
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+                size_t d = dims[di], g = groups[gi];
+                if (g > d)
+                    continue;
+                char spec[48];
+                snprintf(spec, sizeof spec, "int%d:g=%zu", bits, g);
+                for (size_t pi = 0; pi < sizeof Ps / sizeof Ps[0]; pi++)
+                    for (size_t np = 1; np <= 5; np++)
+                        test_run_config(spec, d, Ps[pi], np, (int)((np + pi) % 3));
+            }
+}
+
 /* Encode of every path bit for bit against the reference (the AVX-512
  * encoder needs d % 64 == 0 and g % 16 == 0; other shapes test the AVX2
  * one again), batches of 1..33 vectors, misaligned buffers. */
@@ -651,6 +839,8 @@ int main(int argc, char **argv) {
     test_which_tiled();
     test_encode();
     test_kernels();
-    printf("largest |err| / bound: tscore %.3g, taccum %.3g\n", worst_score, worst_accum);
+    test_run();
+    printf("largest |err| / bound: tscore %.3g, taccum %.3g, taccum_run %.3g\n", worst_score,
+           worst_accum, worst_run);
     return tu_finish();
 }

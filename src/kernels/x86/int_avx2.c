@@ -1274,18 +1274,20 @@ static void kvq__int_tscore4_avx2(const kvq_codec *c, float *out, size_t ostride
 KVQ__HRED8X8(kvq__hsum8x8, _mm256_add_ps)
 
 /* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for a
- * run of n tokens (n % 16 == 0) from t0 (int.c, "taccum"): al[r ng + g] =
- * alpha, wq[r][g n + t] the bytes, msum[r ng + g] = sum_t w_t m_{t,g}
- * (int4). The 4 ng (row, group) pairs go 8 at a time through the
- * transposing reductions. Returns the rows done (bit r); the others have a
- * weight that is negative or not finite, or a product that overflows. */
-static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
+ * run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN; int.c, "taccum"):
+ * al[r ng + g] = alpha, wq[r][g n + t] the bytes, msum[r ng + g] = sum_t
+ * w_t m_{t,g} (int4). The run's tokens come in blocks of 16, each from its
+ * own page: sb[j] (j < n / 16) is the fp16 scale of group 0 of the block's
+ * first token in its page's scale plane (group gi at sb[j] + 2 gi P, the
+ * minima at sb[j] + 2 (ng + gi) P), so a run may span pages (taccum_run).
+ * The 4 ng (row, group) pairs go 8 at a time through the transposing
+ * reductions. Returns the rows done (bit r); the others have a weight that
+ * is negative or not finite, or a product that overflows. */
+static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *sb, size_t P,
                                       size_t n, const float *const *w,
                                       uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
                                       float *al, float *msum) {
     const size_t ng = c->ngroups, npair = 4 * ng;
-    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P + 2 * t0;
-    const uint8_t *mp = sp + 2 * ng * P;
     const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(FLT_MAX);
     const __m256 tiny = _mm256_set1_ps(KVQ__TILE_TINY), l127 = _mm256_set1_ps(127.0f);
     _Alignas(32) float inv[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
@@ -1310,7 +1312,7 @@ static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *page, s
                 for (size_t t = 0; t < n; t += 8)
                     mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(w[r] + t),
                                                          _mm256_cvtph_ps(_mm_loadu_si128(
-                                                             (const __m128i *)(const void *)(sp + 2 * (gi * P + t))))));
+                                                             (const __m128i *)(const void *)(sb[t / 16] + 2 * (gi * P + t % 16))))));
                 if (++gi == ng) {
                     gi = 0;
                     r++;
@@ -1335,7 +1337,7 @@ static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *page, s
         for (size_t gi = 0; gi < ng; gi++, pr++) {
             const __m256 iv = _mm256_broadcast_ss(inv + pr);
             for (size_t t = 0; t < n; t += 16) {
-                const uint8_t *sv = sp + 2 * (gi * P + t);
+                const uint8_t *sv = sb[t / 16] + 2 * gi * P;
                 __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(w[r] + t),
                                           _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)sv)));
                 __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(w[r] + t + 8),
@@ -1358,7 +1360,7 @@ static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *page, s
                     for (size_t t = 0; t < n; t += 8)
                         sm = _mm256_fmadd_ps(_mm256_loadu_ps(w[r] + t),
                                              _mm256_cvtph_ps(_mm_loadu_si128(
-                                                 (const __m128i *)(const void *)(mp + 2 * (gi * P + t)))),
+                                                 (const __m128i *)(const void *)(sb[t / 16] + 2 * ((ng + gi) * P + t % 16)))),
                                              sm);
                     if (++gi == ng) {
                         gi = 0;
@@ -1374,12 +1376,15 @@ static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *page, s
 
 static const float kvq__int_zeros[KVQ__TILE_RUN];
 
-/* One run of n tokens from t0 (n % 16 == 0) for 4 weight rows, 8
- * dimensions at a time: int32 sums of maddubs(wq, code) (pairs below
- * 2 * 127 * 127; int4: int16 sums of up to 4 token octets, below 30480),
- * then acc += alpha * sum (+ msum for int4) for the rows with a[r] set. */
+/* One run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN) whose blocks of 16
+ * tokens start at cb[j] (each in its own page: taccum_run) for 4 weight
+ * rows, 8 dimensions at a time: int32 sums of maddubs(wq, code) (pairs
+ * below 2 * 127 * 127; int4: int16 sums of up to 4 token octets, below
+ * 4 * 2 * 2 * 15 * 127 = 30480; int32 sums of the run below 64 * 127 *
+ * 127), then acc += alpha * sum (+ msum for int4) once for the run, for
+ * the rows with a[r] set. */
 static inline __attribute__((always_inline)) void
-kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *page, size_t t0, size_t n,
+kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t n,
                     const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
                     const float *ms, const int BITS) {
     const size_t d = c->d, g = c->group, ng = c->ngroups;
@@ -1390,7 +1395,7 @@ kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *page, si
         if (BITS == 8) {
             for (size_t b = 0; b < n / 4; b++) {
                 __m256i v = _mm256_loadu_si256(
-                    (const __m256i *)(const void *)(page + ((t0 / 4 + b) * d + dc) * 4));
+                    (const __m256i *)(const void *)(cb[b / 4] + ((b % 4) * d + dc) * 4));
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
                     __m256i wv = _mm256_set1_epi32((int)kvq__ldu32(wq[r] + gi * n + 4 * b));
                     I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, v), ones));
@@ -1402,7 +1407,7 @@ kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *page, si
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
                 for (size_t b = b0; b < b0 + 4 && b < n / 8; b++) {
                     __m256i v = _mm256_loadu_si256(
-                        (const __m256i *)(const void *)(page + ((t0 / 8 + b) * d + dc) * 4));
+                        (const __m256i *)(const void *)(cb[b / 2] + ((b % 2) * d + dc) * 4));
                     __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                     KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
                         __m256i wl = _mm256_set1_epi32((int)kvq__ldu32(wq[r] + gi * n + 8 * b));
@@ -1432,32 +1437,65 @@ kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *page, si
     }
 }
 
+/* The block pointers of kvq__int_wquant4_avx2 (sb) and of the
+ * accumulation (cb: the codes of the block's first token) for the n tokens
+ * of a run that starts at token t0 of pages[0] and continues at token 0 of
+ * the following pages (of P tokens each). */
+static inline void kvq__int_run_blocks(const kvq_codec *c, const uint8_t *const *pages, size_t P,
+                                       size_t t0, size_t n, const uint8_t **sb, const uint8_t **cb) {
+    const size_t cbytes = c->bits == 8 ? c->d : c->d / 2; /* code bytes per token */
+    for (size_t j = 0, pi = 0, t = t0; j < n / 16; j++, t += 16) {
+        if (t == P) {
+            pi++;
+            t = 0;
+        }
+        sb[j] = pages[pi] + cbytes * P + 2 * t;
+        cb[j] = pages[pi] + cbytes * t;
+    }
+}
+
+/* One run of n tokens (see kvq__int_run_blocks) for every row, by 4: one
+ * rounding of the weights (row i's at w + i * wstride, contiguous), one
+ * integer sum over the run, one conversion into acc. */
+static inline __attribute__((always_inline)) void
+kvq__int_taccum_run1(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                     size_t wstride, size_t nq, const uint8_t *const *pages, size_t P, size_t t0,
+                     size_t n, const int BITS) {
+    _Alignas(32) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
+    _Alignas(32) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 8], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
+    const uint8_t *sb[KVQ__TILE_RUN / 16], *cb[KVQ__TILE_RUN / 16];
+    kvq__int_run_blocks(c, pages, P, t0, n, sb, cb);
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        const size_t nr = KVQ__MIN(4, nq - i0);
+        float *a[4] = {NULL, NULL, NULL, NULL};
+        const float *wr[4];
+        for (size_t r = 0; r < 4; r++)
+            wr[r] = r < nr ? w + (i0 + r) * wstride : kvq__int_zeros;
+        const unsigned ok = kvq__int_wquant4_avx2(c, sb, P, n, wr, wq, al, ms);
+        for (size_t r = 0; r < nr; r++) {
+            if ((ok >> r) & 1) {
+                a[r] = acc + (i0 + r) * astride;
+                continue;
+            }
+            memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
+            for (size_t t = 0, pi = 0, tp = t0; t < n; pi++, tp = 0) { /* page by page */
+                const size_t m = KVQ__MIN(n - t, P - tp);
+                kvq__tile_accum_exact(c, acc + (i0 + r) * astride, wr[r] + t, pages[pi], P, tp, m);
+                t += m;
+            }
+        }
+        kvq__int_taccum_run(c, a, cb, n, (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq,
+                            al, ms, BITS);
+    }
+}
+
+/* taccum: one page, runs of up to KVQ__TILE_RUN tokens within it. */
 static inline __attribute__((always_inline)) void
 kvq__int_taccum_body(const kvq_codec *c, float *acc, size_t astride, const float *w,
                      size_t wstride, size_t nq, const uint8_t *page, size_t P, const int BITS) {
-    _Alignas(32) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
-    _Alignas(32) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 8], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
-    for (size_t i0 = 0; i0 < nq; i0 += 4) {
-        const size_t nr = KVQ__MIN(4, nq - i0);
-        for (size_t t0 = 0; t0 < P; t0 += KVQ__TILE_RUN) {
-            const size_t n = KVQ__MIN(KVQ__TILE_RUN, P - t0);
-            float *a[4] = {NULL, NULL, NULL, NULL};
-            const float *wr[4];
-            for (size_t r = 0; r < 4; r++)
-                wr[r] = r < nr ? w + (i0 + r) * wstride + t0 : kvq__int_zeros;
-            const unsigned ok = kvq__int_wquant4_avx2(c, page, P, t0, n, wr, wq, al, ms);
-            for (size_t r = 0; r < nr; r++) {
-                if ((ok >> r) & 1) {
-                    a[r] = acc + (i0 + r) * astride;
-                    continue;
-                }
-                memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
-                kvq__tile_accum_exact(c, acc + (i0 + r) * astride, wr[r], page, P, t0, n);
-            }
-            kvq__int_taccum_run(c, a, page, t0, n,
-                                (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq, al, ms, BITS);
-        }
-    }
+    for (size_t t0 = 0; t0 < P; t0 += KVQ__TILE_RUN)
+        kvq__int_taccum_run1(c, acc, astride, w + t0, wstride, nq, &page, P, t0,
+                             KVQ__MIN(KVQ__TILE_RUN, P - t0), BITS);
 }
 
 static void kvq__int_taccum8_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
@@ -1469,6 +1507,34 @@ static void kvq__int_taccum4_avx2(const kvq_codec *c, float *acc, size_t astride
     kvq__int_taccum_body(c, acc, astride, w, wstride, nq, page, P, 4);
 }
 
+/* taccum_run: runs of whole pages, KVQ__TILE_RUN / P of them (P <= 64),
+ * else page by page as taccum. */
+static inline __attribute__((always_inline)) void
+kvq__int_taccum_pages(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                      size_t wstride, size_t nq, const uint8_t *const *pages, size_t np, size_t P,
+                      const int BITS) {
+    if (P > KVQ__TILE_RUN) {
+        for (size_t i = 0; i < np; i++)
+            (BITS == 8 ? kvq__int_taccum8_avx2 : kvq__int_taccum4_avx2)(c, acc, astride, w + i * P,
+                                                                         wstride, nq, pages[i], P);
+        return;
+    }
+    const size_t R = KVQ__TILE_RUN / P;
+    for (size_t i = 0; i < np; i += R)
+        kvq__int_taccum_run1(c, acc, astride, w + i * P, wstride, nq, pages + i, P, 0,
+                             KVQ__MIN(R, np - i) * P, BITS);
+}
+static void kvq__int_taccum_run8_avx2(const kvq_codec *c, float *acc, size_t astride,
+                                      const float *w, size_t wstride, size_t nq,
+                                      const uint8_t *const *pages, size_t np, size_t P) {
+    kvq__int_taccum_pages(c, acc, astride, w, wstride, nq, pages, np, P, 8);
+}
+static void kvq__int_taccum_run4_avx2(const kvq_codec *c, float *acc, size_t astride,
+                                      const float *w, size_t wstride, size_t nq,
+                                      const uint8_t *const *pages, size_t np, size_t P) {
+    kvq__int_taccum_pages(c, acc, astride, w, wstride, nq, pages, np, P, 4);
+}
+
 void kvq__int_avx2_select(kvq_codec *c) {
     if (kvq__tile_ok(c)) {
         kvq__tile_plan tp;
@@ -1477,6 +1543,7 @@ void kvq__int_avx2_select(kvq_codec *c) {
         c->k.tprep = kvq__int_tprep_avx2;
         c->k.tscore = c->bits == 8 ? kvq__int_tscore8_avx2 : kvq__int_tscore4_avx2;
         c->k.taccum = c->bits == 8 ? kvq__int_taccum8_avx2 : kvq__int_taccum4_avx2;
+        c->k.taccum_run = c->bits == 8 ? kvq__int_taccum_run8_avx2 : kvq__int_taccum_run4_avx2;
     }
     if (c->group % 8 == 0) {
         c->k.encode = kvq__int_encode_avx2;

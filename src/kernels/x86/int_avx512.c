@@ -9,7 +9,12 @@
  *    maddubs + madd (int8 by |c| * sign(q, c));
  *  - taccum (g % 16 == 0): 64 dimensions x 4 weight rows in 16 int32
  *    accumulators, one vpdpbusd (or maddubs + madd) per 4 tokens (int4: per
- *    nibble plane of 8 tokens) with the rounded weights broadcast.
+ *    nibble plane of 8 tokens) with the rounded weights broadcast;
+ *  - taccum_run: the same over runs of whole pages (64 / P pages of P <= 64
+ *    tokens; larger pages one by one as taccum): the weights of a run are
+ *    rounded once (one scale per row and group), every page of the run
+ *    goes into the same int32 accumulators, and those are converted,
+ *    scaled and added to the float accumulators once per run.
  * The query and weight rounding (tprep, the weights of a page) is the AVX2
  * path's (int_avx2.c), so every path computes the same integer dot
  * products and the same float steps in the same order.
@@ -166,19 +171,21 @@ KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__i512_red16(co
 #endif
 
 /* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for
- * a run of n tokens (n % 16 == 0) from t0: kvq__tile_wquant_ref's bytes
- * (the same operations), msum summed in another order; al and msum (4 ng
- * + 16 floats) are indexed r * ng + group. The 4 * ng
- * (row, group) pairs go 16 at a time through kvq__i512_red16. Returns the
- * rows done (bit r); the others have weights that are not all >= 0 and
- * finite, or products that overflow. */
+ * a run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN): the AVX2 path's
+ * bytes (the same operations), msum summed in another order; al and msum
+ * (4 ng + 16 floats) are indexed r * ng + group. The run's tokens come in
+ * blocks of 16, each from its own page: sb[j] (j < n / 16) is the fp16
+ * scale of group 0 of the block's first token in its page's scale plane
+ * (group gi at sb[j] + 2 gi P, the minima at sb[j] + 2 (ng + gi) P), so a
+ * run may span pages (taccum_run). The 4 * ng (row, group) pairs go 16 at
+ * a time through kvq__i512_red16. Returns the rows done (bit r); the
+ * others have weights that are not all >= 0 and finite, or products that
+ * overflow. */
 KVQ__T512 static unsigned
-kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0, size_t n,
+kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
                   const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
                   float *al, float *msum) {
     const size_t ng = c->ngroups, npair = 4 * ng;
-    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P + 2 * t0;
-    const uint8_t *mp = sp + 2 * ng * P;
     const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(FLT_MAX);
     const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), l127 = _mm512_set1_ps(127.0f);
     unsigned ok = 0;
@@ -202,7 +209,7 @@ kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *page, size_t P, size_t 
             if (p0 + i < npair) {
                 for (size_t t = 0; t < n; t += 16)
                     mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_loadu_ps(w[r] + t),
-                                                         kvq__i512_h2f(sp + 2 * (gi * P + t))));
+                                                         kvq__i512_h2f(sb[t / 16] + 2 * gi * P)));
                 if (++gi == ng) {
                     gi = 0;
                     r++;
@@ -227,7 +234,7 @@ kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *page, size_t P, size_t 
         for (size_t gi = 0; gi < ng; gi++, pr++) {
             const __m512 iv = _mm512_set1_ps(inv[pr]);
             for (size_t t = 0; t < n; t += 16) {
-                __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w[r] + t), kvq__i512_h2f(sp + 2 * (gi * P + t)));
+                __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w[r] + t), kvq__i512_h2f(sb[t / 16] + 2 * gi * P));
                 kvq__i512_store_b16(wq[r] + gi * n + t, kvq__i512_f2i(_mm512_mul_ps(x, iv)));
             }
         }
@@ -239,7 +246,8 @@ kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *page, size_t P, size_t 
                 __m512 sm = zero;
                 if (p0 + i < npair) {
                     for (size_t t = 0; t < n; t += 16)
-                        sm = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + t), kvq__i512_h2f(mp + 2 * (gi * P + t)), sm);
+                        sm = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + t),
+                                             kvq__i512_h2f(sb[t / 16] + 2 * (ng + gi) * P), sm);
                     if (++gi == ng) {
                         gi = 0;
                         r++;
@@ -253,26 +261,27 @@ kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *page, size_t P, size_t 
 }
 
 /* kvq__i512_wquant4_any for NG groups and runs of 16 NT tokens known at
- * compile time (4 NG <= 16 pairs, everything in registers). */
+ * compile time (4 NG <= 16 pairs). The products w * s are formed twice,
+ * for the maxima and then row by row for the bytes (the same
+ * multiplications, so the same values), instead of being kept: 4 NG NT of
+ * them (64 at NG = NT = 4) do not fit in the 32 registers. */
 KVQ__T512 static inline __attribute__((always_inline)) unsigned
-kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
+kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *const *sb, size_t P,
                       const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
                       float *al, float *msum, const int NG, const int NT) {
     const size_t n = 16 * (size_t)NT;
-    const uint8_t *sp = page + (c->bits == 8 ? c->d : c->d / 2) * P + 2 * t0;
-    const uint8_t *mp = sp + 2 * (size_t)NG * P;
     const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(FLT_MAX);
     const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), l127 = _mm512_set1_ps(127.0f);
-    __m512 W[4][4], S[4][4], v[16];
+    __m512 S[4][4], v[16];
     unsigned ok = 0;
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++) {
         __mmask16 m = 0xffff;
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
-            W[r][t] = _mm512_loadu_ps(w[r] + 16 * t);
-            m &= (__mmask16)(_mm512_cmp_ps_mask(W[r][t], zero, _CMP_GE_OQ) &
-                             _mm512_cmp_ps_mask(W[r][t], big, _CMP_LE_OQ));
+            const __m512 x = _mm512_loadu_ps(w[r] + 16 * t);
+            m &= (__mmask16)(_mm512_cmp_ps_mask(x, zero, _CMP_GE_OQ) &
+                             _mm512_cmp_ps_mask(x, big, _CMP_LE_OQ));
         }
         ok |= m == 0xffff ? 1u << r : 0u;
     }
@@ -280,8 +289,7 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *page, size_t P, size_t 
     for (int g = 0; g < NG; g++)
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++)
-            S[g][t] = kvq__i512_h2f(sp + 2 * ((size_t)g * P + 16 * (size_t)t));
-    __m512 X[4][4][4]; /* the products w * s of (row, group, 16 tokens) */
+            S[g][t] = kvq__i512_h2f(sb[t] + 2 * (size_t)g * P);
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
         v[i] = zero;
@@ -290,10 +298,10 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *page, size_t P, size_t 
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++) {
             const int i = r * NG + g;
-            __m512 mx = X[r][g][0] = _mm512_mul_ps(W[r][0], S[g][0]);
+            __m512 mx = _mm512_mul_ps(_mm512_loadu_ps(w[r]), S[g][0]);
 #pragma GCC unroll 4
             for (int t = 1; t < NT; t++)
-                mx = _mm512_max_ps(mx, X[r][g][t] = _mm512_mul_ps(W[r][t], S[g][t]));
+                mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_loadu_ps(w[r] + 16 * t), S[g][t]));
             v[4 * (i % 4) + i / 4] = mx;
         }
     const __m512 M = kvq__i512_red16(v, 1);
@@ -311,21 +319,26 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *page, size_t P, size_t 
             const __m512 iv = _mm512_permutexvar_ps(_mm512_set1_epi32(r * NG + g), inv);
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++)
-                Q[g][t] = kvq__i512_f2i(_mm512_mul_ps(X[r][g][t], iv));
+                Q[g][t] = kvq__i512_f2i(
+                    _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(w[r] + 16 * t), S[g][t]), iv));
         }
         /* the bytes of row r: groups one after the other, 16 NT each */
-        if (NG * NT == 4) {
-            const __m512i q0 = NT == 1 ? Q[0][0] : NT == 2 ? Q[0][0] : Q[0][0];
-            const __m512i q1 = NT == 1 ? Q[1][0] : NT == 2 ? Q[0][1] : Q[0][1];
-            const __m512i q2 = NT == 1 ? Q[2][0] : NT == 2 ? Q[1][0] : Q[0][2];
-            const __m512i q3 = NT == 1 ? Q[3][0] : NT == 2 ? Q[1][1] : Q[0][3];
-            kvq__i512_store_b64(wq[r], q0, q1, q2, q3);
-        } else {
 #pragma GCC unroll 4
-            for (int g = 0; g < NG; g++)
+        for (int g = 0; g < NG; g++) {
+            if (NT == 4) {
+                kvq__i512_store_b64(wq[r] + (size_t)g * n, Q[g][0], Q[g][1], Q[g][2], Q[g][3]);
+            } else if (NG * NT == 4) {
+                if (g == 0) {
+                    const __m512i q1 = NT == 1 ? Q[1][0] : Q[0][1];
+                    const __m512i q2 = NT == 1 ? Q[2][0] : Q[1][0];
+                    const __m512i q3 = NT == 1 ? Q[3][0] : Q[1][1];
+                    kvq__i512_store_b64(wq[r], Q[0][0], q1, q2, q3);
+                }
+            } else {
 #pragma GCC unroll 4
                 for (int t = 0; t < NT; t++)
                     kvq__i512_store_b16(wq[r] + (size_t)g * n + 16 * (size_t)t, Q[g][t]);
+            }
         }
     }
     if (c->bits != 8) {
@@ -333,16 +346,16 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *page, size_t P, size_t 
         for (int g = 0; g < NG; g++)
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++)
-                S[g][t] = kvq__i512_h2f(mp + 2 * ((size_t)g * P + 16 * (size_t)t));
+                S[g][t] = kvq__i512_h2f(sb[t] + 2 * (size_t)(NG + g) * P);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++)
 #pragma GCC unroll 4
             for (int g = 0; g < NG; g++) {
                 const int i = r * NG + g;
-                __m512 sm = _mm512_mul_ps(W[r][0], S[g][0]);
+                __m512 sm = _mm512_mul_ps(_mm512_loadu_ps(w[r]), S[g][0]);
 #pragma GCC unroll 4
                 for (int t = 1; t < NT; t++)
-                    sm = _mm512_fmadd_ps(W[r][t], S[g][t], sm);
+                    sm = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + 16 * t), S[g][t], sm);
                 v[4 * (i % 4) + i / 4] = sm;
             }
         _mm512_storeu_ps(msum, kvq__i512_red16(v, 0));
@@ -352,9 +365,9 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *page, size_t P, size_t 
 
 #define KVQ__I512_WQ(NG, NT)                                                                       \
     KVQ__T512 static unsigned kvq__i512_wq_##NG##_##NT(                                            \
-        const kvq_codec *c, const uint8_t *page, size_t P, size_t t0, const float *const *w,       \
+        const kvq_codec *c, const uint8_t *const *sb, size_t P, const float *const *w,             \
         uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al, float *msum) {            \
-        return kvq__i512_wquant4_fix(c, page, P, t0, w, wq, al, msum, NG, NT);                      \
+        return kvq__i512_wquant4_fix(c, sb, P, w, wq, al, msum, NG, NT);                           \
     }
 KVQ__I512_WQ(1, 1)
 KVQ__I512_WQ(2, 1)
@@ -367,11 +380,11 @@ KVQ__I512_WQ(2, 4)
 KVQ__I512_WQ(4, 4)
 
 /* The rounded weights of a run (see kvq__i512_wquant4_any). */
-static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *page, size_t P, size_t t0,
-                                  size_t n, const float *const *w,
+static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
+                                  const float *const *w,
                                   uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al,
                                   float *msum) {
-    typedef unsigned (*fn)(const kvq_codec *, const uint8_t *, size_t, size_t, const float *const *,
+    typedef unsigned (*fn)(const kvq_codec *, const uint8_t *const *, size_t, const float *const *,
                            uint8_t (*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *, float *);
     static const fn tab[3][3] = {
         {kvq__i512_wq_1_1, kvq__i512_wq_2_1, kvq__i512_wq_4_1},
@@ -382,8 +395,26 @@ static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *page, size_
     const int gi = ng == 1 ? 0 : ng == 2 ? 1 : ng == 4 ? 2 : -1;
     const int ti = n == 16 ? 0 : n == 32 ? 1 : n == 64 ? 2 : -1;
     if (gi >= 0 && ti >= 0)
-        return tab[ti][gi](c, page, P, t0, w, wq, al, msum);
-    return kvq__i512_wquant4_any(c, page, P, t0, n, w, wq, al, msum);
+        return tab[ti][gi](c, sb, P, w, wq, al, msum);
+    return kvq__i512_wquant4_any(c, sb, P, n, w, wq, al, msum);
+}
+
+/* The block pointers of kvq__i512_wquant4 (sb) and of the accumulation
+ * (cb: the codes of the block's first token) for the n tokens of a run
+ * that starts at token t0 of pages[0] and continues at token 0 of the
+ * following pages (of P tokens each). */
+static inline void kvq__i512_run_blocks(const kvq_codec *c, const uint8_t *const *pages, size_t P,
+                                        size_t t0, size_t n, const uint8_t **sb,
+                                        const uint8_t **cb) {
+    const size_t cbytes = c->bits == 8 ? c->d : c->d / 2; /* code bytes per token */
+    for (size_t j = 0, pi = 0, t = t0; j < n / 16; j++, t += 16) {
+        if (t == P) {
+            pi++;
+            t = 0;
+        }
+        sb[j] = pages[pi] + cbytes * P + 2 * t;
+        cb[j] = pages[pi] + cbytes * t;
+    }
 }
 
 /* ---- encode: bit-exact with the reference (src/codec/int.c), as the
@@ -564,7 +595,10 @@ void KVQ__SEL512(kvq__int_avx512_select)(kvq_codec *c, unsigned feat) {
     c->k.tprep = kvq__int_tprep_avx2;
     c->k.tscore = vnni ? (b8 ? kvq__i512_tscore8_vnni : kvq__i512_tscore4_vnni)
                        : (b8 ? kvq__i512_tscore8_bw : kvq__i512_tscore4_bw);
-    if (c->group % 16 == 0)
+    if (c->group % 16 == 0) {
         c->k.taccum = vnni ? (b8 ? kvq__i512_taccum8_vnni : kvq__i512_taccum4_vnni)
                            : (b8 ? kvq__i512_taccum8_bw : kvq__i512_taccum4_bw);
+        c->k.taccum_run = vnni ? (b8 ? kvq__i512_taccum_run8_vnni : kvq__i512_taccum_run4_vnni)
+                               : (b8 ? kvq__i512_taccum_run8_bw : kvq__i512_taccum_run4_bw);
+    }
 }

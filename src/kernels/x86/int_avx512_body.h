@@ -7,6 +7,12 @@
  * Integer ranges: int8 keys |c| * (+-q) pairs below 2 * 128 * 127, weight
  * pairs 2 * 127 * 127 (values), int4 nibble products summed in int16 over
  * at most 4 lane steps (4 * 2 * 2 * 15 * 127 = 30480): no saturation.
+ * taccum and taccum_run sum a run of at most KVQ__TILE_RUN = 64 tokens
+ * (one page, or whole pages of P <= 64 tokens side by side) in int32: int8
+ * |sum| <= 64 * 127 * 127 = 1032256, int4 <= 64 * 15 * 127 = 121920; the
+ * int16 steps (BW) hold one lane step before madd widens it (int8: 2 *
+ * 127 * 127 = 32258; int4: low plus high nibble pairs, 4 * 15 * 127 =
+ * 7620), so a longer run adds nothing in int16.
  */
 
 /* u8 x s8 products of 4 bytes summed into the int32 lanes of acc. */
@@ -157,13 +163,15 @@ KVQ__TGT static void KVQ__FN(kvq__i512_tscore4)(const kvq_codec *c, float *out, 
 }
 
 /* NZ (1..4) strips of 16 dimensions from dc for 4 weight rows over a run of
- * n tokens from t0, then acc += alpha * sum (+ msum for int4) for the rows
- * with a[r] set; al and ms are indexed r * ng + group. The group of strip
- * z: GM 16 (g = 16) g0 + z, 32 (g = 32) g0 + z / 2, 64 (g % 64 == 0) g0,
- * 0 (any other g) (dc + 16 z) / g. */
+ * n tokens (n % 16 == 0, n <= KVQ__TILE_RUN) whose blocks of 16 tokens
+ * start at cb[j] (each in its own page: taccum_run), then acc += alpha *
+ * sum (+ msum for int4) once for the run, for the rows with a[r] set; al
+ * and ms are indexed r * ng + group. The group of strip z: GM 16 (g = 16)
+ * g0 + z, 32 (g = 32) g0 + z / 2, 64 (g % 64 == 0) g0, 0 (any other g)
+ * (dc + 16 z) / g. */
 KVQ__TGT static inline __attribute__((always_inline)) void
-KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8_t *page,
-                                size_t t0, size_t n, size_t dc, size_t g0,
+KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8_t *const *cb,
+                                size_t n, size_t dc, size_t g0,
                                 const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
                                 const float *al, const float *ms, const int NZ, const int GM,
                                 const int BITS) {
@@ -178,40 +186,42 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
                          : (dc + 16 * (size_t)z) / c->group;
         KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) Ia[r][z] = _mm512_setzero_si512();
     }
-    if (BITS == 8) {
-        for (size_t b = 0; b < n / 4; b++) {
-            const uint8_t *cp = page + ((t0 / 4 + b) * d + dc) * 4;
-            __m512i v[4];
-            KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) v[z] = _mm512_loadu_si512((const void *)(cp + 64 * z));
-            KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
-                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
-                    const __m512i wv = _mm512_set1_epi32((int)kvq__i512_ld32(wq[r] + gz[z] * n + 4 * b));
-                    Ia[r][z] = KVQ__FN(kvq__i512_dp)(Ia[r][z], wv, v[z]);
+    for (size_t j = 0; j < n / 16; j++) {
+        if (BITS == 8) {
+            KVQ__I512_UNROLL4 for (size_t b = 0; b < 4; b++) {
+                const uint8_t *cp = cb[j] + (b * d + dc) * 4;
+                __m512i v[4];
+                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) v[z] = _mm512_loadu_si512((const void *)(cp + 64 * z));
+                KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                    KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+                        const __m512i wv = _mm512_set1_epi32((int)kvq__i512_ld32(wq[r] + gz[z] * n + 16 * j + 4 * b));
+                        Ia[r][z] = KVQ__FN(kvq__i512_dp)(Ia[r][z], wv, v[z]);
+                    }
                 }
             }
-        }
-    } else {
-        for (size_t b = 0; b < n / 8; b++) {
-            const uint8_t *cp = page + ((t0 / 8 + b) * d + dc) * 4;
-            __m512i lo[4], hi[4];
-            KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(cp + 64 * z));
-                lo[z] = _mm512_and_si512(v, m4);
-                hi[z] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            }
-            KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+        } else {
+            KVQ__I512_UNROLL4 for (size_t b = 0; b < 2; b++) {
+                const uint8_t *cp = cb[j] + (b * d + dc) * 4;
+                __m512i lo[4], hi[4];
                 KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
-                    const uint8_t *wp = wq[r] + gz[z] * n + 8 * b;
+                    const __m512i v = _mm512_loadu_si512((const void *)(cp + 64 * z));
+                    lo[z] = _mm512_and_si512(v, m4);
+                    hi[z] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                }
+                KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                    KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+                        const uint8_t *wp = wq[r] + gz[z] * n + 16 * j + 8 * b;
 #if KVQ__VNNI
-                    Ia[r][z] = kvq__i512_dpb(kvq__i512_dpb(Ia[r][z], lo[z], wp), hi[z], wp + 4);
+                        Ia[r][z] = kvq__i512_dpb(kvq__i512_dpb(Ia[r][z], lo[z], wp), hi[z], wp + 4);
 #else
-                    const __m512i wl = _mm512_set1_epi32((int)kvq__i512_ld32(wp));
-                    const __m512i wh = _mm512_set1_epi32((int)kvq__i512_ld32(wp + 4));
-                    Ia[r][z] = _mm512_add_epi32(
-                        Ia[r][z], _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[z], wl),
-                                                                     _mm512_maddubs_epi16(hi[z], wh)),
-                                                    _mm512_set1_epi16(1)));
+                        const __m512i wl = _mm512_set1_epi32((int)kvq__i512_ld32(wp));
+                        const __m512i wh = _mm512_set1_epi32((int)kvq__i512_ld32(wp + 4));
+                        Ia[r][z] = _mm512_add_epi32(
+                            Ia[r][z], _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[z], wl),
+                                                                         _mm512_maddubs_epi16(hi[z], wh)),
+                                                        _mm512_set1_epi16(1)));
 #endif
+                    }
                 }
             }
         }
@@ -232,14 +242,13 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
 
 /* The strips of one run: GM as in kvq__i512_taccum_strip. */
 KVQ__TGT static inline __attribute__((always_inline)) void
-KVQ__FN(kvq__i512_taccum_strips)(const kvq_codec *c, float *const *a, const uint8_t *page,
-                                 size_t t0, size_t n,
-                                 const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+KVQ__FN(kvq__i512_taccum_strips)(const kvq_codec *c, float *const *a, const uint8_t *const *cb,
+                                 size_t n, const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
                                  const float *al, const float *ms, const int GM, const int BITS) {
     const size_t d = c->d, g = c->group;
     size_t dc = 0, g0 = 0, left = g;
     for (; dc + 64 <= d; dc += 64) {
-        KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, GM == 64 ? g0 : dc / (GM ? (size_t)GM : 64),
+        KVQ__FN(kvq__i512_taccum_strip)(c, a, cb, n, dc, GM == 64 ? g0 : dc / (GM ? (size_t)GM : 64),
                                         wq, al, ms, 4, GM, BITS);
         if (GM == 64 && (left -= 64) == 0) {
             g0++;
@@ -250,55 +259,73 @@ KVQ__FN(kvq__i512_taccum_strips)(const kvq_codec *c, float *const *a, const uint
     const size_t g1 = GM ? dc / (GM == 64 ? 64 : (size_t)GM) : 0;
     switch ((d - dc) / 16) {
     case 3:
-        KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, g1, wq, al, ms, 3, GM == 64 ? 0 : GM, BITS);
+        KVQ__FN(kvq__i512_taccum_strip)(c, a, cb, n, dc, g1, wq, al, ms, 3, GM == 64 ? 0 : GM, BITS);
         break;
     case 2:
-        KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, g1, wq, al, ms, 2, GM == 64 ? 0 : GM, BITS);
+        KVQ__FN(kvq__i512_taccum_strip)(c, a, cb, n, dc, g1, wq, al, ms, 2, GM == 64 ? 0 : GM, BITS);
         break;
     case 1:
-        KVQ__FN(kvq__i512_taccum_strip)(c, a, page, t0, n, dc, g1, wq, al, ms, 1, GM == 64 ? 0 : GM, BITS);
+        KVQ__FN(kvq__i512_taccum_strip)(c, a, cb, n, dc, g1, wq, al, ms, 1, GM == 64 ? 0 : GM, BITS);
         break;
     default:
         break;
     }
 }
 
+/* One run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN) for every row:
+ * the run starts at token t0 of pages[0] and goes on at token 0 of the next
+ * pages (P tokens each); the weights of row i are w + i * wstride (the
+ * run's n, contiguous). Rows by 4: one rounding of the weights, one integer
+ * sum over the whole run, one conversion into acc. */
+KVQ__TGT static inline __attribute__((always_inline)) void
+KVQ__FN(kvq__i512_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                               size_t wstride, size_t nq, const uint8_t *const *pages, size_t P,
+                               size_t t0, size_t n, const int BITS) {
+    _Alignas(64) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
+    _Alignas(64) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 16], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 16];
+    const uint8_t *sb[KVQ__TILE_RUN / 16], *cb[KVQ__TILE_RUN / 16];
+    const size_t g = c->group;
+    kvq__i512_run_blocks(c, pages, P, t0, n, sb, cb);
+    for (size_t i0 = 0; i0 < nq; i0 += 4) {
+        const size_t nr = KVQ__MIN(4, nq - i0);
+        float *a[4] = {NULL, NULL, NULL, NULL};
+        const float *wr[4];
+        for (size_t r = 0; r < 4; r++)
+            wr[r] = r < nr ? w + (i0 + r) * wstride : kvq__i512_zeros;
+        const unsigned ok = kvq__i512_wquant4(c, sb, P, n, wr, wq, al, ms);
+        for (size_t r = 0; r < nr; r++) {
+            if ((ok >> r) & 1) {
+                a[r] = acc + (i0 + r) * astride;
+                continue;
+            }
+            memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
+            for (size_t t = 0, pi = 0, tp = t0; t < n; pi++, tp = 0) { /* page by page */
+                const size_t m = KVQ__MIN(n - t, P - tp);
+                kvq__tile_accum_exact(c, acc + (i0 + r) * astride, wr[r] + t, pages[pi], P, tp, m);
+                t += m;
+            }
+        }
+        const uint8_t(*cwq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
+            (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
+        if (g == 16)
+            KVQ__FN(kvq__i512_taccum_strips)(c, a, cb, n, cwq, al, ms, 16, BITS);
+        else if (g == 32)
+            KVQ__FN(kvq__i512_taccum_strips)(c, a, cb, n, cwq, al, ms, 32, BITS);
+        else if (g % 64 == 0)
+            KVQ__FN(kvq__i512_taccum_strips)(c, a, cb, n, cwq, al, ms, 64, BITS);
+        else
+            KVQ__FN(kvq__i512_taccum_strips)(c, a, cb, n, cwq, al, ms, 0, BITS);
+    }
+}
+
+/* taccum: one page, runs of up to KVQ__TILE_RUN tokens within it. */
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__i512_taccum_body)(const kvq_codec *c, float *acc, size_t astride, const float *w,
                                size_t wstride, size_t nq, const uint8_t *page, size_t P,
                                const int BITS) {
-    _Alignas(64) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
-    _Alignas(64) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 16], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 16];
-    const size_t g = c->group;
-    for (size_t i0 = 0; i0 < nq; i0 += 4) {
-        const size_t nr = KVQ__MIN(4, nq - i0);
-        for (size_t t0 = 0; t0 < P; t0 += KVQ__TILE_RUN) {
-            const size_t n = KVQ__MIN(KVQ__TILE_RUN, P - t0);
-            float *a[4] = {NULL, NULL, NULL, NULL};
-            const float *wr[4];
-            for (size_t r = 0; r < 4; r++)
-                wr[r] = r < nr ? w + (i0 + r) * wstride + t0 : kvq__i512_zeros;
-            const unsigned ok = kvq__i512_wquant4(c, page, P, t0, n, wr, wq, al, ms);
-            for (size_t r = 0; r < nr; r++) {
-                if ((ok >> r) & 1) {
-                    a[r] = acc + (i0 + r) * astride;
-                    continue;
-                }
-                memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
-                kvq__tile_accum_exact(c, acc + (i0 + r) * astride, wr[r], page, P, t0, n);
-            }
-            const uint8_t(*cwq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
-                (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
-            if (g == 16)
-                KVQ__FN(kvq__i512_taccum_strips)(c, a, page, t0, n, cwq, al, ms, 16, BITS);
-            else if (g == 32)
-                KVQ__FN(kvq__i512_taccum_strips)(c, a, page, t0, n, cwq, al, ms, 32, BITS);
-            else if (g % 64 == 0)
-                KVQ__FN(kvq__i512_taccum_strips)(c, a, page, t0, n, cwq, al, ms, 64, BITS);
-            else
-                KVQ__FN(kvq__i512_taccum_strips)(c, a, page, t0, n, cwq, al, ms, 0, BITS);
-        }
-    }
+    for (size_t t0 = 0; t0 < P; t0 += KVQ__TILE_RUN)
+        KVQ__FN(kvq__i512_taccum_run1)(c, acc, astride, w + t0, wstride, nq, &page, P, t0,
+                                       KVQ__MIN(KVQ__TILE_RUN, P - t0), BITS);
 }
 
 KVQ__TGT static void KVQ__FN(kvq__i512_taccum8)(const kvq_codec *c, float *acc, size_t astride,
@@ -310,4 +337,34 @@ KVQ__TGT static void KVQ__FN(kvq__i512_taccum4)(const kvq_codec *c, float *acc, 
                                                 const float *w, size_t wstride, size_t nq,
                                                 const uint8_t *page, size_t P) {
     KVQ__FN(kvq__i512_taccum_body)(c, acc, astride, w, wstride, nq, page, P, 4);
+}
+/* taccum_run: runs of whole pages, KVQ__TILE_RUN / P of them (P <= 64),
+ * else page by page as taccum. */
+KVQ__TGT static inline __attribute__((always_inline)) void
+KVQ__FN(kvq__i512_taccum_pages)(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                                size_t wstride, size_t nq, const uint8_t *const *pages, size_t np,
+                                size_t P, const int BITS) {
+    if (P > KVQ__TILE_RUN) {
+        for (size_t i = 0; i < np; i++)
+            (BITS == 8 ? KVQ__FN(kvq__i512_taccum8) : KVQ__FN(kvq__i512_taccum4))(
+                c, acc, astride, w + i * P, wstride, nq, pages[i], P);
+        return;
+    }
+    const size_t R = KVQ__TILE_RUN / P;
+    for (size_t i = 0; i < np; i += R)
+        KVQ__FN(kvq__i512_taccum_run1)(c, acc, astride, w + i * P, wstride, nq, pages + i, P, 0,
+                                       KVQ__MIN(R, np - i) * P, BITS);
+}
+
+KVQ__TGT static void KVQ__FN(kvq__i512_taccum_run8)(const kvq_codec *c, float *acc, size_t astride,
+                                                    const float *w, size_t wstride, size_t nq,
+                                                    const uint8_t *const *pages, size_t np,
+                                                    size_t P) {
+    KVQ__FN(kvq__i512_taccum_pages)(c, acc, astride, w, wstride, nq, pages, np, P, 8);
+}
+KVQ__TGT static void KVQ__FN(kvq__i512_taccum_run4)(const kvq_codec *c, float *acc, size_t astride,
+                                                    const float *w, size_t wstride, size_t nq,
+                                                    const uint8_t *const *pages, size_t np,
+                                                    size_t P) {
+    KVQ__FN(kvq__i512_taccum_pages)(c, acc, astride, w, wstride, nq, pages, np, P, 4);
 }
