@@ -26,8 +26,12 @@
  *   of 16), data with outliers, zero, tiny, huge and saturated vectors,
  *   queries zero / tiny / with outliers, weights one-hot / zero / tiny /
  *   huge / negative; odd page addresses and output strides.
+ * - taccum_run over 1..5 pages of P 16..80 against kvq__tile_accum_pages
+ *   with the reference kernels (bound at test_run_config), softmax-like
+ *   weights, every row count 1..5, pages in separate blocks.
  * `--bench` (off by default) times tscore + taccum over 40 MB of pages
- * against a plain read of the same bytes.
+ * against a plain read of the same bytes; `--bench-run` times taccum page
+ * by page against taccum_run on runs of 4 hot pages.
  */
 #include "testutil.h"
 
@@ -817,16 +821,81 @@ static void bench(size_t total) {
     }
 }
 
+/* --bench-run: the V side of a decode step on hot pages, int4:g=32 and
+ * int8, d 128, 4 rows, P 16: taccum page by page (4 calls) against one
+ * taccum_run over the 4 pages, side by side; ns per page (one KV head). */
+static void bench_run(void) {
+    static const char *specs[] = {"int4:g=32", "int8"};
+    const size_t d = 128, nq = 4, P = 16, np = 4, NB = 64; /* NB runs of np pages */
+    printf("bench-run: head_dim %zu, %zu rows, P %zu, runs of %zu pages, %zu runs (hot)\n", d, nq, P,
+           np, NB);
+    for (size_t si = 0; si < 2; si++) {
+        tpath paths[8];
+        size_t npath = make_paths(specs[si], d, paths);
+        for (size_t pi = 0; pi < npath; pi++) {
+            kvq_codec *c = paths[pi].c;
+            if (!c || strncmp(paths[pi].name, "simde", 5) == 0 || !c->k.taccum_run) {
+                kvq_codec_free(c);
+                continue;
+            }
+            const size_t vb = c->bytes, pb = P * vb;
+            uint8_t *mem = malloc(NB * np * pb), *rows = malloc(pb);
+            float *x = malloc(P * d * sizeof(float)), w[4 * 64], acc[4 * 128];
+            tu_rng r;
+            tu_seed(&r, 11);
+            for (size_t k = 0; k < NB * np; k++) {
+                fill_vecs(&r, 0, x, P, d);
+                c->k.encode(c, rows, x, P);
+                for (size_t i = 0; i < P; i++)
+                    c->tput(c, KVQ__ROLE_V, P, mem + k * pb, i, rows + i * vb);
+            }
+            for (size_t i = 0; i < nq; i++)
+                fill_softmax(&r, 0, w + i * np * P, np * P);
+            memset(acc, 0, sizeof acc);
+            double best[2] = {1e30, 1e30};
+            for (int rep = 0; rep < 2000; rep++)
+                for (int which = 0; which < 2; which++) {
+                    double t0 = now_s();
+                    for (size_t b = 0; b < NB; b++) {
+                        const uint8_t *pg[4];
+                        for (size_t i = 0; i < np; i++)
+                            pg[i] = mem + (b * np + i) * pb;
+                        if (which == 0)
+                            for (size_t i = 0; i < np; i++)
+                                c->k.taccum(c, acc, d, w + i * P, np * P, nq, pg[i], P);
+                        else
+                            c->k.taccum_run(c, acc, d, w, np * P, nq, pg, np, P);
+                    }
+                    double t = now_s() - t0;
+                    best[which] = t < best[which] ? t : best[which];
+                }
+            const double a = best[0] / (double)(NB * np) * 1e9, b = best[1] / (double)(NB * np) * 1e9;
+            printf("  %-10s %-12s taccum %.1f ns/page, taccum_run %.1f ns/page: %.3f (%.0f%% cheaper)\n",
+                   specs[si], paths[pi].name, a, b, b / a, 100.0 * (1.0 - b / a));
+            free(mem);
+            free(rows);
+            free(x);
+            kvq_codec_free(c);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     int do_bench = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0)
             do_bench = 1;
+        else if (strcmp(argv[i], "--bench-run") == 0)
+            do_bench = 2;
         else if (strcmp(argv[i], "--prefetch") == 0 && i + 1 < argc)
             pfd = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
+    }
+    if (do_bench == 2) {
+        bench_run();
+        return 0;
     }
     if (do_bench) {
         bench(40u << 20);

@@ -1393,27 +1393,34 @@ kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *c
         __m256i I[4];
         KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
         if (BITS == 8) {
-            for (size_t b = 0; b < n / 4; b++) {
-                __m256i v = _mm256_loadu_si256(
-                    (const __m256i *)(const void *)(cb[b / 4] + ((b % 4) * d + dc) * 4));
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                    __m256i wv = _mm256_set1_epi32((int)kvq__ldu32(wq[r] + gi * n + 4 * b));
-                    I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, v), ones));
+            for (size_t j = 0; j < n / 16; j++) {
+                const uint8_t *cp = cb[j] + dc * 4;
+                const uint8_t *wj = wq[0] + gi * n + 16 * j;
+                KVQ__UNROLL4 for (size_t b = 0; b < 4; b++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
+                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                        __m256i wv = _mm256_set1_epi32((int)kvq__ldu32(wj + (size_t)r * sizeof wq[0] + 4 * b));
+                        I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, v), ones));
+                    }
                 }
             }
         } else {
-            for (size_t b0 = 0; b0 < n / 8; b0 += 4) {
+            for (size_t j0 = 0; j0 < n / 16; j0 += 2) { /* 4 token octets per int16 sum */
                 __m256i S[4];
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
-                for (size_t b = b0; b < b0 + 4 && b < n / 8; b++) {
-                    __m256i v = _mm256_loadu_si256(
-                        (const __m256i *)(const void *)(cb[b / 2] + ((b % 2) * d + dc) * 4));
-                    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                        __m256i wl = _mm256_set1_epi32((int)kvq__ldu32(wq[r] + gi * n + 8 * b));
-                        __m256i wh = _mm256_set1_epi32((int)kvq__ldu32(wq[r] + gi * n + 8 * b + 4));
-                        S[r] = _mm256_add_epi16(S[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, lo),
-                                                                       _mm256_maddubs_epi16(wh, hi)));
+                for (size_t j = j0; j < j0 + 2 && j < n / 16; j++) {
+                    const uint8_t *cp = cb[j] + dc * 4;
+                    const uint8_t *wj = wq[0] + gi * n + 16 * j;
+                    KVQ__UNROLL4 for (size_t b = 0; b < 2; b++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
+                        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                            const uint8_t *wp = wj + (size_t)r * sizeof wq[0] + 8 * b;
+                            __m256i wl = _mm256_set1_epi32((int)kvq__ldu32(wp));
+                            __m256i wh = _mm256_set1_epi32((int)kvq__ldu32(wp + 4));
+                            S[r] = _mm256_add_epi16(S[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, lo),
+                                                                           _mm256_maddubs_epi16(wh, hi)));
+                        }
                     }
                 }
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] =

@@ -188,7 +188,7 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
     }
     for (size_t j = 0; j < n / 16; j++) {
         if (BITS == 8) {
-            KVQ__I512_UNROLL4 for (size_t b = 0; b < 4; b++) {
+            for (size_t b = 0; b < 4; b++) { /* not unrolled: (BW) 16 accumulators plus the steps of 4 would spill */
                 const uint8_t *cp = cb[j] + (b * d + dc) * 4;
                 __m512i v[4];
                 KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) v[z] = _mm512_loadu_si512((const void *)(cp + 64 * z));
@@ -200,7 +200,7 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
                 }
             }
         } else {
-            KVQ__I512_UNROLL4 for (size_t b = 0; b < 2; b++) {
+            for (size_t b = 0; b < 2; b++) {
                 const uint8_t *cp = cb[j] + (b * d + dc) * 4;
                 __m512i lo[4], hi[4];
                 KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
