@@ -332,6 +332,22 @@ static int softmax_out(size_t n, size_t d, const double *sc, const int32_t *kpos
     return 1;
 }
 
+/* The tokens [*a, *b) that hold every run of the tiled V kernels that can
+ * hold token j (pages of P tokens, n encoded tokens): taccum rounds per run
+ * of up to 64 tokens of a page, taccum_run per run of whole consecutive
+ * pages of up to 64 tokens. */
+static void run_window(size_t j, size_t P, size_t n, size_t *a, size_t *b) {
+    if (P <= 64) {
+        size_t rp = 64 / P, pg = j / P;
+        *a = pg >= rp - 1 ? (pg - (rp - 1)) * P : 0;
+        *b = KVQ__MIN_T((pg + rp) * P, n);
+    } else {
+        size_t p0 = j / P * P;
+        *a = j >= p0 + 63 ? j - 63 : p0;
+        *b = KVQ__MIN_T(KVQ__MIN_T(j + 64, p0 + P), n);
+    }
+}
+
 /* Compares cache attention at three query positions with (a) attention over
  * its own decoded K/V and (b) attention over the exact data, with the bounds
  * described above, and checks that uniform weights fail (b). */
@@ -347,6 +363,7 @@ static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, const 
     int32_t *kp = malloc(N * sizeof(int32_t));
     double *sc = malloc(N * sizeof(double)), *p = malloc(N * sizeof(double));
     double *qv = malloc(N * sizeof(double)); /* quantization variance per key */
+    double *wps = malloc(N * sizeof(double)), *wc2 = malloc(N * sizeof(double));
     double *o = malloc(d * sizeof(double)), *qs = malloc(d * sizeof(double));
     double *qr = malloc(d * sizeof(double)), *kd = malloc(d * sizeof(double));
     double *ks = malloc(d * sizeof(double)), *un = malloc(d * sizeof(double));
@@ -428,53 +445,66 @@ static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, const 
             }
             size_t vg;
             if (int_tiled(m, m->v[h], d, &vg)) {
-                /* tiled int values: per run of 64 tokens of a page and group,
-                 * p_j s_j rounded in steps alpha = max p_j s_j / 127 against
-                 * the codes c = (v - m) / s: variance alpha^2 / 12 sum c^2 */
+                /* tiled int values: per run (taccum: up to 64 tokens of a
+                 * page; taccum_run: up to 64 tokens of whole pages) and
+                 * group, p_j s_j rounded in steps alpha = max p_j s_j / 127
+                 * against the codes c = (v - m) / s: variance alpha^2 / 12
+                 * sum c^2; alpha of token j's run is at most the maximum
+                 * over run_window(j), whatever the runs */
                 const int b8 = atoi(m->v[h] + 3) == 8;
-                const size_t P = m->page, R = P < 64 ? P : 64;
-                for (size_t j0 = 0; j0 < N - nf16; j0 += (j0 % P + R < P ? R : P - j0 % P))
-                    for (size_t g0 = 0; g0 < d; g0 += vg) {
-                        /* a run: up to 64 tokens, never across a page's end */
-                        size_t j1 = j0 + (j0 % P + R < P ? R : P - j0 % P);
-                        double amax = 0, c2 = 0;
-                        for (size_t j = j0; j < j1 && j < N - nf16; j++) {
-                            double mn = INFINITY, mx = -INFINITY, am = 0;
-                            for (size_t t = g0; t < g0 + vg; t++) {
-                                double x = V[(j * H + h) * d + t];
-                                mn = fmin(mn, x), mx = fmax(mx, x), am = fmax(am, fabs(x));
-                            }
-                            double sj = b8 ? am / 127 : (mx - mn) / 15;
-                            amax = fmax(amax, p[j] * sj);
-                            if (sj > 0)
-                                for (size_t t = g0; t < g0 + vg; t++) {
-                                    double cj = (V[(j * H + h) * d + t] - (b8 ? 0 : mn)) / sj;
-                                    c2 += cj * cj;
-                                }
+                const size_t NE = N - nf16;
+                for (size_t g0 = 0; g0 < d; g0 += vg) {
+                    for (size_t j = 0; j < NE; j++) {
+                        double mn = INFINITY, mx = -INFINITY, am = 0, c2 = 0;
+                        for (size_t t = g0; t < g0 + vg; t++) {
+                            double x = V[(j * H + h) * d + t];
+                            mn = fmin(mn, x), mx = fmax(mx, x), am = fmax(am, fabs(x));
                         }
-                        qvar += (amax / 127) * (amax / 127) / 12 * c2;
+                        double sj = b8 ? am / 127 : (mx - mn) / 15;
+                        if (sj > 0)
+                            for (size_t t = g0; t < g0 + vg; t++) {
+                                double cj = (V[(j * H + h) * d + t] - (b8 ? 0 : mn)) / sj;
+                                c2 += cj * cj;
+                            }
+                        wps[j] = p[j] * sj;
+                        wc2[j] = c2;
                     }
+                    for (size_t j = 0; j < NE; j++) {
+                        size_t a, b;
+                        run_window(j, m->page, NE, &a, &b);
+                        double amax = 0;
+                        for (size_t i = a; i < b; i++)
+                            amax = fmax(amax, wps[i]);
+                        qvar += (amax / 127) * (amax / 127) / 12 * wc2[j];
+                    }
+                }
             }
             if (tiled_quant(m, m->v[h], d)) {
-                /* tiled values: per page, the weights p_k (times the norm or
-                 * scale) rounded to u8 codes of step max_k p_k n_k / 127 and
-                 * the centroids to int8 (step max|c| / 127): the output moves
-                 * by a variance of P (2 max_k p_k |v_k|)^2 / (12 127^2) +
-                 * sum_k p_k^2 |v_k|^2 36 / (12 127^2) per page (staged tokens
-                 * are f16, summed in float) */
-                size_t P = m->page;
-                for (size_t j0 = 0; j0 < N - nf16; j0 += P) {
-                    double mx = 0, s2 = 0;
-                    for (size_t j = j0; j < j0 + P && j < N - nf16; j++) {
-                        double vv = 0;
-                        for (size_t t = 0; t < d; t++)
-                            vv += (double)V[(j * H + h) * d + t] * V[(j * H + h) * d + t];
-                        mx = fmax(mx, p[j] * sqrt(vv));
-                        s2 += p[j] * p[j] * vv;
-                    }
-                    qvar += (double)P * (2 * mx) * (2 * mx) / (12.0 * 127 * 127) +
-                            s2 * 36.0 / (12.0 * 127 * 127);
+                /* tiled values: per run (a page, or whole pages of up to 64
+                 * tokens), the weights p_k (times the norm or scale) rounded
+                 * to u8 codes of step max_k p_k n_k / 127 and the centroids
+                 * to int8 (step max|c| / 127): the output moves by a variance
+                 * of (2 max_k p_k |v_k|)^2 / (12 127^2) per token, the
+                 * maximum over its run_window, + sum_k p_k^2 |v_k|^2 36 /
+                 * (12 127^2) (staged tokens are f16, summed in float) */
+                const size_t NE = N - nf16;
+                double s2 = 0;
+                for (size_t j = 0; j < NE; j++) {
+                    double vv = 0;
+                    for (size_t t = 0; t < d; t++)
+                        vv += (double)V[(j * H + h) * d + t] * V[(j * H + h) * d + t];
+                    wps[j] = p[j] * sqrt(vv);
+                    s2 += p[j] * p[j] * vv;
                 }
+                for (size_t j = 0; j < NE; j++) {
+                    size_t a, b;
+                    run_window(j, m->page, NE, &a, &b);
+                    double mx = 0;
+                    for (size_t i = a; i < b; i++)
+                        mx = fmax(mx, wps[i]);
+                    qvar += (2 * mx) * (2 * mx) / (12.0 * 127 * 127);
+                }
+                qvar += s2 * 36.0 / (12.0 * 127 * 127);
             }
             double bh = eps_p * spread + 2 * ATT_LAMBDA * ATT_U * sqrt((double)(N + 4 * d)) * mag;
             bflt2 += bh * bh;
@@ -564,6 +594,7 @@ static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, const 
                   "%s: uniform weights (keys ignored) pass the codecs' bound (error/bound %.3g)",
                   what, min_unif);
     free(q), free(out), free(K), free(V), free(kp), free(sc), free(p), free(qv), free(o);
+    free(wps), free(wc2);
     free(qs), free(qr), free(kd), free(ks), free(un), free(xin);
 }
 
