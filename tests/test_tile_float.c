@@ -157,6 +157,58 @@ static void check_softmax(kvq__softmax_fn fn, const char *path, tu_rng *r) {
     TU_REPORT(ok, "page softmax %s against the reference", path);
 }
 
+/* The online softmax over a sequence of pages, as the decode driver runs
+ * it (accumulators rescaled by f when the running maximum moves, which it
+ * does only past KVQ__SOFTMAX_SLACK once a sum runs): the normalized
+ * weighted sum of per-token values must equal the exact softmax in double
+ * within the exp polynomial's 2.5e-7 per weight plus the float sums
+ * (gamma over the tokens; 1e-5 relative covers 64 pages of 16). Scores
+ * rise page after page (slowly: under the slack; fast: past it), fall, or
+ * jump once by 50. */
+static void check_softmax_sequence(kvq__softmax_fn fn, const char *path, tu_rng *r) {
+    enum { NP = 64, PT = 16, NR = 4 };
+    int ok = 1;
+    for (int kind = 0; kind < 4; kind++) {
+        static float s[NP][NR][PT], v[NP][PT];
+        for (int p = 0; p < NP; p++)
+            for (int i = 0; i < PT; i++) {
+                v[p][i] = (float)tu_gauss(r);
+                for (int q = 0; q < NR; q++) {
+                    double base = kind == 0 ? 0.3 * p : kind == 1 ? 3.0 * p
+                                : kind == 2 ? -0.5 * p : (p == 40 ? 50.0 : 0.0);
+                    s[p][q][i] = (float)(base + 2 * tu_gauss(r));
+                }
+            }
+        float m[NR], l[NR], f[NR], acc[NR];
+        for (int q = 0; q < NR; q++)
+            m[q] = -INFINITY, l[q] = 0, acc[q] = 0;
+        for (int p = 0; p < NP; p++) {
+            float w[NR * PT];
+            memcpy(w, s[p], sizeof w);
+            if (fn(w, PT, NR, PT, m, l, f))
+                for (int q = 0; q < NR; q++)
+                    acc[q] *= f[q];
+            for (int q = 0; q < NR; q++)
+                for (int i = 0; i < PT; i++)
+                    acc[q] += w[q * PT + i] * v[p][i];
+        }
+        for (int q = 0; q < NR; q++) {
+            double mx = -INFINITY, num = 0, den = 0, mag = 0;
+            for (int p = 0; p < NP; p++)
+                for (int i = 0; i < PT; i++)
+                    mx = fmax(mx, s[p][q][i]);
+            for (int p = 0; p < NP; p++)
+                for (int i = 0; i < PT; i++) {
+                    double e = exp((double)s[p][q][i] - mx);
+                    num += e * v[p][i], den += e, mag += e * fabs(v[p][i]);
+                }
+            ok &= isfinite(acc[q]) && isfinite(l[q]) &&
+                  fabs((double)acc[q] / l[q] - num / den) <= 1e-5 * mag / den;
+        }
+    }
+    TU_REPORT(ok, "page softmax %s over a sequence of pages against the exact softmax", path);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     for (int i = 1; i < argc; i++)
@@ -170,10 +222,16 @@ int main(int argc, char **argv) {
            kvq_cpu_supports(KVQ_ISA_AVX2) ? "native" : "absent",
            kvq_cpu_supports(KVQ_ISA_AVX512) ? "native" : "absent");
     check_softmax(kvq__page_softmax_avx512_simde, "avx512-simde", &r);
-    if (kvq_cpu_supports(KVQ_ISA_AVX2))
+    check_softmax_sequence(kvq__page_softmax_ref, "scalar", &r);
+    check_softmax_sequence(kvq__page_softmax_avx512_simde, "avx512-simde", &r);
+    if (kvq_cpu_supports(KVQ_ISA_AVX2)) {
         check_softmax(kvq__page_softmax_avx2, "avx2", &r);
-    if (kvq_cpu_supports(KVQ_ISA_AVX512))
+        check_softmax_sequence(kvq__page_softmax_avx2, "avx2", &r);
+    }
+    if (kvq_cpu_supports(KVQ_ISA_AVX512)) {
         check_softmax(kvq__page_softmax_avx512, "avx512", &r);
+        check_softmax_sequence(kvq__page_softmax_avx512, "avx512", &r);
+    }
     for (size_t si = 0; si < 3; si++)
         for (size_t di = 0; di < 6; di++) {
             kvq_codec_params pr = {0};

@@ -70,14 +70,23 @@ typedef struct {
 /* Row r of a state's accumulators times f: the hot codec's (alen floats),
  * the warm codec's (walen, 0 when none) and the staged values' (slen, 0 when
  * none). The online softmax's rescale when a row's maximum grows. */
+/* x[0..n) *= f, 8 at a time (a shape the compiler turns into vector
+ * multiplies at -O2), then the rest. */
+static inline void kvq__scale_floats(float *x, size_t n, float f) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        x[i] *= f, x[i + 1] *= f, x[i + 2] *= f, x[i + 3] *= f;
+        x[i + 4] *= f, x[i + 5] *= f, x[i + 6] *= f, x[i + 7] *= f;
+    }
+    for (; i < n; i++)
+        x[i] *= f;
+}
+
 static inline void kvq__pstate_scale(kvq__pstate *ps, size_t r, float f, size_t alen, size_t walen,
                                      size_t slen) {
-    for (size_t i = 0; i < alen; i++)
-        ps->acc[r * alen + i] *= f;
-    for (size_t i = 0; i < walen; i++)
-        ps->accw[r * walen + i] *= f;
-    for (size_t i = 0; i < slen; i++)
-        ps->accs[r * slen + i] *= f;
+    kvq__scale_floats(ps->acc + r * alen, alen, f);
+    kvq__scale_floats(ps->accw + r * walen, walen, f);
+    kvq__scale_floats(ps->accs + r * slen, slen, f);
 }
 
 /* Work of one attend. A decode step (one query token, QH <= rows_max):

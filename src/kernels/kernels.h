@@ -31,28 +31,39 @@ float kvq__exp_block_ref(float *x, size_t n, float m);
 float kvq__exp_block_avx2(float *x, size_t n, float m);
 kvq__exp_block_fn kvq__exp_block_select(kvq_isa isa);
 
-/* Online softmax over one page of scores, nr rows of n: row r is
- * s[r*ss .. r*ss + n). With bm its maximum, when bm > m[r]: f[r] = l[r] > 0 ?
- * expf(m[r] - bm) : 1, l[r] *= f[r], m[r] = bm; otherwise f[r] = 1. Then
- * s_i = exp(s_i - m[r]) (-inf gives 0; within 2e-7 relative of expf) and
- * l[r] += their sum. Returns nonzero when some f[r] != 1: the caller then
- * rescales those rows' accumulators by f[r]. */
-/* The running-maximum step of kvq__page_softmax for one row: a page maximum
- * bm above *m becomes *m, and when a sum *l > 0 is running it is rescaled by
- * *f = expf(old m - bm) (returns 1: the caller's accumulators need it too);
- * otherwise *f = 1 and 0 is returned. */
+/* Online softmax over one page (or run of pages) of scores, nr rows of n:
+ * row r is s[r*ss .. r*ss + n). With bm its maximum, the running maximum
+ * m[r] moves by kvq__softmax_max_step (f[r] its rescale factor, 1 when it
+ * stays). Then s_i = exp(s_i - m[r]) (-inf gives 0; within 2e-7 relative of
+ * expf) and l[r] += their sum. Returns nonzero when some f[r] != 1: the
+ * caller then rescales those rows' accumulators by f[r]. */
+/* How far a page maximum may rise above the running maximum before the
+ * running maximum follows it: weights exp(s - m) stay below e^8 = 2981, so
+ * sums of up to 2^100 tokens stay finite in float, while a sequence whose
+ * scores creep upwards rescales its accumulators (d floats per row and
+ * codec) a few times instead of at nearly every page. The softmax is the
+ * same either way: acc and l carry the same factor. */
+#define KVQ__SOFTMAX_SLACK 8.0f
+
+/* The running-maximum step of kvq__page_softmax for one row: when nothing
+ * is summed yet (*l == 0) a page maximum bm above *m becomes *m; when a sum
+ * is running, bm becomes *m only if it is more than KVQ__SOFTMAX_SLACK above
+ * it, and then *l is rescaled by *f = expf(old m - bm) (returns 1: the
+ * caller's accumulators need it too); otherwise *f = 1 and 0 is returned. */
 static inline int kvq__softmax_max_step(float bm, float *m, float *l, float *f) {
     *f = 1.0f;
     if (!(bm > *m))
         return 0;
-    int rescaled = 0;
-    if (*l > 0.0f) {
-        *f = expf(*m - bm);
-        *l *= *f;
-        rescaled = 1;
+    if (!(*l > 0.0f)) {
+        *m = bm;
+        return 0;
     }
+    if (!(bm > *m + KVQ__SOFTMAX_SLACK))
+        return 0;
+    *f = expf(*m - bm);
+    *l *= *f;
     *m = bm;
-    return rescaled;
+    return 1;
 }
 
 typedef int (*kvq__softmax_fn)(float *s, size_t ss, size_t nr, size_t n, float *m, float *l,
