@@ -82,6 +82,18 @@ static inline void kvq__scale_floats(float *x, size_t n, float f) {
         x[i] *= f;
 }
 
+/* y[0..n) += x[0..n) * f, 8 at a time as kvq__scale_floats. */
+static inline void kvq__axpy_floats(float *y, const float *x, size_t n, float f) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        y[i] += x[i] * f, y[i + 1] += x[i + 1] * f, y[i + 2] += x[i + 2] * f;
+        y[i + 3] += x[i + 3] * f, y[i + 4] += x[i + 4] * f, y[i + 5] += x[i + 5] * f;
+        y[i + 6] += x[i + 6] * f, y[i + 7] += x[i + 7] * f;
+    }
+    for (; i < n; i++)
+        y[i] += x[i] * f;
+}
+
 static inline void kvq__pstate_scale(kvq__pstate *ps, size_t r, float f, size_t alen, size_t walen,
                                      size_t slen) {
     kvq__scale_floats(ps->acc + r * alen, alen, f);
@@ -415,14 +427,11 @@ static void kvq__attend_fold(const kvq__attn_call *jb, kvq__work *w, size_t h, s
                     continue;
                 float e = expf(st[i].m[r] - M);
                 f.l[r] += st[i].l[r] * e;
-                for (size_t t = 0; t < alen; t++)
-                    f.acc[r * alen + t] += st[i].acc[r * alen + t] * e;
+                kvq__axpy_floats(f.acc + r * alen, st[i].acc + r * alen, alen, e);
                 if (warm)
-                    for (size_t t = 0; t < walen; t++)
-                        f.accw[r * walen + t] += st[i].accw[r * walen + t] * e;
+                    kvq__axpy_floats(f.accw + r * walen, st[i].accw + r * walen, walen, e);
                 if (st[i].any_pend)
-                    for (size_t t = 0; t < d; t++)
-                        f.accs[r * d + t] += st[i].accs[r * d + t] * e;
+                    kvq__axpy_floats(f.accs + r * d, st[i].accs + r * d, d, e);
             }
         }
     }
@@ -549,10 +558,13 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
             ps[h].l[r] = 0.0f;
         }
         memset(ps[h].acc, 0, G * ly->heads[h].vc->acc_len * sizeof(float));
-        memset(ps[h].accw, 0, G * ly->wheads[h].vc->acc_len * sizeof(float));
-        memset(ps[h].accs, 0, G * d * sizeof(float));
+        if (warm) /* read only when warm pages have codecs of their own */
+            memset(ps[h].accw, 0, G * ly->wheads[h].vc->acc_len * sizeof(float));
         ps[h].any_pend = 0;
     }
+    /* the staged values' accumulators are zeroed before a head's first
+     * slow page (only those can hold staged tokens) */
+    uint8_t accs_zero[KVQ__MAX_DECODE_HEADS] = {0};
     float *sc = w->sc;
     /* a query at the newest position sees every token (positions increase) */
     const int all_visible = ly->appended && qmax >= ly->last_pos;
@@ -564,6 +576,10 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
         }
         if (!kvq__page_fast(c, ly, p, qmax, all_visible, c->warm_distinct)) {
             for (size_t h = 0; h < H; h++) {
+                if (!accs_zero[h]) {
+                    memset(ps[h].accs, 0, G * d * sizeof(float));
+                    accs_zero[h] = 1;
+                }
                 kvq__work wh = kvq__head_rows(c, w, h);
                 kvq__attend_pages(jb, &wh, h, G, qmax, p, p + 1, &ps[h],
                                   rawsc ? rawsc + h * G * slots : NULL, 0);
@@ -682,6 +698,10 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
         for (size_t h = 0; h < H; h++) {
             const kvq__head *ph = heads + h;
             if (ph->kchan_bits) {
+                if (!accs_zero[h]) {
+                    memset(ps[h].accs, 0, G * d * sizeof(float));
+                    accs_zero[h] = 1;
+                }
                 kvq__work wh = kvq__head_rows(c, w, h);
                 kvq__attend_pages(jb, &wh, h, G, qmax, p, p + n, &ps[h],
                                   rawsc ? rawsc + h * G * slots : NULL, 0);
