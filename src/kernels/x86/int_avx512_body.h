@@ -176,7 +176,7 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
                                 const float *al, const float *ms, const int NZ, const int GM,
                                 const int BITS) {
     const size_t d = c->d, ng = c->ngroups;
-    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i m4 = _mm512_set1_epi8(15), e8 = _mm512_set1_epi8(8);
     size_t gz[4];
     __m512i Ia[4][4];
     KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
@@ -203,22 +203,22 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
             for (size_t b = 0; b < 2; b++) {
                 const uint8_t *cp = cb[j] + (b * d + dc) * 4;
                 __m512i lo[4], hi[4];
-                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) { /* the codes as c - 8 (s8) */
                     const __m512i v = _mm512_loadu_si512((const void *)(cp + 64 * z));
-                    lo[z] = _mm512_and_si512(v, m4);
-                    hi[z] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    lo[z] = _mm512_sub_epi8(_mm512_and_si512(v, m4), e8);
+                    hi[z] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), e8);
                 }
                 KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
                     KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
                         const uint8_t *wp = wq[r] + gz[z] * n + 16 * j + 8 * b;
-#if KVQ__VNNI
-                        Ia[r][z] = kvq__i512_dpb(kvq__i512_dpb(Ia[r][z], lo[z], wp), hi[z], wp + 4);
-#else
                         const __m512i wl = _mm512_set1_epi32((int)kvq__i512_ld32(wp));
                         const __m512i wh = _mm512_set1_epi32((int)kvq__i512_ld32(wp + 4));
+#if KVQ__VNNI
+                        Ia[r][z] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(Ia[r][z], wl, lo[z]), wh, hi[z]);
+#else
                         Ia[r][z] = _mm512_add_epi32(
-                            Ia[r][z], _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[z], wl),
-                                                                         _mm512_maddubs_epi16(hi[z], wh)),
+                            Ia[r][z], _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(wl, lo[z]),
+                                                                         _mm512_maddubs_epi16(wh, hi[z])),
                                                         _mm512_set1_epi16(1)));
 #endif
                     }
@@ -292,7 +292,10 @@ KVQ__FN(kvq__i512_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, c
         const float *wr[4];
         for (size_t r = 0; r < 4; r++)
             wr[r] = r < nr ? w + (i0 + r) * wstride : kvq__i512_zeros;
-        const unsigned ok = kvq__i512_wquant4(c, sb, P, n, wr, wq, al, ms);
+        /* weights in 0..255 but on the int8 BW path (maddubs pairs: 2 * 255 * 127
+         * would saturate int16); int4 codes taken as c - 8, 8 s added to m */
+        const unsigned ok = kvq__i512_wquant4(c, sb, P, n, wr, wq, al, ms,
+                                              BITS == 8 && !KVQ__VNNI ? 127.0f : 255.0f, BITS != 8);
         for (size_t r = 0; r < nr; r++) {
             if ((ok >> r) & 1) {
                 a[r] = acc + (i0 + r) * astride;
