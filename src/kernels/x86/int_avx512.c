@@ -9,15 +9,17 @@
  *    maddubs + madd (int8 by |c| * sign(q, c));
  *  - taccum (g % 16 == 0): 64 dimensions x 4 weight rows in 16 int32
  *    accumulators, one vpdpbusd (or maddubs + madd) per 4 tokens (int4: per
- *    nibble plane of 8 tokens) with the rounded weights broadcast;
+ *    nibble plane of 8 tokens, the codes as c - 8) with the rounded u8
+ *    weights broadcast (0..255, 0..127 for int8 on BW: int.c);
  *  - taccum_run: the same over runs of whole pages (64 / P pages of P <= 64
  *    tokens; larger pages one by one as taccum): the weights of a run are
  *    rounded once (one scale per row and group), every page of the run
  *    goes into the same int32 accumulators, and those are converted,
  *    scaled and added to the float accumulators once per run.
- * The query and weight rounding (tprep, the weights of a page) is the AVX2
- * path's (int_avx2.c), so every path computes the same integer dot
- * products and the same float steps in the same order.
+ * The query rounding (tprep) is the AVX2 path's (int_avx2.c); the weights
+ * are rounded by the same operations with a step of max/255 where the
+ * instruction allows it (int.c), so paths of the same step compute the
+ * same integer dot products and the same float steps in the same order.
  * The two variants (VNNI and BW) are int_avx512_body.h included twice.
  */
 #include "../kernels.h"
@@ -171,8 +173,10 @@ KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__i512_red16(co
 #endif
 
 /* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for
- * a run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN): the AVX2 path's
- * bytes (the same operations), msum summed in another order; al and msum
+ * a run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN): rint(w s W / max)
+ * in 0..W, al = max / W (at W = 127 the AVX2 path's bytes: the same
+ * operations), msum = sum w m, or sum w (m + 8 s) with off8 (the int4
+ * codes taken as c - 8), summed in another order than AVX2's; al and msum
  * (4 ng + 16 floats) are indexed r * ng + group. The run's tokens come in
  * blocks of 16, each from its own page: sb[j] (j < n / 16) is the fp16
  * scale of group 0 of the block's first token in its page's scale plane

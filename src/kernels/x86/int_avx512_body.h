@@ -7,12 +7,17 @@
  * Integer ranges: int8 keys |c| * (+-q) pairs below 2 * 128 * 127, weight
  * pairs 2 * 127 * 127 (values), int4 nibble products summed in int16 over
  * at most 4 lane steps (4 * 2 * 2 * 15 * 127 = 30480): no saturation.
- * taccum and taccum_run sum a run of at most KVQ__TILE_RUN = 64 tokens
- * (one page, or whole pages of P <= 64 tokens side by side) in int32: int8
- * |sum| <= 64 * 127 * 127 = 1032256, int4 <= 64 * 15 * 127 = 121920; the
- * int16 steps (BW) hold one lane step before madd widens it (int8: 2 *
- * 127 * 127 = 32258; int4: low plus high nibble pairs, 4 * 15 * 127 =
- * 7620), so a longer run adds nothing in int16.
+ * taccum and taccum_run round the weights to u8 0..W (int.c): W = 255 for
+ * int8 with VNNI (u8 weights x s8 codes) and for int4 on both variants
+ * (u8 weights x s8 codes c - 8 in -8..7, the 8 put back through the
+ * minimum term), W = 127 for int8 on BW, where maddubs sums a pair in
+ * int16 and 2 * 255 * 127 = 64770 would saturate. They sum a run of at
+ * most KVQ__TILE_RUN = 64 tokens (one page, or whole pages of P <= 64
+ * tokens side by side) in int32: int8 |sum| <= 64 * 255 * 127 = 2072640,
+ * int4 <= 64 * 255 * 8 = 130560; the int16 steps (BW) hold one lane step
+ * before madd widens it (int8: 2 * 127 * 127 = 32258; int4: low plus high
+ * nibble pairs, 4 * 255 * 8 = 8160), so a longer run adds nothing in
+ * int16.
  */
 
 /* u8 x s8 products of 4 bytes summed into the int32 lanes of acc. */
