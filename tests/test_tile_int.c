@@ -15,13 +15,18 @@
  *     score  |err| <= sum_b e_b sum_{t in b} s_g(t) |c_t| + (d + 16) eps T,
  *            e_b = (max_b |q| / 127) / 2 (1 + 1e-4) (max|q_b| when below
  *            2^-100: the block is dropped), T = sum_t |q_t| (s |c_t| + |m|);
- *     accum  |err| <= sum_runs e_g sum_{j in run} |c_{j,t}| + (P + 16) eps T,
- *            e_g = (max_j w_j s_{j,g} / 127) / 2 (1 + 1e-4) (the max when
- *            below 2^-100; 0 for a run whose weights are not all >= 0 and
- *            finite: computed exactly), T = |acc_t| + sum_j |w_j| (s |c| + |m|);
+ *     accum  (accum_bound) |err| <= sum_runs e_g sum_{j in run} |c'_{j,t}| +
+ *            (P + 16) eps T, e_g = (max_j w_j s_{j,g} / W) / 2 (1 + 1e-4)
+ *            (the max when below 2^-100; 0 for a run whose weights are not
+ *            all >= 0 and finite: computed exactly), W = 255 or 127 and c' =
+ *            c or c - 8 as the path rounds (path_w),
+ *            T = |acc_t| + sum_j |w_j| (s (|c| + 8 [c' = c - 8]) + |m|);
  *   eps = FLT_EPSILON covers the float sums of both sides (each within
- *   gamma_n of exact); the 1e-4 covers the rounding of 127/max and max/127
- *   (3 ulps of 127 = 2.3e-5 relative);
+ *   gamma_n of exact); the 1e-4 covers the rounding of W/max and max/W
+ *   (3 ulps of W = 2.3e-5 relative); one row of weights per run config
+ *   sits 0.49 of a step of max/127 from the rounding points (half_steps),
+ *   so that a kernel rounding with max/127 where the path claims max/255
+ *   fails (by 1.96x);
  * - head_dim 8..256, groups 8..256, P 16/32/64/80 (80: a run of 64 and one
  *   of 16), data with outliers, zero, tiny, huge and saturated vectors,
  *   queries zero / tiny / with outliers, weights one-hot / zero / tiny /
@@ -224,6 +229,89 @@ static size_t make_paths(const char *spec, size_t d, tpath *p) {
 
 /* ---- tests ---- */
 
+/* The step of a path's rounded weights (int.c, "taccum"): W = 255, or 127
+ * on AVX2 and on the AVX-512 BW int8 kernel (maddubs pairs); *off: the
+ * int4 codes taken as c - 8 (every AVX-512 path). The AVX-512 paths keep
+ * AVX2's taccum when g % 16 != 0. */
+static double path_w(const char *name, int bits, size_t g, int *off) {
+    const int avx512 = (strncmp(name, "avx512", 6) == 0 || strncmp(name, "simde", 5) == 0) && g % 16 == 0;
+    const int vnni = strstr(name, "vnni") != NULL;
+    *off = bits == 4 && avx512;
+    return !avx512 || (bits == 8 && !vnni) ? 127.0 : 255.0;
+}
+
+/* The accumulation bound (int.c) of path `name` per row i < nq and
+ * dimension t into ab[i d + t], for weights w (rows wstride apart) over np
+ * pages of P tokens (rows: the n = np P value rows in order). The weights
+ * are rounded once per run: KVQ__TILE_RUN / P whole pages when P <= 64,
+ * runs of up to 64 tokens within each page otherwise:
+ *   |err| <= sum_runs e_g sum_{j in run} |c'_{j,t}| + (n + 16) eps T,
+ *   e_g = (max_{j in run} w_j s_{j,g} / W) / 2 (1 + 1e-4) (the max when
+ *   below 2^-100; 0 for a run with a weight not >= 0 and finite or a
+ *   product that overflows: computed in float),
+ *   c' = c, or c - 8 where the int4 codes are taken as c - 8 (the rounding
+ *   error of each weight multiplies c - 8; m + 8 s is summed in float),
+ *   T = |acc_t| + sum_j |w_j| (s (|c| + 8 off) + |m|),
+ * W and off from path_w: the rounding error of each weight (at most half a
+ * step alpha = max/W, the 1e-4 covering the rounding of W/max and max/W)
+ * times the code it multiplies, plus the float sums of both sides (the
+ * reference sums n products into acc in turn: gamma_n of T; the kernel one
+ * product per run and group in float, the int32 sums being exact, and the
+ * minimum terms over a run, 8 s w beside m w where off). */
+static void accum_bound(const char *name, int bits, size_t g, size_t vb, const uint8_t *rows,
+                        size_t d, size_t P, size_t np, const float *w, size_t wstride, size_t nq,
+                        const float *acc0, size_t astride, double *ab) {
+    int off;
+    const double W = path_w(name, bits, g, &off);
+    const size_t ng = d / g, n = np * P, run = P <= RUN ? (RUN / P) * P : RUN;
+    for (size_t i = 0; i < nq; i++) {
+        const float *wi = w + i * wstride;
+        for (size_t t = 0; t < d; t++) {
+            double qerr = 0, T = fabs(acc0[i * astride + t]);
+            for (size_t j0 = 0; j0 < n;) {
+                size_t m = P <= RUN ? KVQ__MIN(run, n - j0) : KVQ__MIN(RUN, P - j0 % P);
+                float mx = 0;
+                int exact = 0;
+                for (size_t j = j0; j < j0 + m; j++) {
+                    float p = wi[j] * (float)row_scale(rows + j * vb, g, t);
+                    exact |= !(p >= 0.0f && p <= FLT_MAX);
+                    mx = p > mx ? p : mx;
+                }
+                double e = exact ? 0.0 : mx >= TINY ? (double)mx / W * 0.5 * (1 + 1e-4) : mx;
+                for (size_t j = j0; j < j0 + m; j++)
+                    qerr += e * abs(row_code(bits, ng, rows + j * vb, t) - 8 * off);
+                j0 += m;
+            }
+            for (size_t j = 0; j < n; j++) {
+                const uint8_t *row = rows + j * vb;
+                T += fabs(wi[j]) * (row_scale(row, g, t) * (abs(row_code(bits, ng, row, t)) + 8 * off) +
+                                    fabs(row_min(bits, ng, row, g, t)));
+            }
+            ab[i * d + t] = qerr + (n + 16) * FLT_EPSILON * T + 1e-37;
+        }
+    }
+}
+
+/* Weights of one row for the first run of n tokens (rows: their value rows)
+ * that fall near half a step of W = 127 for dimension 0: w_j s_{j,0} = (k_j
+ * + 1/2 + sigma_j / 100) / 127 with token 0 the run's maximum (1), sigma_j
+ * the sign of c' (c, or c - 8 for int4) of dimension 0, so that a kernel
+ * rounding with step max/127 errs by 0.49 steps per token, all with the
+ * sign of c': twice the bound of a path that claims W = 255 (path_w). Zero
+ * scales keep their weight. */
+static void half_steps(int bits, size_t g, size_t ng, size_t vb, const uint8_t *rows, size_t P,
+                       size_t n, float *w) {
+    const size_t run = KVQ__MIN(n, P <= RUN ? (RUN / P) * P : RUN);
+    for (size_t j = 0; j < run; j++) {
+        const uint8_t *row = rows + j * vb;
+        const double s = row_scale(row, g, 0);
+        const int c = row_code(bits, ng, row, 0) - (bits == 4 ? 8 : 0);
+        const double k = 1 + (double)((j * 37) % 120), sg = c < 0 ? -1.0 : 1.0;
+        if (s > 0)
+            w[j] = (float)((j == 0 ? 1.0 : (k + 0.5 + sg / 100) / 127) / s);
+    }
+}
+
 static void test_which_tiled(void) {
     static const struct {
         const char *spec;
@@ -330,29 +418,6 @@ static void test_config(const char *spec, size_t d, size_t P, int kind) {
                                     fabs(row_min(bits, ng, row, g, t)));
             sb[i * P + j] = qerr + (d + 16) * FLT_EPSILON * T + 1e-37;
         }
-        const float *wi = w + i * P;
-        for (size_t t = 0; t < d; t++) {
-            double qerr = 0, T = fabs(acc0[i * astride + t]);
-            for (size_t t0 = 0; t0 < P; t0 += RUN) {
-                size_t n = P - t0 < RUN ? P - t0 : RUN;
-                float mx = 0;
-                int exact = 0;
-                for (size_t j = t0; j < t0 + n; j++) {
-                    float p = wi[j] * (float)row_scale(rows + j * vb, g, t);
-                    exact |= !(p >= 0.0f && p <= FLT_MAX);
-                    mx = p > mx ? p : mx;
-                }
-                double e = exact ? 0.0 : mx >= TINY ? (double)mx / 127 * 0.5 * (1 + 1e-4) : mx;
-                for (size_t j = t0; j < t0 + n; j++)
-                    qerr += e * abs(row_code(bits, ng, rows + j * vb, t));
-            }
-            for (size_t j = 0; j < P; j++) {
-                const uint8_t *row = rows + j * vb;
-                T += fabs(wi[j]) * (row_scale(row, g, t) * abs(row_code(bits, ng, row, t)) +
-                                    fabs(row_min(bits, ng, row, g, t)));
-            }
-            ab[i * d + t] = qerr + (P + 16) * FLT_EPSILON * T + 1e-37;
-        }
     }
 
     tpath paths[8];
@@ -368,6 +433,7 @@ static void test_config(const char *spec, size_t d, size_t P, int kind) {
             continue;
         }
         void *qp = aligned_alloc(64, nq * c->tqp_bytes);
+        accum_bound(paths[pi].name, bits, g, vb, rows, d, P, 1, w, P, nq, acc0, astride, ab);
         /* every row count 1..nq against the same rows */
         double worst_s = 0, worst_a = 0;
         size_t wi_s = 0, wj_s = 0, wi_a = 0, wt_a = 0;
@@ -506,21 +572,11 @@ static void fill_softmax(tu_rng *r, size_t i, float *w, size_t n) {
 }
 
 /* taccum_run over np pages of P tokens against kvq__tile_accum_pages with
- * c->ref, every path that has one and every row count 1..5. Bound (int.c,
- * "taccum_run"): the weights are rounded once per run of tokens, a run
- * being KVQ__TILE_RUN / P whole pages side by side when P <= 64 (runs of up
- * to 64 tokens within each page otherwise), so per row and dimension t
- *   |err| <= sum_runs e_g sum_{j in run} |c_{j,t}| + (np P + 16) eps T,
- *   e_g = (max_{j in run} w_j s_{j,g} / 127) / 2 (1 + 1e-4) (the max when
- *   below 2^-100, 0 for a run with a weight not >= 0 and finite or a
- *   product that overflows: computed in float),
- *   T = |acc_t| + sum_j |w_j| (s |c_{j,t}| + |m|),
- * with s, c, m of token j in its own page: the rounding error of each
- * weight (at most half a step alpha = max/127, the 1e-4 covering the
- * rounding of 127/max and max/127) times the code it multiplies, plus the
- * float sums of both sides (the reference sums np P products into acc in
- * turn: gamma_{np P} of T; the kernel one product per run in float, the
- * int32 sums being exact, and the msum terms over a run). */
+ * c->ref, every path that has one and every row count 1..5, within
+ * accum_bound (int.c, "taccum_run": the weights rounded once per run of
+ * KVQ__TILE_RUN / P whole pages when P <= 64, runs of up to 64 tokens
+ * within each page otherwise); with kind 0 the last row has half_steps
+ * weights in its first run. */
 static void test_run_config(const char *spec, size_t d, size_t P, size_t np, int kind) {
     kvq_codec *ref = mk(spec, d, KVQ_ISA_SCALAR);
     if (!ref)
@@ -544,6 +600,8 @@ static void test_run_config(const char *spec, size_t d, size_t P, size_t np, int
     }
     tu_fill_gauss(&r, acc0, nq * astride, 1.0f);
     ref->ref.encode(ref, rows, x, n);
+    if (kind == 0)
+        half_steps(bits, g, ng, vb, rows, P, n, w + (nq - 1) * wstride);
     for (size_t k = 0; k < np; k++) { /* separate blocks, odd addresses */
         pbuf[k] = malloc(P * vb + 1 + 64 * k);
         pages[k] = pbuf[k] + 1 + 64 * k;
@@ -553,33 +611,6 @@ static void test_run_config(const char *spec, size_t d, size_t P, size_t np, int
     memcpy(aref, acc0, nq * astride * sizeof(float));
     kvq__tile_accum_pages(ref, &ref->ref, aref, astride, w, wstride, nq,
                           (const uint8_t *const *)pages, np, P, scratch);
-    const size_t run = P <= RUN ? (RUN / P) * P : RUN; /* tokens per run (within a page if P > 64) */
-    for (size_t i = 0; i < nq; i++) {
-        const float *wi = w + i * wstride;
-        for (size_t t = 0; t < d; t++) {
-            double qerr = 0, T = fabs(acc0[i * astride + t]);
-            for (size_t j0 = 0; j0 < n;) {
-                size_t m = P <= RUN ? KVQ__MIN(run, n - j0) : KVQ__MIN(RUN, P - j0 % P);
-                float mx = 0;
-                int exact = 0;
-                for (size_t j = j0; j < j0 + m; j++) {
-                    float p = wi[j] * (float)row_scale(rows + j * vb, g, t);
-                    exact |= !(p >= 0.0f && p <= FLT_MAX);
-                    mx = p > mx ? p : mx;
-                }
-                double e = exact ? 0.0 : mx >= TINY ? (double)mx / 127 * 0.5 * (1 + 1e-4) : mx;
-                for (size_t j = j0; j < j0 + m; j++)
-                    qerr += e * abs(row_code(bits, ng, rows + j * vb, t));
-                j0 += m;
-            }
-            for (size_t j = 0; j < n; j++) {
-                const uint8_t *row = rows + j * vb;
-                T += fabs(wi[j]) * (row_scale(row, g, t) * abs(row_code(bits, ng, row, t)) +
-                                    fabs(row_min(bits, ng, row, g, t)));
-            }
-            ab[i * d + t] = qerr + (n + 16) * FLT_EPSILON * T + 1e-37;
-        }
-    }
     tpath paths[8];
     size_t npath = make_paths(spec, d, paths);
     for (size_t pi = 0; pi < npath; pi++) {
@@ -592,6 +623,7 @@ static void test_run_config(const char *spec, size_t d, size_t P, size_t np, int
             kvq_codec_free(c);
             continue;
         }
+        accum_bound(paths[pi].name, bits, g, vb, rows, d, P, np, w, wstride, nq, acc0, astride, ab);
         double worst = 0;
         size_t wi = 0, wt = 0;
         float got = 0;

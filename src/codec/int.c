@@ -53,25 +53,38 @@
  *           max|q_b| < 2^-100 gets beta 0 and zero codes);
  *   tscore  score = sum_g s_g sum_{b in g} beta_b D_b (+ m_g * sum of q over
  *           g, in float, for int4) with D_b = sum qq * c, exact in int32;
- *   taccum  for each row, group g and run of up to 64 tokens of the page,
- *           p_t = w_t * s_{t,g} (float) is rounded to wq_t = rint(p_t * (127
- *           / max_t p_t)) in 0..127, alpha = max_t p_t / 127, and acc +=
- *           alpha * sum_t wq_t c_t (exact in int32) + sum_t w_t m_{t,g}
- *           (float, int4). A run whose max is below 2^-100 is dropped; a row
- *           with a weight that is negative or not finite (or a product that
- *           overflows) takes the float row kernels for that run instead.
+ *   taccum  for each row, group g and run of up to 64 tokens of the page
+ *           (taccum_run: of whole pages, 64 tokens at P = 16),
+ *           p_t = w_t * s_{t,g} (float) is rounded to wq_t = rint(p_t * (W
+ *           / max_t p_t)) in 0..W, alpha = max_t p_t / W, and acc +=
+ *           alpha * sum_t wq_t c'_t (exact in int32) + sum_t w_t m'_{t,g}
+ *           (float, int4). W = 255 where the weights are the u8 operand of
+ *           the u8 x s8 products: int8 with VNNI (vpdpbusd: no int16 step),
+ *           int4 on every AVX-512 path, whose codes are taken as c' = c - 8
+ *           (s8 -8..7) and m' = m + 8 s (one fma) puts the 8 back; W = 127,
+ *           c' = c, m' = m on AVX2 and for int8 on AVX-512 without VNNI,
+ *           whose maddubs sums pairs in int16 (2 * 255 * 127 would
+ *           saturate). The int32 sums stay far from overflow: int8 |sum| <=
+ *           64 * 255 * 127, int4 <= 64 * 255 * 8. A run whose max is below
+ *           2^-100 is dropped; a row with a weight that is negative or not
+ *           finite (or a product that overflows) takes the float row kernels
+ *           for that run instead.
  * Error bounds (what tests/test_tile_int.c checks, beside float rounding of
  * (d + 16) eps sum|q| (s|c| + |m|) for scores and (P + 16) eps (|acc| +
- * sum |w| (s|c| + |m|)) for accumulations; c = signed int8 code or int4
- * code 0..15):
+ * sum |w| (s (|c| + 8 [c' = c - 8]) + |m|)) for accumulations; c = signed
+ * int8 code or int4 code 0..15):
  *   |score - <q, k^>|  <= sum_b e_b sum_{t in b} s_g(t) |c_t|,
  *                         e_b = beta_b / 2 (1 + 1e-4), or max|q_b| if dropped
- *   |acc_t - exact_t|   <= sum_runs sum_g e_g sum_{j in run} |c_{j,t}| (g = the
+ *   |acc_t - exact_t|   <= sum_runs sum_g e_g sum_{j in run} |c'_{j,t}| (g = the
  *                         group of t), e_g = alpha / 2 (1 + 1e-4), or the run's
  *                         max if dropped, 0 for a run on the float kernels.
- * The 1e-4 covers the rounding of 127/max and max/127 (a few ulps of 127).
- * Every path rounds the query and the weights the same way, so their
- * integer sums agree exactly and results differ only in float order.
+ * The 1e-4 covers the rounding of W/max and max/W (a few ulps of W). With
+ * W = 255 and c' = c - 8 the int4 term is at most 8 e_g (alpha halved),
+ * against 15 e_g at W = 127. Every path rounds the query the same way;
+ * the weights are rounded the same way by the paths of the same W (AVX2
+ * and AVX-512 int8 without VNNI; every AVX-512 int4 and int8 with VNNI),
+ * whose integer sums then agree exactly and results differ only in float
+ * order.
  */
 #include "codec_impl.h"
 

@@ -9,15 +9,17 @@
  *    maddubs + madd (int8 by |c| * sign(q, c));
  *  - taccum (g % 16 == 0): 64 dimensions x 4 weight rows in 16 int32
  *    accumulators, one vpdpbusd (or maddubs + madd) per 4 tokens (int4: per
- *    nibble plane of 8 tokens) with the rounded weights broadcast;
+ *    nibble plane of 8 tokens, the codes as c - 8) with the rounded u8
+ *    weights broadcast (0..255, 0..127 for int8 on BW: int.c);
  *  - taccum_run: the same over runs of whole pages (64 / P pages of P <= 64
  *    tokens; larger pages one by one as taccum): the weights of a run are
  *    rounded once (one scale per row and group), every page of the run
  *    goes into the same int32 accumulators, and those are converted,
  *    scaled and added to the float accumulators once per run.
- * The query and weight rounding (tprep, the weights of a page) is the AVX2
- * path's (int_avx2.c), so every path computes the same integer dot
- * products and the same float steps in the same order.
+ * The query rounding (tprep) is the AVX2 path's (int_avx2.c); the weights
+ * are rounded by the same operations with a step of max/255 where the
+ * instruction allows it (int.c), so paths of the same step compute the
+ * same integer dot products and the same float steps in the same order.
  * The two variants (VNNI and BW) are int_avx512_body.h included twice.
  */
 #include "../kernels.h"
@@ -97,7 +99,7 @@ static inline void kvq__i512_store_b64(uint8_t *p, __m512i a, __m512i b, __m512i
 #define kvq__i512_f2h(v) _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)
 #define kvq__i512_sra4(v) _mm512_srai_epi32(v, 4)
 #define kvq__i512_h2fv(h) _mm512_cvtph_ps(h)
-/* 4 x 16 int32 in 0..127 to 64 bytes in order: two packs, one permute. */
+/* 4 x 16 int32 in 0..255 to 64 bytes in order: two packs, one permute. */
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__i512_store_b64(uint8_t *p, __m512i a, __m512i b, __m512i c, __m512i d) {
     /* 128-bit lane k: a_k b_k c_k d_k (4 bytes each) */
@@ -171,8 +173,10 @@ KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__i512_red16(co
 #endif
 
 /* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for
- * a run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN): the AVX2 path's
- * bytes (the same operations), msum summed in another order; al and msum
+ * a run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN): rint(w s W / max)
+ * in 0..W, al = max / W (at W = 127 the AVX2 path's bytes: the same
+ * operations), msum = sum w m, or sum w (m + 8 s) with off8 (the int4
+ * codes taken as c - 8), summed in another order than AVX2's; al and msum
  * (4 ng + 16 floats) are indexed r * ng + group. The run's tokens come in
  * blocks of 16, each from its own page: sb[j] (j < n / 16) is the fp16
  * scale of group 0 of the block's first token in its page's scale plane
@@ -184,10 +188,10 @@ KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__i512_red16(co
 KVQ__T512 static unsigned
 kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
                   const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                  float *al, float *msum) {
+                  float *al, float *msum, float W, int off8) {
     const size_t ng = c->ngroups, npair = 4 * ng;
     const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(FLT_MAX);
-    const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), l127 = _mm512_set1_ps(127.0f);
+    const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), lW = _mm512_set1_ps(W);
     unsigned ok = 0;
     for (int r = 0; r < 4; r++) {
         __mmask16 m = 0xffff;
@@ -223,8 +227,8 @@ kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *const *sb, size_t P, si
         for (size_t i = 0; bad && i < 16 && p0 + i < npair; i++, bad >>= 1)
             if (bad & 1)
                 ok &= ~(1u << rowof[i]);
-        _mm512_store_ps(inv + p0, _mm512_maskz_div_ps(use, l127, M));
-        _mm512_storeu_ps(al + p0, _mm512_maskz_div_ps(use, M, l127));
+        _mm512_store_ps(inv + p0, _mm512_maskz_div_ps(use, lW, M));
+        _mm512_storeu_ps(al + p0, _mm512_maskz_div_ps(use, M, lW));
     }
     for (size_t r = 0, pr = 0; r < 4; r++) {
         if (!((ok >> r) & 1)) {
@@ -239,15 +243,19 @@ kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *const *sb, size_t P, si
             }
         }
     }
+    const __m512 eight = _mm512_set1_ps(8.0f);
     if (c->bits != 8)
         for (size_t p0 = 0, r = 0, gi = 0; p0 < npair; p0 += 16) {
             __m512 v[16];
             for (size_t i = 0; i < 16; i++) {
                 __m512 sm = zero;
                 if (p0 + i < npair) {
-                    for (size_t t = 0; t < n; t += 16)
-                        sm = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + t),
-                                             kvq__i512_h2f(sb[t / 16] + 2 * (ng + gi) * P), sm);
+                    for (size_t t = 0; t < n; t += 16) {
+                        __m512 h = kvq__i512_h2f(sb[t / 16] + 2 * (ng + gi) * P);
+                        if (off8) /* m + 8 s: the codes are taken as c - 8 */
+                            h = _mm512_fmadd_ps(kvq__i512_h2f(sb[t / 16] + 2 * gi * P), eight, h);
+                        sm = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + t), h, sm);
+                    }
                     if (++gi == ng) {
                         gi = 0;
                         r++;
@@ -268,10 +276,10 @@ kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *const *sb, size_t P, si
 KVQ__T512 static inline __attribute__((always_inline)) unsigned
 kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *const *sb, size_t P,
                       const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                      float *al, float *msum, const int NG, const int NT) {
+                      float *al, float *msum, float W, int off8, const int NG, const int NT) {
     const size_t n = 16 * (size_t)NT;
     const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(FLT_MAX);
-    const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), l127 = _mm512_set1_ps(127.0f);
+    const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), lW = _mm512_set1_ps(W);
     __m512 S[4][4], v[16];
     unsigned ok = 0;
 #pragma GCC unroll 4
@@ -307,8 +315,8 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *const *sb, size_t P,
     const __m512 M = kvq__i512_red16(v, 1);
     const unsigned fin = _mm512_cmp_ps_mask(M, big, _CMP_LE_OQ);
     const __mmask16 use = _mm512_cmp_ps_mask(M, tiny, _CMP_GE_OQ);
-    const __m512 inv = _mm512_maskz_div_ps(use, l127, M);
-    _mm512_storeu_ps(al, _mm512_maskz_div_ps(use, M, l127));
+    const __m512 inv = _mm512_maskz_div_ps(use, lW, M);
+    _mm512_storeu_ps(al, _mm512_maskz_div_ps(use, M, lW));
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++) {
         if (((fin >> (r * NG)) & ((1u << NG) - 1)) != (1u << NG) - 1)
@@ -345,8 +353,12 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *const *sb, size_t P,
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++)
 #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++)
+            for (int t = 0; t < NT; t++) {
                 S[g][t] = kvq__i512_h2f(sb[t] + 2 * (size_t)(NG + g) * P);
+                if (off8) /* m + 8 s: the codes are taken as c - 8 */
+                    S[g][t] = _mm512_fmadd_ps(kvq__i512_h2f(sb[t] + 2 * (size_t)g * P),
+                                              _mm512_set1_ps(8.0f), S[g][t]);
+            }
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++)
 #pragma GCC unroll 4
@@ -366,8 +378,9 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *const *sb, size_t P,
 #define KVQ__I512_WQ(NG, NT)                                                                       \
     KVQ__T512 static unsigned kvq__i512_wq_##NG##_##NT(                                            \
         const kvq_codec *c, const uint8_t *const *sb, size_t P, const float *const *w,             \
-        uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al, float *msum) {            \
-        return kvq__i512_wquant4_fix(c, sb, P, w, wq, al, msum, NG, NT);                           \
+        uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al, float *msum, float W,     \
+        int off8) {                                                                                \
+        return kvq__i512_wquant4_fix(c, sb, P, w, wq, al, msum, W, off8, NG, NT);                  \
     }
 KVQ__I512_WQ(1, 1)
 KVQ__I512_WQ(2, 1)
@@ -383,9 +396,10 @@ KVQ__I512_WQ(4, 4)
 static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
                                   const float *const *w,
                                   uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al,
-                                  float *msum) {
+                                  float *msum, float W, int off8) {
     typedef unsigned (*fn)(const kvq_codec *, const uint8_t *const *, size_t, const float *const *,
-                           uint8_t (*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *, float *);
+                           uint8_t (*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *, float *,
+                           float, int);
     static const fn tab[3][3] = {
         {kvq__i512_wq_1_1, kvq__i512_wq_2_1, kvq__i512_wq_4_1},
         {kvq__i512_wq_1_2, kvq__i512_wq_2_2, kvq__i512_wq_4_2},
@@ -395,8 +409,8 @@ static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *const *sb, 
     const int gi = ng == 1 ? 0 : ng == 2 ? 1 : ng == 4 ? 2 : -1;
     const int ti = n == 16 ? 0 : n == 32 ? 1 : n == 64 ? 2 : -1;
     if (gi >= 0 && ti >= 0)
-        return tab[ti][gi](c, sb, P, w, wq, al, msum);
-    return kvq__i512_wquant4_any(c, sb, P, n, w, wq, al, msum);
+        return tab[ti][gi](c, sb, P, w, wq, al, msum, W, off8);
+    return kvq__i512_wquant4_any(c, sb, P, n, w, wq, al, msum, W, off8);
 }
 
 /* The block pointers of kvq__i512_wquant4 (sb) and of the accumulation

@@ -7,12 +7,17 @@
  * Integer ranges: int8 keys |c| * (+-q) pairs below 2 * 128 * 127, weight
  * pairs 2 * 127 * 127 (values), int4 nibble products summed in int16 over
  * at most 4 lane steps (4 * 2 * 2 * 15 * 127 = 30480): no saturation.
- * taccum and taccum_run sum a run of at most KVQ__TILE_RUN = 64 tokens
- * (one page, or whole pages of P <= 64 tokens side by side) in int32: int8
- * |sum| <= 64 * 127 * 127 = 1032256, int4 <= 64 * 15 * 127 = 121920; the
- * int16 steps (BW) hold one lane step before madd widens it (int8: 2 *
- * 127 * 127 = 32258; int4: low plus high nibble pairs, 4 * 15 * 127 =
- * 7620), so a longer run adds nothing in int16.
+ * taccum and taccum_run round the weights to u8 0..W (int.c): W = 255 for
+ * int8 with VNNI (u8 weights x s8 codes) and for int4 on both variants
+ * (u8 weights x s8 codes c - 8 in -8..7, the 8 put back through the
+ * minimum term), W = 127 for int8 on BW, where maddubs sums a pair in
+ * int16 and 2 * 255 * 127 = 64770 would saturate. They sum a run of at
+ * most KVQ__TILE_RUN = 64 tokens (one page, or whole pages of P <= 64
+ * tokens side by side) in int32: int8 |sum| <= 64 * 255 * 127 = 2072640,
+ * int4 <= 64 * 255 * 8 = 130560; the int16 steps (BW) hold one lane step
+ * before madd widens it (int8: 2 * 127 * 127 = 32258; int4: low plus high
+ * nibble pairs, 4 * 255 * 8 = 8160), so a longer run adds nothing in
+ * int16.
  */
 
 /* u8 x s8 products of 4 bytes summed into the int32 lanes of acc. */
@@ -176,7 +181,7 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
                                 const float *al, const float *ms, const int NZ, const int GM,
                                 const int BITS) {
     const size_t d = c->d, ng = c->ngroups;
-    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i m4 = _mm512_set1_epi8(15), e8 = _mm512_set1_epi8(8);
     size_t gz[4];
     __m512i Ia[4][4];
     KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
@@ -203,22 +208,22 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
             for (size_t b = 0; b < 2; b++) {
                 const uint8_t *cp = cb[j] + (b * d + dc) * 4;
                 __m512i lo[4], hi[4];
-                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) { /* the codes as c - 8 (s8) */
                     const __m512i v = _mm512_loadu_si512((const void *)(cp + 64 * z));
-                    lo[z] = _mm512_and_si512(v, m4);
-                    hi[z] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    lo[z] = _mm512_sub_epi8(_mm512_and_si512(v, m4), e8);
+                    hi[z] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), e8);
                 }
                 KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
                     KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
                         const uint8_t *wp = wq[r] + gz[z] * n + 16 * j + 8 * b;
-#if KVQ__VNNI
-                        Ia[r][z] = kvq__i512_dpb(kvq__i512_dpb(Ia[r][z], lo[z], wp), hi[z], wp + 4);
-#else
                         const __m512i wl = _mm512_set1_epi32((int)kvq__i512_ld32(wp));
                         const __m512i wh = _mm512_set1_epi32((int)kvq__i512_ld32(wp + 4));
+#if KVQ__VNNI
+                        Ia[r][z] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(Ia[r][z], wl, lo[z]), wh, hi[z]);
+#else
                         Ia[r][z] = _mm512_add_epi32(
-                            Ia[r][z], _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(lo[z], wl),
-                                                                         _mm512_maddubs_epi16(hi[z], wh)),
+                            Ia[r][z], _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(wl, lo[z]),
+                                                                         _mm512_maddubs_epi16(wh, hi[z])),
                                                         _mm512_set1_epi16(1)));
 #endif
                     }
@@ -292,7 +297,10 @@ KVQ__FN(kvq__i512_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, c
         const float *wr[4];
         for (size_t r = 0; r < 4; r++)
             wr[r] = r < nr ? w + (i0 + r) * wstride : kvq__i512_zeros;
-        const unsigned ok = kvq__i512_wquant4(c, sb, P, n, wr, wq, al, ms);
+        /* weights in 0..255 but on the int8 BW path (maddubs pairs: 2 * 255 * 127
+         * would saturate int16); int4 codes taken as c - 8, 8 s added to m */
+        const unsigned ok = kvq__i512_wquant4(c, sb, P, n, wr, wq, al, ms,
+                                              BITS == 8 && !KVQ__VNNI ? 127.0f : 255.0f, BITS != 8);
         for (size_t r = 0; r < nr; r++) {
             if ((ok >> r) & 1) {
                 a[r] = acc + (i0 + r) * astride;
