@@ -447,10 +447,13 @@ static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, const 
             if (int_tiled(m, m->v[h], d, &vg)) {
                 /* tiled int values: per run (taccum: up to 64 tokens of a
                  * page; taccum_run: up to 64 tokens of whole pages) and
-                 * group, p_j s_j rounded in steps alpha = max p_j s_j / 127
+                 * group, p_j s_j rounded in steps alpha = max p_j s_j / W
                  * against the codes c = (v - m) / s: variance alpha^2 / 12
-                 * sum c^2; alpha of token j's run is at most the maximum
-                 * over run_window(j), whatever the runs */
+                 * sum c^2. W = 127 here, the coarsest path (AVX2, int8 on
+                 * AVX-512BW; the others take 255, int4 with codes c - 8,
+                 * |c - 8| <= 8 < 15): an upper bound for every path; alpha of
+                 * token j's run is at most the maximum over run_window(j),
+                 * whatever the runs */
                 const int b8 = atoi(m->v[h] + 3) == 8;
                 const size_t NE = N - nf16;
                 for (size_t g0 = 0; g0 < d; g0 += vg) {
