@@ -20,11 +20,13 @@
 /* bytes of a page area prefetched ahead by the driver (the kernels of large
  * areas prefetch the rest ahead of their own reads) */
 #define KVQ__PF_AREA 4096
-/* A decode step prefetches a head's areas one page ahead into L1 and, when
- * they hold at least this many bytes (K + V of a page and head), two pages
- * ahead into L2 too: the L1 takes too few misses in flight to stream at
- * the memory's rate alone. Measured on Zen 4 at 32k tokens: int8 -20%,
- * int4:g=32 -11%, tq4 even, tq3 (1.7 KB) +6% with it, hence the limit. */
+/* A decode step prefetches a head's key area one page ahead into L1 and
+ * its value area (read after the run's keys) into L2; when the areas hold
+ * at least this many bytes (K + V of a page and head), both areas of the
+ * page after go into L2 too: the L1 takes too few misses in flight to
+ * stream at the memory's rate alone. Measured on Zen 4 at 32k tokens: the
+ * second page int8 -20%, int4:g=32 -11%, tq4 even, tq3 (1.7 KB) +6%, hence
+ * the limit; values into L2 instead of L1 int4:g=32 -10%, the others even. */
 #define KVQ__PF_L2_MIN 2048
 
 /* RoPE at position pos on one vector (pairs (2i, 2i+1), llama2.c order). */
@@ -625,7 +627,7 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
                 if (nk && !kc->pf_self)
                     kvq__prefetch(nk, KVQ__MIN(ak, KVQ__PF_AREA), 0);
                 if (nk && !ph->vc->pf_self)
-                    kvq__prefetch(nb + ph->v_off, KVQ__MIN(av, KVQ__PF_AREA), 0);
+                    kvq__prefetch(nb + ph->v_off, KVQ__MIN(av, KVQ__PF_AREA), 1);
                 if (!kc->pf_self && !ph->vc->pf_self && ak + av >= KVQ__PF_L2_MIN) {
                     /* and into L2 the page after: more requests in flight than
                      * the L1 alone takes (see KVQ__PF_L2_MIN) */
