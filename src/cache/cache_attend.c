@@ -537,14 +537,15 @@ static int kvq__page_fast(const kvq_cache *c, const kvq__layer *ly, size_t p, in
  * fast pages (kvq__page_fast) with the same layout: the keys of the run page
  * after page, every head's area of a page in block order, the scores of a
  * head's G rows side by side in rows of n * P; one page softmax over all the
- * rows of the run; then the values (kvq__run_values). The areas of the page
- * one run ahead are prefetched as each page's are read. ps[h] holds the
- * state of head h's G rows (ps[h].m = ps[0].m + h * G, and l alike); the
- * rows of every head were prepared in w by kvq__decode_setup. Any other
- * page, and heads with keys in the channel layout, go through
- * kvq__attend_pages. */
+ * rows of the run; then the values, head after head through taccum_run
+ * where every head's codec has one, else page after page. While a page's
+ * keys are read, the same head's areas one and two pages ahead are
+ * prefetched (KVQ__PF_L2_MIN). ps[h] holds the state of head h's G rows
+ * (ps[h].m = ps[0].m + h * G, and l alike); the rows of every head were
+ * prepared in w by kvq__decode_setup. Any other page, and heads with keys
+ * in the channel layout, go through kvq__attend_pages. */
 #define KVQ__RUN_TOKENS 64
-#define KVQ__RUN_MAX 64
+#define KVQ__RUN_MAX 64 /* pages of a run (P = 1) */
 
 /* The block one page after page i of a run of n (blk) followed by nn pages
  * (nblk), plus off; NULL past them. */
@@ -553,6 +554,7 @@ static inline const uint8_t *kvq__run_next(const uint8_t *const *blk, size_t n,
                                            size_t off) {
     return i + 1 < n ? blk[i + 1] + off : i + 1 - n < nn ? nblk[i + 1 - n] + off : NULL;
 }
+
 static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qmax, size_t p0,
                               size_t p1, kvq__pstate *ps, float *rawsc) {
     kvq_cache *c = jb->c;
