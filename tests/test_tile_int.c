@@ -230,14 +230,14 @@ static size_t make_paths(const char *spec, size_t d, tpath *p) {
 /* ---- tests ---- */
 
 /* The step of a path's rounded weights (int.c, "taccum"): W = 255, or 127
- * on AVX2 and on the AVX-512 BW int8 kernel (maddubs pairs); *off: the
- * int4 codes taken as c - 8 (every AVX-512 path). The AVX-512 paths keep
+ * for int8 on AVX2 and on the AVX-512 BW kernel (maddubs pairs); *off: the
+ * int4 codes taken as c - 8 (every path, W = 255). The AVX-512 paths keep
  * AVX2's taccum when g % 16 != 0. */
 static double path_w(const char *name, int bits, size_t g, int *off) {
     const int avx512 = (strncmp(name, "avx512", 6) == 0 || strncmp(name, "simde", 5) == 0) && g % 16 == 0;
     const int vnni = strstr(name, "vnni") != NULL;
-    *off = bits == 4 && avx512;
-    return !avx512 || (bits == 8 && !vnni) ? 127.0 : 255.0;
+    *off = bits == 4;
+    return bits == 8 && !(avx512 && vnni) ? 127.0 : 255.0;
 }
 
 /* The accumulation bound (int.c) of path `name` per row i < nq and

@@ -60,11 +60,15 @@
  *           alpha * sum_t wq_t c'_t (exact in int32) + sum_t w_t m'_{t,g}
  *           (float, int4). W = 255 where the weights are the u8 operand of
  *           the u8 x s8 products: int8 with VNNI (vpdpbusd: no int16 step),
- *           int4 on every AVX-512 path, whose codes are taken as c' = c - 8
- *           (s8 -8..7) and m' = m + 8 s (one fma) puts the 8 back; W = 127,
- *           c' = c, m' = m on AVX2 and for int8 on AVX-512 without VNNI,
- *           whose maddubs sums pairs in int16 (2 * 255 * 127 would
- *           saturate). The int32 sums stay far from overflow: int8 |sum| <=
+ *           int4 on every path, whose codes are taken as c' = c - 8 (s8
+ *           -8..7) and m' = m + 8 s (one fma) puts the 8 back; W = 127,
+ *           c' = c for int8 on AVX2 and on AVX-512 without VNNI, whose
+ *           maddubs sums pairs in int16 (2 * 255 * 127 would saturate).
+ *           int16 sums of int4 products (maddubs pairs added with vpaddw
+ *           before the madd to int32) take at most 16 products: |sum| <=
+ *           16 * 255 * 8 = 32640 < 32767 (AVX2: 2 blocks of 16 tokens x 2
+ *           halves x 2 nibbles x 2 tokens per pair; AVX-512 BW: 4 products).
+ *           The int32 sums stay far from overflow: int8 |sum| <=
  *           64 * 255 * 127, int4 <= 64 * 255 * 8. A run whose max is below
  *           2^-100 is dropped; a row with a weight that is negative or not
  *           finite (or a product that overflows) takes the float row kernels
@@ -81,8 +85,8 @@
  * The 1e-4 covers the rounding of W/max and max/W (a few ulps of W). With
  * W = 255 and c' = c - 8 the int4 term is at most 8 e_g (alpha halved),
  * against 15 e_g at W = 127. Every path rounds the query the same way;
- * the weights are rounded the same way by the paths of the same W (AVX2
- * and AVX-512 int8 without VNNI; every AVX-512 int4 and int8 with VNNI),
+ * the weights are rounded the same way by the paths of the same W (int8 on
+ * AVX2 and AVX-512 without VNNI; every int4 path and int8 with VNNI),
  * whose integer sums then agree exactly and results differ only in float
  * order.
  */

@@ -1275,8 +1275,9 @@ KVQ__HRED8X8(kvq__hsum8x8, _mm256_add_ps)
 
 /* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for a
  * run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN; int.c, "taccum"):
- * al[r ng + g] = alpha, wq[r][g n + t] the bytes, msum[r ng + g] = sum_t
- * w_t m_{t,g} (int4). The run's tokens come in blocks of 16, each from its
+ * al[r ng + g] = alpha = max / W, wq[r][g n + t] the bytes (0..W), msum[r ng
+ * + g] = sum_t w_t m'_{t,g} (int4: W = 255, the codes taken as c - 8, so
+ * m' = m + 8 s; int8: W = 127, maddubs pairs in int16). The run's tokens come in blocks of 16, each from its
  * own page: sb[j] (j < n / 16) is the fp16 scale of group 0 of the block's
  * first token in its page's scale plane (group gi at sb[j] + 2 gi P, the
  * minima at sb[j] + 2 (ng + gi) P), so a run may span pages (taccum_run).
@@ -1289,8 +1290,9 @@ static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *
                                       float *al, float *msum) {
     const size_t ng = c->ngroups, npair = 4 * ng;
     const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(FLT_MAX);
-    const __m256 tiny = _mm256_set1_ps(KVQ__TILE_TINY), l127 = _mm256_set1_ps(127.0f);
-    _Alignas(32) float inv[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
+    const __m256 tiny = _mm256_set1_ps(KVQ__TILE_TINY);
+    const __m256 lW = _mm256_set1_ps(c->bits == 8 ? 127.0f : 255.0f), eight = _mm256_set1_ps(8.0f);
+    _Alignas(32) float inv[4 * KVQ__MAX_HEAD_DIM / 8 + 8], ps[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
     unsigned ok = 0;
     for (int r = 0; r < 4; r++) {
         __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
@@ -1303,31 +1305,38 @@ static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *
     }
     /* pair pr = r * ng + gi, walked without divisions */
     for (size_t p0 = 0, r = 0, gi = 0; p0 < npair; p0 += 8) {
-        __m256 v[8];
+        __m256 v[8], u[8];
         unsigned rowof[8];
         for (size_t i = 0; i < 8; i++) {
-            __m256 mx = zero;
+            __m256 mx = zero, sm = zero;
             rowof[i] = (unsigned)r;
             if (p0 + i < npair) {
-                for (size_t t = 0; t < n; t += 8)
-                    mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(w[r] + t),
-                                                         _mm256_cvtph_ps(_mm_loadu_si128(
-                                                             (const __m128i *)(const void *)(sb[t / 16] + 2 * (gi * P + t % 16))))));
+                for (size_t t = 0; t < n; t += 8) {
+                    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(w[r] + t),
+                                                   _mm256_cvtph_ps(_mm_loadu_si128(
+                                                       (const __m128i *)(const void *)(sb[t / 16] + 2 * (gi * P + t % 16)))));
+                    mx = _mm256_max_ps(mx, x);
+                    if (c->bits != 8)
+                        sm = _mm256_add_ps(sm, x);
+                }
                 if (++gi == ng) {
                     gi = 0;
                     r++;
                 }
             }
             v[i] = mx;
+            u[i] = sm;
         }
+        if (c->bits != 8) /* sum_t w_t s_t, for m + 8 s (msum) */
+            _mm256_store_ps(ps + p0, kvq__hsum8x8(u));
         const __m256 M = kvq__hmax8x8(v);
         const __m256 use = _mm256_cmp_ps(M, tiny, _CMP_GE_OQ);
         unsigned bad = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(M, big, _CMP_NLE_UQ));
         for (size_t i = 0; bad && i < 8 && p0 + i < npair; i++, bad >>= 1)
             if (bad & 1)
                 ok &= ~(1u << rowof[i]);
-        _mm256_store_ps(inv + p0, _mm256_and_ps(_mm256_div_ps(l127, M), use));
-        _mm256_storeu_ps(al + p0, _mm256_and_ps(_mm256_div_ps(M, l127), use));
+        _mm256_store_ps(inv + p0, _mm256_and_ps(_mm256_div_ps(lW, M), use));
+        _mm256_storeu_ps(al + p0, _mm256_and_ps(_mm256_div_ps(M, lW), use));
     }
     for (size_t r = 0, pr = 0; r < 4; r++) {
         if (!((ok >> r) & 1)) {
@@ -1369,7 +1378,8 @@ static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *
                 }
                 v[i] = sm;
             }
-            _mm256_storeu_ps(msum + p0, kvq__hsum8x8(v));
+            /* m + 8 s: the codes are taken as c - 8 */
+            _mm256_storeu_ps(msum + p0, _mm256_fmadd_ps(_mm256_load_ps(ps + p0), eight, kvq__hsum8x8(v)));
         }
     return ok;
 }
@@ -1378,11 +1388,15 @@ static const float kvq__int_zeros[KVQ__TILE_RUN];
 
 /* One run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN) whose blocks of 16
  * tokens start at cb[j] (each in its own page: taccum_run) for 4 weight
- * rows, 8 dimensions at a time: int32 sums of maddubs(wq, code) (pairs
- * below 2 * 127 * 127; int4: int16 sums of up to 4 token octets, below
- * 4 * 2 * 2 * 15 * 127 = 30480; int32 sums of the run below 64 * 127 *
- * 127), then acc += alpha * sum (+ msum for int4) once for the run, for
- * the rows with a[r] set. */
+ * rows, 8 dimensions at a time: int32 sums of maddubs(wq u8, code s8), then
+ * acc += alpha * sum (+ msum for int4) once for the run, for the rows with
+ * a[r] set. int8: wq 0..127, pairs below 2 * 127 * 127, int32 sums of the
+ * run below 64 * 127 * 127. int4: wq 0..255 times c - 8 (-8..7); an int16
+ * lane of S sums, per block j of 16 tokens, 2 halves b (8 tokens) x 2
+ * maddubs (lo, hi nibbles) x 2 tokens (one pair), and S takes 2 blocks
+ * (j0, j0 + 1) before madd to int32: 16 products, |S| <= 16 * 255 * 8 =
+ * 32640 < 32767 (no maddubs saturation: 2 * 255 * 8); int32 sums of the
+ * run below 64 * 255 * 8. */
 static inline __attribute__((always_inline)) void
 kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t n,
                     const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
@@ -1405,7 +1419,8 @@ kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *c
                 }
             }
         } else {
-            for (size_t j0 = 0; j0 < n / 16; j0 += 2) { /* 4 token octets per int16 sum */
+            const __m256i e8 = _mm256_set1_epi8(8);
+            for (size_t j0 = 0; j0 < n / 16; j0 += 2) { /* 16 tokens per int16 lane of S */
                 __m256i S[4];
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
                 for (size_t j = j0; j < j0 + 2 && j < n / 16; j++) {
@@ -1413,7 +1428,9 @@ kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *c
                     const uint8_t *wj = wq[0] + gi * n + 16 * j;
                     KVQ__UNROLL4 for (size_t b = 0; b < 2; b++) {
                         __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
-                        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        /* the codes as c - 8 (s8) */
+                        __m256i lo = _mm256_sub_epi8(_mm256_and_si256(v, m4), e8);
+                        __m256i hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), e8);
                         KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
                             const uint8_t *wp = wj + (size_t)r * sizeof wq[0] + 8 * b;
                             __m256i wl = _mm256_set1_epi32((int)kvq__ldu32(wp));
