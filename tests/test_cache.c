@@ -449,8 +449,8 @@ static void check_attention(kvq_cache *c, const seqdata *s, size_t layer, const 
                  * page; taccum_run: up to 64 tokens of whole pages) and
                  * group, p_j s_j rounded in steps alpha = max p_j s_j / W
                  * against the codes c = (v - m) / s: variance alpha^2 / 12
-                 * sum c^2. W = 127 here, the coarsest path (AVX2, int8 on
-                 * AVX-512BW; the others take 255, int4 with codes c - 8,
+                 * sum c^2. W = 127 here, the coarsest path (int8 on AVX2
+                 * and AVX-512BW; the others take 255, int4 with codes c - 8,
                  * |c - 8| <= 8 < 15): an upper bound for every path; alpha of
                  * token j's run is at most the maximum over run_window(j),
                  * whatever the runs */
