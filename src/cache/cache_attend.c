@@ -11,6 +11,8 @@
 #include "cache_impl.h"
 #include "../kernels/kernels.h"
 
+#include <stdatomic.h>
+
 /* A decode step splits the pages into at most 16 chunks of at least 16
  * pages (a function of the context only, never of the number of threads),
  * worked by any thread for every head and merged in chunk order. */
@@ -126,6 +128,7 @@ typedef struct {
     float *attn;  /* [H][slots] sums of attention weights, or NULL */
     float *rawsc; /* raw scores for attn: decode: [QH][slots]; else [job][rows_max][slots] */
     size_t n_chunks, chunk_pages, n_items, n_jobs;
+    atomic_size_t *next; /* the next item a job takes (jobs take items as they finish) */
     float *parts; /* decode: [n_chunks] states of part_floats each (QH rows) */
     size_t part_floats;
     int decode; /* one query token, every head's rows in one tile: items are chunks of pages
@@ -743,7 +746,10 @@ static int32_t kvq__decode_setup(const kvq__attn_call *jb, kvq__work *w) {
     return jb->qpos[0];
 }
 
-/* Phase 1: job j runs items j, j + n_jobs, ... */
+/* Phase 1: each job takes the next item until none is left (a job that
+ * starts late, or whose thread is descheduled, does fewer); what an item
+ * computes does not depend on the job that takes it, so the output is the
+ * same whichever thread runs what. */
 static void kvq__attn_items(void *arg, size_t j) {
     const kvq__attn_call *jb = (const kvq__attn_call *)arg;
     kvq_cache *c = jb->c;
@@ -753,7 +759,7 @@ static void kvq__attn_items(void *arg, size_t j) {
         /* item = chunk of pages, every head; parts hold QH rows */
         int32_t qmax = kvq__decode_setup(jb, w);
         const size_t QH = c->QH;
-        for (size_t it = j; it < jb->n_items; it += jb->n_jobs) {
+        for (size_t it; (it = atomic_fetch_add(jb->next, 1)) < jb->n_items;) {
             size_t p0 = it * jb->chunk_pages, p1 = KVQ__MIN(p0 + jb->chunk_pages, jb->ly->n_pages);
             kvq__pstate all = kvq__part_state(jb, it, QH), ps[KVQ__MAX_DECODE_HEADS];
             for (size_t h = 0; h < c->H; h++) {
@@ -771,7 +777,7 @@ static void kvq__attn_items(void *arg, size_t j) {
         }
         return;
     }
-    for (size_t it = j; it < jb->n_items; it += jb->n_jobs) {
+    for (size_t it; (it = atomic_fetch_add(jb->next, 1)) < jb->n_items;) {
         size_t h = it;
         float *rawsc = jb->rawsc ? jb->rawsc + j * c->rows_max * slots : NULL;
         for (size_t t0 = 0; t0 < jb->T; t0 += tile) {
@@ -853,7 +859,7 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     }
     /* the plan (kvq__attn_call) and its scratch, reserved here: workers never
      * call the allocator (scratch grown before a failure stays) */
-    kvq__attn_call jb = {c, ly, q, qpos, T, out, attn, NULL, 0, 0, 0, 0, NULL, 0, 0};
+    kvq__attn_call jb = {.c = c, .ly = ly, .q = q, .qpos = qpos, .T = T, .out = out, .attn = attn};
     const size_t nr1 = T * c->G, slots = ly->slots_cap;
     if (T == 1 && QH <= c->rows_max && H <= KVQ__MAX_DECODE_HEADS && c->G <= KVQ__MAX_G &&
         ly->n_pages) {
@@ -908,6 +914,9 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     size_t nt = c->n_threads;
     for (size_t i = 0; i < nt; i++)
         c->work[i].bytes_read = 0;
+    atomic_size_t next_item;
+    atomic_init(&next_item, 0);
+    jb.next = &next_item;
     kvq__pool_run(c->pool, kvq__attn_items, &jb, jb.n_jobs);
     if (jb.n_chunks)
         kvq__pool_run(c->pool, kvq__attn_folds, &jb, KVQ__MIN(jb.n_jobs, H));
