@@ -182,6 +182,19 @@ typedef struct kvq__tq_tpiece {
  * with their norms; returns the number of pieces. */
 size_t kvq__tq_tpieces(const kvq__tq *t, const uint8_t *const *pages, size_t P, size_t qb, size_t s0,
                        size_t sn, kvq__tq_tpiece *pc, float *nrm);
+/* One piece: tokens k0..k0 + kn - 1 of page pg of the run (at page), its
+ * norms into nrm. Inline: with a run of one page (taccum) the kernels'
+ * loops see one piece as a constant. */
+static inline void kvq__tq_tpiece_set(const kvq__tq *t, const uint8_t *page, size_t pg, size_t P,
+                                      size_t qb, size_t k0, size_t kn, kvq__tq_tpiece *pc,
+                                      float *nrm) {
+    pc->page = page;
+    pc->units = page + P * t->nb + (k0 / 4) * qb;
+    pc->pg = pg;
+    pc->k0 = k0;
+    pc->nquad = kn / 4;
+    kvq__tq_tnorms(t, page, k0, kn, nrm);
+}
 /* The exact path (kvq__tq_taccum_exact) of one row over the pieces; w is
  * the row's weights of the whole run (page pg's at w + pg * P). */
 void kvq__tq_tpieces_exact(const kvq_codec *c, float *acc, const float *w, const kvq__tq_tpiece *pc,

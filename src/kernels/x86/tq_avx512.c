@@ -346,16 +346,10 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_taccum_kb)(const kvq_codec *c, float *
     for (size_t s0 = 0; s0 < N; s0 += KVQ__TQ_TSEG512) {
         const size_t sn = KVQ__MIN((size_t)KVQ__TQ_TSEG512, N - s0);
         size_t npc = 1;
-        if (one) { /* taccum (np = 1): the piece inline and npc a constant in the loops */
-            pc[0].page = pages[0];
-            pc[0].units = pages[0] + P * t->nb + (s0 / 4) * qb;
-            pc[0].pg = 0;
-            pc[0].k0 = s0;
-            pc[0].nquad = sn / 4;
-            kvq__tq_tnorms(t, pages[0], s0, sn, nrm);
-        } else {
+        if (one) /* taccum (np = 1): npc a constant in the loops */
+            kvq__tq_tpiece_set(t, pages[0], 0, P, qb, s0, sn, pc, nrm);
+        else
             npc = kvq__tq_tpieces(t, pages, P, qb, s0, sn, pc, nrm);
-        }
         for (size_t i0 = 0; i0 < nq; i0 += 4) {
             const size_t m = KVQ__MIN(4, nq - i0);
             float *a[4] = {NULL, NULL, NULL, NULL};
