@@ -307,11 +307,7 @@ KVQ__FN(kvq__i512_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, c
                 continue;
             }
             memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
-            for (size_t t = 0, pi = 0, tp = t0; t < n; pi++, tp = 0) { /* page by page */
-                const size_t m = KVQ__MIN(n - t, P - tp);
-                kvq__tile_accum_exact(c, acc + (i0 + r) * astride, wr[r] + t, pages[pi], P, tp, m);
-                t += m;
-            }
+            kvq__tile_accum_exact_run(c, acc + (i0 + r) * astride, wr[r], pages, P, t0, n);
         }
         const uint8_t(*cwq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
             (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;

@@ -83,4 +83,16 @@ static inline void kvq__tile_accum_exact(const kvq_codec *c, float *acc, const f
     }
 }
 
+/* kvq__tile_accum_exact over the n tokens of a run that starts at token t0
+ * of pages[0] and goes on page after page (w: the row's weights of them). */
+static inline void kvq__tile_accum_exact_run(const kvq_codec *c, float *acc, const float *w,
+                                             const uint8_t *const *pages, size_t P, size_t t0,
+                                             size_t n) {
+    for (size_t t = 0, pi = 0, tp = t0; t < n; pi++, tp = 0) {
+        const size_t m = KVQ__MIN(n - t, P - tp);
+        kvq__tile_accum_exact(c, acc, w + t, pages[pi], P, tp, m);
+        t += m;
+    }
+}
+
 #endif
