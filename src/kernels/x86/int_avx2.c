@@ -1461,23 +1461,6 @@ kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *c
     }
 }
 
-/* The block pointers of kvq__int_wquant4_avx2 (sb) and of the
- * accumulation (cb: the codes of the block's first token) for the n tokens
- * of a run that starts at token t0 of pages[0] and continues at token 0 of
- * the following pages (of P tokens each). */
-static inline void kvq__int_run_blocks(const kvq_codec *c, const uint8_t *const *pages, size_t P,
-                                       size_t t0, size_t n, const uint8_t **sb, const uint8_t **cb) {
-    const size_t cbytes = c->bits == 8 ? c->d : c->d / 2; /* code bytes per token */
-    for (size_t j = 0, pi = 0, t = t0; j < n / 16; j++, t += 16) {
-        if (t == P) {
-            pi++;
-            t = 0;
-        }
-        sb[j] = pages[pi] + cbytes * P + 2 * t;
-        cb[j] = pages[pi] + cbytes * t;
-    }
-}
-
 /* One run of n tokens (see kvq__int_run_blocks) for every row, by 4: one
  * rounding of the weights (row i's at w + i * wstride, contiguous), one
  * integer sum over the run, one conversion into acc. */

@@ -413,24 +413,6 @@ static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *const *sb, 
     return kvq__i512_wquant4_any(c, sb, P, n, w, wq, al, msum, W, off8);
 }
 
-/* The block pointers of kvq__i512_wquant4 (sb) and of the accumulation
- * (cb: the codes of the block's first token) for the n tokens of a run
- * that starts at token t0 of pages[0] and continues at token 0 of the
- * following pages (of P tokens each). */
-static inline void kvq__i512_run_blocks(const kvq_codec *c, const uint8_t *const *pages, size_t P,
-                                        size_t t0, size_t n, const uint8_t **sb,
-                                        const uint8_t **cb) {
-    const size_t cbytes = c->bits == 8 ? c->d : c->d / 2; /* code bytes per token */
-    for (size_t j = 0, pi = 0, t = t0; j < n / 16; j++, t += 16) {
-        if (t == P) {
-            pi++;
-            t = 0;
-        }
-        sb[j] = pages[pi] + cbytes * P + 2 * t;
-        cb[j] = pages[pi] + cbytes * t;
-    }
-}
-
 /* ---- encode: bit-exact with the reference (src/codec/int.c), as the
  * AVX2 encoder: the group parameters of 16 groups at once with the same
  * correctly rounded operations (division, clamps, F16C on values within

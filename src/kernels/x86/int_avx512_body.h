@@ -290,7 +290,7 @@ KVQ__FN(kvq__i512_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, c
     _Alignas(64) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 16], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 16];
     const uint8_t *sb[KVQ__TILE_RUN / 16], *cb[KVQ__TILE_RUN / 16];
     const size_t g = c->group;
-    kvq__i512_run_blocks(c, pages, P, t0, n, sb, cb);
+    kvq__int_run_blocks(c, pages, P, t0, n, sb, cb);
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         const size_t nr = KVQ__MIN(4, nq - i0);
         float *a[4] = {NULL, NULL, NULL, NULL};

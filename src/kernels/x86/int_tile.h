@@ -83,6 +83,23 @@ static inline void kvq__tile_accum_exact(const kvq_codec *c, float *acc, const f
     }
 }
 
+/* The block pointers of the weight rounding (sb: the scales of a block's
+ * first token) and of the accumulation (cb: its codes) for the n tokens of
+ * a run that starts at token t0 of pages[0] and continues at token 0 of the
+ * following pages (of P tokens each), 16 tokens a block. */
+static inline void kvq__int_run_blocks(const kvq_codec *c, const uint8_t *const *pages, size_t P,
+                                       size_t t0, size_t n, const uint8_t **sb, const uint8_t **cb) {
+    const size_t cbytes = c->bits == 8 ? c->d : c->d / 2; /* code bytes per token */
+    for (size_t j = 0, pi = 0, t = t0; j < n / 16; j++, t += 16) {
+        if (t == P) {
+            pi++;
+            t = 0;
+        }
+        sb[j] = pages[pi] + cbytes * P + 2 * t;
+        cb[j] = pages[pi] + cbytes * t;
+    }
+}
+
 /* kvq__tile_accum_exact over the n tokens of a run that starts at token t0
  * of pages[0] and goes on page after page (w: the row's weights of them). */
 static inline void kvq__tile_accum_exact_run(const kvq_codec *c, float *acc, const float *w,
