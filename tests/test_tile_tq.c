@@ -359,6 +359,53 @@ static void fill_weights(tu_rng *r, float *w, size_t i, size_t n) {
         w[n / 2] = -1.0f;
 }
 
+/* One dimension j of one weight row (wi, norms nrm) over n tokens (rows:
+ * their encoded rows, vb bytes each) taken in segments of 256, nseg of them counted in
+ * the bounds: the kernel's output kv against an emulation of its integer
+ * arithmetic and the reference's output rv against tq.c's bound (both
+ * described at check_accum_run); acc0 is the accumulator's start. */
+static void check_dim(const path *pa, const kvq__tq *t, const float *wi, const float *nrm,
+                      const uint8_t *rows, size_t vb, size_t n, size_t nseg, size_t j, double acc0,
+                      double kv, double rv, stats *st) {
+    const double s_c = t->c8_scale;
+    double emu = acc0, chat = 0.0, asum = 0.0, mag = fabs(acc0), bound = 0.0, den = 0.0;
+    for (size_t s0 = 0; s0 < n; s0 += 256) {
+        const size_t sn = KVQ__MIN((size_t)256, n - s0);
+        float m = 0.0f;
+        for (size_t k = s0; k < s0 + sn; k++)
+            m = fmaxf(m, wi[k] * nrm[k]);
+        if (m == 0.0f)
+            continue;
+        /* the rule of kvq__tq_wquant (tq_impl.h) */
+        const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
+        float inv = (float)pa->wmax / ms, sw = ms / (float)pa->wmax * (1.0f / ps), fs = sw * t->c8_scale;
+        long isum = 0;
+        double segc = 0.0;
+        for (size_t k = s0; k < s0 + sn; k++) {
+            float a = wi[k] * nrm[k];
+            long cw1 = (long)nearbyintf(a * ps * inv);
+            unsigned ix = kvq__tq_get_idx(rows + k * vb + t->off_idx, j, t->kb);
+            isum += cw1 * t->c8[ix];
+            segc += fabs(t->c8[ix] * s_c);
+            asum += a;
+            mag += fabs(a * t->cent[ix]);
+        }
+        emu += (double)isum * fs;
+        chat += segc * sw;
+        bound += fabs((double)isum * fs);
+        den += fabs((double)isum) * DEN + DEN; /* fs and the fma, subnormal */
+    }
+    /* emulation: one fused multiply-add per segment after exact integer sums */
+    note(st, fabs(kv - emu), 2 * U24 * (double)nseg * (fabs(acc0) + bound) + 2 * DEN * (double)nseg, 1);
+    /* tq.c's bound: s_w/2 sum_k |c^_k| + s_c/2 sum_k a_k (0.5 + 1e-4 for the float
+     * scales), the reference's float sum gamma_{n+1} (|acc| + sum |a c|) and the
+     * kernel's roundings, with margin 2 */
+    double b = (0.5 + 1e-4) * chat + (0.5 + 1e-4) * s_c * asum + 2 * gam((double)n + 1) * mag +
+               2 * 2 * U24 * (double)nseg * (fabs(acc0) + bound) + 2 * den;
+    note(st, fabs(kv - rv), b, 0);
+    st->n++;
+}
+
 static void check_accum(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rng *r, stats *st) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t d = c->d, vb = c->bytes, as = c->acc_len + 5, ws = P + 7;
@@ -374,7 +421,6 @@ static void check_accum(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
     memcpy(ar, a0, nq * as * 4);
     c->k.taccum(c, ak, as, w, ws, nq, page, P);
     kvq__tile_accum_rows(c, &c->ref, ar, as, w, ws, nq, page, P, g);
-    const double s_c = t->c8_scale;
     float *nrm = (float *)xalloc(P * 4);
     for (size_t k = 0; k < P; k++)
         nrm[k] = kvq__tq_get_norm(t, &t->ns, rows + k * vb);
@@ -394,45 +440,9 @@ static void check_accum(const path *pa, kvq_codec *c, size_t P, size_t nq, tu_rn
         if (i % 6 == 3)
             continue;
         const float *wi = w + i * ws;
-        for (size_t j = 0; j < d; j++) {
-            double emu = a0[i * as + j], chat = 0.0, asum = 0.0, mag = fabs(a0[i * as + j]), bound = 0.0, den = 0.0;
-            for (size_t k0 = 0; k0 < P; k0 += 256) {
-                size_t kn = KVQ__MIN((size_t)256, P - k0);
-                float m = 0.0f;
-                for (size_t k = k0; k < k0 + kn; k++)
-                    m = fmaxf(m, wi[k] * nrm[k]);
-                if (m == 0.0f)
-                    continue;
-                /* the rule of kvq__tq_wquant (tq_impl.h) */
-                const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
-                float inv = (float)pa->wmax / ms, sw = ms / (float)pa->wmax * (1.0f / ps), fs = sw * t->c8_scale;
-                long isum = 0;
-                double segc = 0.0;
-                for (size_t k = k0; k < k0 + kn; k++) {
-                    float a = wi[k] * nrm[k];
-                    long cw1 = (long)nearbyintf(a * ps * inv);
-                    unsigned ix = kvq__tq_get_idx(rows + k * vb + t->off_idx, j, t->kb);
-                    isum += cw1 * t->c8[ix];
-                    segc += fabs(t->c8[ix] * s_c);
-                    asum += a;
-                    mag += fabs(a * t->cent[ix]);
-                }
-                emu += (double)isum * fs;
-                chat += segc * sw;
-                bound += fabs((double)isum * fs);
-                den += fabs((double)isum) * DEN + DEN; /* fs and the fma, subnormal */
-            }
-            double kv = ak[i * as + j], rv = ar[i * as + j];
-            /* emulation: one fused multiply-add per segment after exact integer sums */
-            note(st, fabs(kv - emu), 2 * U24 * ((double)(P / 256 + 1) * (fabs(a0[i * as + j]) + bound)) + 2 * DEN * (double)(P / 256 + 1), 1);
-            /* tq.c's bound: s_w/2 sum_k |c^_k| + s_c/2 sum_k a_k (0.5 + 1e-4 for the float
-             * scales), the reference's float sum gamma_{P+1} (|acc| + sum |a c|) and the
-             * kernel's roundings, with margin 2 */
-            double b = (0.5 + 1e-4) * chat + (0.5 + 1e-4) * s_c * asum + 2 * gam((double)P + 1) * mag +
-                       2 * 2 * U24 * (double)(P / 256 + 1) * (fabs(a0[i * as + j]) + bound) + 2 * den;
-            note(st, fabs(kv - rv), b, 0);
-            st->n++;
-        }
+        for (size_t j = 0; j < d; j++)
+            check_dim(pa, t, wi, nrm, rows, vb, P, P / 256 + 1, j, a0[i * as + j], ak[i * as + j],
+                      ar[i * as + j], st);
     }
     free(nrm);
     free(x);
@@ -602,7 +612,6 @@ static void check_accum_run(const path *pa, kvq_codec *c, run_fn fn, size_t P, s
     memcpy(ar, a0, nq * as * 4);
     fn(c, ak, as, w, ws, nq, (const uint8_t *const *)pg, np, P);
     kvq__tile_accum_pages(c, &c->ref, ar, as, w, ws, nq, (const uint8_t *const *)pg, np, P, g);
-    const double s_c = t->c8_scale;
     const size_t nseg = (N + 255) / 256;
     for (size_t k = 0; k < N; k++)
         nrm[k] = kvq__tq_get_norm(t, &t->ns, rows + k * vb);
@@ -618,40 +627,9 @@ static void check_accum_run(const path *pa, kvq_codec *c, run_fn fn, size_t P, s
                 st->bad_exact += ak[i * as + j] != ar[i * as + j];
             continue;
         }
-        for (size_t j = 0; j < d; j++) {
-            double emu = a0[i * as + j], chat = 0.0, asum = 0.0, mag = fabs(a0[i * as + j]), bound = 0.0, den = 0.0;
-            for (size_t s0 = 0; s0 < N; s0 += 256) {
-                const size_t sn = KVQ__MIN((size_t)256, N - s0);
-                float m = 0.0f;
-                for (size_t k = s0; k < s0 + sn; k++)
-                    m = fmaxf(m, wi[k] * nrm[k]);
-                if (m == 0.0f)
-                    continue;
-                const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
-                float inv = (float)pa->wmax / ms, sw = ms / (float)pa->wmax * (1.0f / ps), fs = sw * t->c8_scale;
-                long isum = 0;
-                double segc = 0.0;
-                for (size_t k = s0; k < s0 + sn; k++) {
-                    float a = wi[k] * nrm[k];
-                    long cw1 = (long)nearbyintf(a * ps * inv);
-                    unsigned ix = kvq__tq_get_idx(rows + k * vb + t->off_idx, j, t->kb);
-                    isum += cw1 * t->c8[ix];
-                    segc += fabs(t->c8[ix] * s_c);
-                    asum += a;
-                    mag += fabs(a * t->cent[ix]);
-                }
-                emu += (double)isum * fs;
-                chat += segc * sw;
-                bound += fabs((double)isum * fs);
-                den += fabs((double)isum) * DEN + DEN; /* fs and the fma, subnormal */
-            }
-            double kv = ak[i * as + j], rv = ar[i * as + j];
-            note(st, fabs(kv - emu), 2 * U24 * (double)nseg * (fabs(a0[i * as + j]) + bound) + 2 * DEN * (double)nseg, 1);
-            double b = (0.5 + 1e-4) * chat + (0.5 + 1e-4) * s_c * asum + 2 * gam((double)N + 1) * mag +
-                       2 * 2 * U24 * (double)nseg * (fabs(a0[i * as + j]) + bound) + 2 * den;
-            note(st, fabs(kv - rv), b, 0);
-            st->n++;
-        }
+        for (size_t j = 0; j < d; j++)
+            check_dim(pa, t, wi, nrm, rows, vb, N, nseg, j, a0[i * as + j], ak[i * as + j],
+                      ar[i * as + j], st);
     }
     for (size_t i = 0; i < np; i++)
         free(pg[i]);
