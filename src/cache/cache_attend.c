@@ -18,7 +18,7 @@
  * worked by any thread for every head and merged in chunk order. */
 #define KVQ__MAX_CHUNKS 16
 #define KVQ__MAX_DECODE_HEADS 256
-#define KVQ__MAX_G 256 /* query heads per KV head on the decode path */
+#define KVQ__MAX_G 256 /* query heads per KV head on the decode path; rows of a softmax call */
 /* bytes of a page area prefetched ahead by the driver (the kernels of large
  * areas prefetch the rest ahead of their own reads) */
 #define KVQ__PF_AREA 4096
@@ -347,27 +347,20 @@ static void kvq__attend_pages(const kvq__attn_call *jb, kvq__work *w, size_t h, 
         if (!nb)
             break;
         size_t width = nb * P;
-        for (size_t r = 0; r < nr; r++) {
-            float *sc = w->sc + r * BW;
-            if (rawsc)
+        if (rawsc)
+            for (size_t r = 0; r < nr; r++)
                 for (size_t b = 0; b < nb; b++)
-                    memcpy(rawsc + r * ly->slots_cap + bp[b] * P, sc + b * P, P * sizeof(float));
-            float bm = -INFINITY;
-            for (size_t i = 0; i < width; i++)
-                bm = sc[i] > bm ? sc[i] : bm;
-            float mnew = bm > ps->m[r] ? bm : ps->m[r];
-            if (mnew == -INFINITY) {
-                for (size_t i = 0; i < width; i++)
-                    sc[i] = 0.0f;
-                continue;
-            }
-            if (mnew > ps->m[r] && ps->l[r] > 0.0f) {
-                float f = expf(ps->m[r] - mnew);
-                kvq__pstate_scale(ps, r, f, alen, warm ? walen : 0, any_pend ? d : 0);
-                ps->l[r] *= f;
-            }
-            ps->m[r] = mnew;
-            ps->l[r] += c->exp_block(sc, width, mnew);
+                    memcpy(rawsc + r * ly->slots_cap + bp[b] * P, w->sc + r * BW + b * P,
+                           P * sizeof(float));
+        /* the online softmax of the decode path, KVQ__MAX_G rows a call */
+        float fr[KVQ__MAX_G];
+        for (size_t r0 = 0; r0 < nr; r0 += KVQ__MAX_G) {
+            const size_t k = KVQ__MIN((size_t)KVQ__MAX_G, nr - r0);
+            if (c->page_softmax(w->sc + r0 * BW, BW, k, width, ps->m + r0, ps->l + r0, fr))
+                for (size_t i = 0; i < k; i++)
+                    if (fr[i] != 1.0f)
+                        kvq__pstate_scale(ps, r0 + i, fr[i], alen, warm ? walen : 0,
+                                          any_pend ? d : 0);
         }
         for (size_t b = 0; b < nb; b++) {
             const kvq__page *pg = &ly->pages[bp[b]];

@@ -154,7 +154,6 @@ struct kvq_cache {
     size_t max_qp, max_acc;
     size_t block_pages;                     /* pages per online-softmax block */
     size_t rows_max;                        /* query rows per tile (a multiple of G) */
-    float (*exp_block)(float *x, size_t n, float m);
     int (*page_softmax)(float *s, size_t ss, size_t nr, size_t n, float *m, float *l, float *f);
     size_t total_peak;
     /* residency tiers */

@@ -26,10 +26,8 @@ void kvq__tq_avx512_select(kvq_codec *c, unsigned feat);
 void kvq__tq_avx512_select_simde(kvq_codec *c, unsigned feat);
 
 /* x[i] = exp(x[i] - m) (0 for -inf), returns the sum. */
-typedef float (*kvq__exp_block_fn)(float *x, size_t n, float m);
 float kvq__exp_block_ref(float *x, size_t n, float m);
 float kvq__exp_block_avx2(float *x, size_t n, float m);
-kvq__exp_block_fn kvq__exp_block_select(kvq_isa isa);
 
 /* Online softmax over one page (or run of pages) of scores, nr rows of n:
  * row r is s[r*ss .. r*ss + n). With bm its maximum, the running maximum

@@ -42,12 +42,3 @@ kvq__softmax_fn kvq__page_softmax_select(kvq_isa isa) {
     (void)isa;
     return kvq__page_softmax_ref;
 }
-
-kvq__exp_block_fn kvq__exp_block_select(kvq_isa isa) {
-#if defined(__x86_64__)
-    if ((isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVX512) && kvq__cpu_has_avx2())
-        return kvq__exp_block_avx2;
-#endif
-    (void)isa;
-    return kvq__exp_block_ref;
-}
