@@ -610,12 +610,108 @@ static void test_finite_check(void) {
     kvq_codec_free(c);
 }
 
+/* The int kernels check finiteness inside their encode (encode_chk: the
+ * first of two passes reduces the groups and finds NaN/Inf, the second
+ * writes codes): NaN/Inf anywhere, in every group position and lane, gives
+ * KVQ_ERR_NONFINITE with dst untouched; extreme finite values encode
+ * bit-exactly as the scalar reference; inputs whose scratch does not fit on
+ * the stack take the heap, and when that allocation fails the encode falls
+ * back to check-then-encode with the same bytes. */
+static void check_fused_encode(const char *spec, kvq_isa isa, tu_rng *rng) {
+    const size_t d = 128, n = 3, nbig = 1500;
+    kvq_codec *c = make(spec, d, isa, NULL, 0), *r = make(spec, d, KVQ_ISA_SCALAR, NULL, 0);
+    const size_t vb = c ? kvq_codec_vector_bytes(c) : 0;
+    float *x = malloc(sizeof(float) * nbig * d);
+    uint8_t *out = malloc(nbig * vb + 1), *ref = malloc(nbig * vb + 1);
+    if (!c || !r || !x || !out || !ref)
+        goto done;
+    const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
+    const float good[] = {FLT_MAX, -FLT_MAX, 1e-45f, -0.0f, 1e30f, -1e-30f};
+    size_t wrong = 0, touched = 0, differ = 0;
+    for (size_t p = 0; p < n * d; p++) {
+        for (size_t i = 0; i < n * d; i++)
+            x[i] = (float)tu_gauss(rng);
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            x[p] = bad[b];
+            memset(out, 0xab, n * vb);
+            wrong += kvq_codec_encode(c, out, n * vb, x, n) != KVQ_ERR_NONFINITE;
+            for (size_t i = 0; i < n * vb; i++)
+                touched += out[i] != 0xab;
+        }
+        for (size_t g = 0; g < sizeof good / sizeof good[0]; g++) {
+            x[p] = good[g];
+            wrong += kvq_codec_encode(c, out, n * vb, x, n) != KVQ_OK;
+            wrong += kvq_codec_encode(r, ref, n * vb, x, n) != KVQ_OK;
+            differ += memcmp(out, ref, n * vb) != 0;
+        }
+    }
+    TU_REPORT(wrong == 0 && touched == 0 && differ == 0,
+              "%s %s fused check: %zu misjudged, %zu bytes touched on error, %zu encodings "
+              "differ from the reference",
+              spec, kvq_isa_name(isa), wrong, touched, differ);
+    /* a long input (heap scratch): bad value first, last, or none */
+    for (size_t i = 0; i < nbig * d; i++)
+        x[i] = (float)tu_gauss(rng);
+    const size_t at[] = {0, nbig * d - 1, (nbig / 2) * d + 7};
+    wrong = touched = 0;
+    for (size_t k = 0; k < 3; k++) {
+        x[at[k]] = NAN;
+        memset(out, 0xab, nbig * vb);
+        wrong += kvq_codec_encode(c, out, nbig * vb, x, nbig) != KVQ_ERR_NONFINITE;
+        for (size_t i = 0; i < nbig * vb; i++)
+            touched += out[i] != 0xab;
+        x[at[k]] = 1.0f;
+    }
+    CHECK_OK(kvq_codec_encode(c, out, nbig * vb, x, nbig));
+    CHECK_OK(kvq_codec_encode(r, ref, nbig * vb, x, nbig));
+    TU_REPORT(wrong == 0 && touched == 0 && memcmp(out, ref, nbig * vb) == 0,
+              "%s %s, %zu vectors: %zu misjudged, %zu bytes touched, codes %s the reference", spec,
+              kvq_isa_name(isa), nbig, wrong, touched,
+              memcmp(out, ref, nbig * vb) ? "differ from" : "equal");
+    /* every allocation of create + encode failing in turn */
+    wrong = 0;
+    for (long k = 1; k < 40; k++) {
+        tu_failalloc fa;
+        kvq_allocator a = tu_failalloc_make(&fa, k);
+        kvq_codec_params p = {0};
+        p.allocator = &a;
+        p.isa = isa;
+        kvq_codec *f = NULL;
+        if (kvq_codec_create(&f, spec, d, &p) != KVQ_OK)
+            continue;
+        memset(out, 0, nbig * vb);
+        wrong += kvq_codec_encode(f, out, nbig * vb, x, nbig) != KVQ_OK;
+        wrong += memcmp(out, ref, nbig * vb) != 0;
+        kvq_codec_free(f);
+    }
+    TU_REPORT(wrong == 0, "%s %s: %zu encodes failed or differ under failing allocations", spec,
+              kvq_isa_name(isa), wrong);
+done:
+    kvq_codec_free(c);
+    kvq_codec_free(r);
+    free(x);
+    free(out);
+    free(ref);
+}
+
+static void test_fused_check(void) {
+    const char *specs[] = {"int8", "int8:g=32", "int4", "int4:g=32", "int4:g=8", "int2:g=32"};
+    kvq_isa isas[3] = {KVQ_ISA_SCALAR, KVQ_ISA_AVX2, KVQ_ISA_AVX512};
+    tu_rng rng;
+    tu_seed(&rng, 20261201);
+    for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++)
+        for (int ii = 0; ii < 3; ii++)
+            if (kvq_cpu_supports(isas[ii]))
+                check_fused_encode(specs[si], isas[ii], &rng);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_errors();
     test_spec_parsing();
     test_half_floats();
     test_finite_check();
+    test_fused_check();
     test_all_codecs();
     test_alloc_failures();
     return tu_finish();

@@ -108,9 +108,13 @@ static void fill_vecs(tu_rng *r, int kind, float *x, size_t n, size_t d) {
                 for (size_t t = 0; t < d; t++)
                     v[t] = 0.0f;
                 break;
-            case 1: /* saturated scales */
+            case 1: /* saturated scales, in few vectors, so that most
+                       batches of the SIMD encoders have none and skip the
+                       float clamp (kvq__quant32); otherwise a small range
+                       far from zero (the fp16 minimum is off by up to half
+                       an ulp of 1000, 0.25, against scales near 1e-4) */
                 for (size_t t = 0; t < d; t++)
-                    v[t] = (t % 3 == 0) ? -1e30f : 1e30f;
+                    v[t] = j % 32 == 1 ? ((t % 3 == 0) ? -1e30f : 1e30f) : 1000.0f + 1e-3f * v[t];
                 break;
             case 2: /* fp16 subnormal or zero scales */
                 for (size_t t = 0; t < d; t++)
@@ -127,6 +131,13 @@ static void fill_vecs(tu_rng *r, int kind, float *x, size_t n, size_t d) {
             case 5:
                 for (size_t t = 0; t < d; t++)
                     v[t] = -fabsf(v[t]) - 3.0f;
+                break;
+            case 6: /* 0 and 1.4 L ulps of the smallest fp16 subnormal (2^-24):
+                       the scale rounds down to 2^-24, so rint(x / s) is
+                       1.4 L, above the largest code L (int8 L = 127) */
+            case 7: /* the same for int4 (L = 15) */
+                for (size_t t = 0; t < d; t++)
+                    v[t] = t % 2 ? (j % 8 == 6 ? 177.8f : 21.0f) * 0x1p-24f : 0.0f;
                 break;
             default:
                 break;
@@ -688,7 +699,8 @@ static void test_run(void) {
 
 /* Encode of every path bit for bit against the reference (the AVX-512
  * encoder needs d % 64 == 0 and g % 16 == 0; other shapes test the AVX2
- * one again), batches of 1..33 vectors, misaligned buffers. */
+ * one again), batches of 1..33 vectors, misaligned buffers; the checked
+ * encode (encode_chk) too, and with one NaN or -Inf it writes nothing. */
 static void test_encode(void) {
     static const size_t dims[] = {64, 128, 192, 256, 512, 1024};
     static const size_t groups[] = {16, 32, 48, 64, 128, 0};
@@ -723,6 +735,22 @@ static void test_encode(void) {
                             memset(got, 0x5a, n * vb + 1);
                             paths[pi].c->k.encode(paths[pi].c, got + 1, x, n);
                             ok &= memcmp(got + 1, want, n * vb) == 0 && got[0] == 0x5a;
+                            kvq_codec *pc = paths[pi].c;
+                            if (!pc->k.encode_chk)
+                                continue;
+                            /* the checked encode: the same bytes, and with
+                             * one NaN/Inf none at all */
+                            memset(got, 0x5a, n * vb + 1);
+                            ok &= pc->k.encode_chk(pc, got + 1, x, n) == 1 &&
+                                  memcmp(got + 1, want, n * vb) == 0 && got[0] == 0x5a;
+                            const size_t at = (ci * 7919 + (size_t)kind * 131) % (n * d);
+                            const float keep = x[at];
+                            x[at] = kind % 2 ? NAN : -INFINITY;
+                            memset(got, 0x5a, n * vb + 1);
+                            ok &= pc->k.encode_chk(pc, got + 1, x, n) == 0;
+                            for (size_t i = 0; i < n * vb + 1; i++)
+                                ok &= got[i] == 0x5a;
+                            x[at] = keep;
                         }
                     TU_REPORT(ok, "%s %s d=%zu: encode differs from the reference", paths[pi].name,
                               spec, d);

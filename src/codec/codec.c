@@ -288,10 +288,14 @@ kvq_status kvq_codec_encode(const kvq_codec *c, void *dst, size_t dst_capacity, 
         return KVQ_ERR_DST_TOO_SMALL;
     if (kvq_codec_needs_fit(c))
         return KVQ_ERR_NOT_FITTED;
-    if (!kvq__all_finite(src, n * c->d))
-        return KVQ_ERR_NONFINITE;
-    c->k.encode(c, (uint8_t *)dst, src, n);
-    return KVQ_OK;
+    int ok = c->k.encode_chk ? c->k.encode_chk(c, (uint8_t *)dst, src, n) : -1;
+    if (ok < 0) { /* no fused check (or no scratch for it): check first */
+        if (!kvq__all_finite(src, n * c->d))
+            return KVQ_ERR_NONFINITE;
+        c->k.encode(c, (uint8_t *)dst, src, n);
+        ok = 1;
+    }
+    return ok ? KVQ_OK : KVQ_ERR_NONFINITE;
 }
 
 kvq_status kvq_codec_decode(const kvq_codec *c, float *dst, size_t dst_capacity, const void *src,

@@ -70,6 +70,10 @@ enum { KVQ__ROLE_K = 0, KVQ__ROLE_V = 1 };
 
 typedef struct kvq__kernels {
     void (*encode)(const kvq_codec *c, uint8_t *dst, const float *src, size_t n);
+    /* optional: encode with the finiteness check fused into the kernel's
+     * first pass over src; 1: encoded, 0: a value is NaN or infinite,
+     * -1: out of scratch memory (0 and -1 leave dst untouched) */
+    int (*encode_chk)(const kvq_codec *c, uint8_t *dst, const float *src, size_t n);
     void (*decode)(const kvq_codec *c, float *dst, const uint8_t *src, size_t n);
     void (*prep)(const kvq_codec *c, void *qp, const float *q);
     void (*score)(const kvq_codec *c, float *out, size_t ostride, const void *qp, size_t nq,

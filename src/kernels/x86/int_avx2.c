@@ -111,23 +111,32 @@ KVQ__HRED8X8(kvq__hmin8x8, _mm256_min_ps)
 /* Group parameters of F groups at once (F <= KVQ__ENC_MAXF), eight lanes
  * at a time: ra = absmax (int8) or min, rb = max; out: fp16 scale (and
  * minimum) bits, float minimum and 1/scale. Bit-exact with the reference:
- * div, min/max clamps and F16C on values already within +-65504. */
+ * div, min/max clamps and F16C on values already within +-65504. Returns
+ * nonzero when a scale saturated at 65504 (see kvq__quant32). */
 #define KVQ__ENC_MAXF 136
-static void kvq__int_group_params(int bits, size_t F, const float *ra, const float *rb,
-                                  uint16_t *sh, uint16_t *mh, float *mf, float *invf) {
+#ifndef KVQ__ENC_PF
+#define KVQ__ENC_PF 2 /* batches of prefetch distance in the reduction pass */
+#endif
+#define KVQ__CHK_STACK 4096 /* floats of scratch on the stack for a checked encode */
+static inline __attribute__((always_inline)) int kvq__int_group_params(int bits, size_t F, const float *ra, const float *rb,
+                                 uint16_t *sh, uint16_t *mh, float *mf, float *invf) {
     const __m256 zero = _mm256_setzero_ps(), lim = _mm256_set1_ps(KVQ__F16_MAXF);
     const __m256 nlim = _mm256_set1_ps(-KVQ__F16_MAXF), one = _mm256_set1_ps(1.0f);
+    __m256 sat = zero;
     for (size_t k = 0; k < F; k += 8) {
         __m256 r;
         if (bits == 8) {
-            r = _mm256_min_ps(_mm256_div_ps(_mm256_load_ps(ra + k), _mm256_set1_ps(127.0f)), lim);
+            r = _mm256_div_ps(_mm256_loadu_ps(ra + k), _mm256_set1_ps(127.0f));
+            sat = _mm256_or_ps(sat, _mm256_cmp_ps(r, lim, _CMP_NLT_UQ));
+            r = _mm256_min_ps(r, lim);
         } else {
-            __m256 mn = _mm256_add_ps(_mm256_load_ps(ra + k), zero); /* -0 -> +0 */
-            __m256 mx = _mm256_add_ps(_mm256_load_ps(rb + k), zero);
+            __m256 mn = _mm256_add_ps(_mm256_loadu_ps(ra + k), zero); /* -0 -> +0 */
+            __m256 mx = _mm256_add_ps(_mm256_loadu_ps(rb + k), zero);
             mn = _mm256_min_ps(_mm256_max_ps(mn, nlim), lim);
             __m128i m16 = _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT);
             __m256 m = _mm256_cvtph_ps(m16);
             r = _mm256_div_ps(_mm256_sub_ps(mx, m), _mm256_set1_ps(bits == 4 ? 15.0f : 3.0f));
+            sat = _mm256_or_ps(sat, _mm256_cmp_ps(r, lim, _CMP_NLT_UQ));
             r = _mm256_min_ps(_mm256_max_ps(r, zero), lim);
             _mm256_store_ps(mf + k, m);
             _mm_store_si128((__m128i *)(void *)(mh + k), m16);
@@ -138,15 +147,22 @@ static void kvq__int_group_params(int bits, size_t F, const float *ra, const flo
                         _mm256_and_ps(_mm256_div_ps(one, s), _mm256_cmp_ps(s, zero, _CMP_GT_OQ)));
         _mm_store_si128((__m128i *)(void *)(sh + k), s16);
     }
+    return _mm256_movemask_ps(sat);
 }
 
 /* The codes of 32 values from x as 32 bytes in value order, each group's
  * parameters broadcast from iv/mv (per run of 8 values): int8 clamp(rint(
- * x*inv), -127, 127); int4/int2 clamp(rint((x - m)*inv), 0, L). Only the
- * upper clamp is done in float; the lower one comes from saturating packs
- * (cvtps_epi32 gives INT_MIN below -2^31, which saturates the same way). */
+ * x*inv), -127, 127); int4/int2 clamp(rint((x - m)*inv), 0, L). The lower
+ * clamp comes from saturating packs (cvtps_epi32 gives INT_MIN below
+ * -2^31, which saturates the same way). The upper one is done in float
+ * only when CL: without a saturated scale, y = (x - m) * inv <= 1.5 L (the
+ * range is measured from the rounded minimum m, and a nonzero fp16 scale
+ * s >= 2^-24 is at least 2/3 of the float scale it rounds), so the
+ * conversion is exact and the packs (int8) or an unsigned byte minimum
+ * (int4/int2) clamp the same. */
 static inline __attribute__((always_inline)) __m256i
-kvq__quant32(const float *x, const float *iv, const float *mv, const uint8_t *gv, int bits) {
+kvq__quant32(const float *x, const float *iv, const float *mv, const uint8_t *gv, int bits,
+             const int CL) {
     const __m256 hi = _mm256_set1_ps(bits == 8 ? 127.0f : bits == 4 ? 15.0f : 3.0f);
     __m256 y0 = _mm256_loadu_ps(x), y1 = _mm256_loadu_ps(x + 8);
     __m256 y2 = _mm256_loadu_ps(x + 16), y3 = _mm256_loadu_ps(x + 24);
@@ -156,13 +172,22 @@ kvq__quant32(const float *x, const float *iv, const float *mv, const uint8_t *gv
         y2 = _mm256_sub_ps(y2, _mm256_broadcast_ss(mv + gv[2]));
         y3 = _mm256_sub_ps(y3, _mm256_broadcast_ss(mv + gv[3]));
     }
-    __m256i q0 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(y0, _mm256_broadcast_ss(iv + gv[0])), hi));
-    __m256i q1 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(y1, _mm256_broadcast_ss(iv + gv[1])), hi));
-    __m256i q2 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(y2, _mm256_broadcast_ss(iv + gv[2])), hi));
-    __m256i q3 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(y3, _mm256_broadcast_ss(iv + gv[3])), hi));
-    __m256i ab = _mm256_packs_epi32(q0, q1), cd = _mm256_packs_epi32(q2, q3);
+    y0 = _mm256_mul_ps(y0, _mm256_broadcast_ss(iv + gv[0]));
+    y1 = _mm256_mul_ps(y1, _mm256_broadcast_ss(iv + gv[1]));
+    y2 = _mm256_mul_ps(y2, _mm256_broadcast_ss(iv + gv[2]));
+    y3 = _mm256_mul_ps(y3, _mm256_broadcast_ss(iv + gv[3]));
+    if (CL) {
+        y0 = _mm256_min_ps(y0, hi);
+        y1 = _mm256_min_ps(y1, hi);
+        y2 = _mm256_min_ps(y2, hi);
+        y3 = _mm256_min_ps(y3, hi);
+    }
+    __m256i ab = _mm256_packs_epi32(_mm256_cvtps_epi32(y0), _mm256_cvtps_epi32(y1));
+    __m256i cd = _mm256_packs_epi32(_mm256_cvtps_epi32(y2), _mm256_cvtps_epi32(y3));
     __m256i r = bits == 8 ? _mm256_max_epi8(_mm256_packs_epi16(ab, cd), _mm256_set1_epi8(-127))
                           : _mm256_packus_epi16(ab, cd);
+    if (bits != 8 && !CL)
+        r = _mm256_min_epu8(r, _mm256_set1_epi8(bits == 4 ? 15 : 3));
     return _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
@@ -180,26 +205,36 @@ static inline void kvq__quant8(uint8_t *p, const float *x, float iv, float mv, i
     _mm_storel_epi64((__m128i *)(void *)p, b);
 }
 
-/* nb vectors (nb * ng <= KVQ__ENC_MAXF - 8) of one batch; gv[t/8] is the
- * group of value t. */
-static inline __attribute__((always_inline)) void
-kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
-                      const uint8_t *gv, const int BITS) {
-    const size_t d = c->d, g = c->group, ng = c->ngroups, bytes = c->bytes;
-    const int bits = BITS;
-    const size_t F = nb * ng;
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    _Alignas(32) float ra[KVQ__ENC_MAXF], rb[KVQ__ENC_MAXF], mf[KVQ__ENC_MAXF], invf[KVQ__ENC_MAXF];
-    _Alignas(32) uint16_t sh[KVQ__ENC_MAXF], mh[KVQ__ENC_MAXF];
-    _Alignas(32) uint8_t qb[KVQ__MAX_HEAD_DIM];
+/* Integer maximum of float bit patterns: on values with the sign bit
+ * cleared it orders finite values as floats do and puts Inf and every NaN
+ * (bits > 0x7f800000) above them, so the absolute maximum also says
+ * whether the group is finite. */
+static inline __m256 kvq__maxbits(__m256 a, __m256 b) {
+    return _mm256_castsi256_ps(_mm256_max_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b)));
+}
+KVQ__HRED8X8(kvq__hmaxbits8x8, kvq__maxbits)
 
-    /* group reductions, 8 groups at a time (exact: order independent up to
-     * the sign of zero, which the parameters fold) */
+/* The group reductions of nb vectors (F = nb * ng <= KVQ__ENC_MAXF - 8
+ * groups), eight groups at a time, into ra (int8: absmax; else minimum)
+ * and rb (maximum), zero past F up to a multiple of 8. Exact: order
+ * independent up to the sign of zero, which the parameters fold. Returns
+ * nonzero when a value is NaN or infinite: int8 through the bit-pattern
+ * maximum, int4/int2 through sums of x * 0 (NaN exactly when x is not
+ * finite; min/max would drop a NaN). */
+static inline __attribute__((always_inline)) int
+kvq__int_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *ra, float *rb,
+                      const int GZ, const int BITS) {
+    const size_t d = c->d, ng = c->ngroups, F = nb * ng;
+    const size_t g = GZ ? (size_t)GZ : c->group; /* GZ: the group size, when fixed */
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), zero = _mm256_setzero_ps();
+    __m256 nf = zero; /* int4/int2: sum of x * 0 */
+    int bad = 0;
     for (size_t f0 = 0, j = 0, gi = 0; f0 < F; f0 += 8) {
         __m256 lo[8], hi[8];
+#pragma GCC unroll 8
         for (size_t k = 0; k < 8; k++) {
             if (f0 + k >= F) {
-                lo[k] = hi[k] = _mm256_setzero_ps();
+                lo[k] = hi[k] = zero;
                 continue;
             }
             const float *xg = src + j * d + gi * g;
@@ -207,18 +242,19 @@ kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t
                 gi = 0;
                 j++;
             }
-            if (bits == 8) {
+            if (BITS == 8) {
                 __m256 a0 = _mm256_and_ps(_mm256_loadu_ps(xg), absmask), a1 = a0;
                 size_t t = 8;
                 for (; t + 16 <= g; t += 16) {
-                    a0 = _mm256_max_ps(a0, _mm256_and_ps(_mm256_loadu_ps(xg + t), absmask));
-                    a1 = _mm256_max_ps(a1, _mm256_and_ps(_mm256_loadu_ps(xg + t + 8), absmask));
+                    a0 = kvq__maxbits(a0, _mm256_and_ps(_mm256_loadu_ps(xg + t), absmask));
+                    a1 = kvq__maxbits(a1, _mm256_and_ps(_mm256_loadu_ps(xg + t + 8), absmask));
                 }
                 if (t < g)
-                    a0 = _mm256_max_ps(a0, _mm256_and_ps(_mm256_loadu_ps(xg + t), absmask));
-                hi[k] = _mm256_max_ps(a0, a1);
+                    a0 = kvq__maxbits(a0, _mm256_and_ps(_mm256_loadu_ps(xg + t), absmask));
+                hi[k] = kvq__maxbits(a0, a1);
             } else {
                 __m256 v = _mm256_loadu_ps(xg), lo0 = v, hi0 = v, lo1 = v, hi1 = v;
+                __m256 z0 = _mm256_fmadd_ps(v, zero, nf), z1 = zero;
                 size_t t = 8;
                 for (; t + 16 <= g; t += 16) {
                     __m256 v0 = _mm256_loadu_ps(xg + t), v1 = _mm256_loadu_ps(xg + t + 8);
@@ -226,25 +262,42 @@ kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t
                     hi0 = _mm256_max_ps(hi0, v0);
                     lo1 = _mm256_min_ps(lo1, v1);
                     hi1 = _mm256_max_ps(hi1, v1);
+                    z0 = _mm256_fmadd_ps(v0, zero, z0);
+                    z1 = _mm256_fmadd_ps(v1, zero, z1);
                 }
                 if (t < g) {
                     v = _mm256_loadu_ps(xg + t);
                     lo0 = _mm256_min_ps(lo0, v);
                     hi0 = _mm256_max_ps(hi0, v);
+                    z0 = _mm256_fmadd_ps(v, zero, z0);
                 }
                 lo[k] = _mm256_min_ps(lo0, lo1);
                 hi[k] = _mm256_max_ps(hi0, hi1);
+                nf = _mm256_add_ps(z0, z1);
             }
         }
-        if (bits == 8) {
-            _mm256_store_ps(ra + f0, kvq__hmax8x8(hi));
+        if (BITS == 8) {
+            const __m256 m = kvq__hmaxbits8x8(hi);
+            _mm256_storeu_ps(ra + f0, m);
+            bad |= _mm256_movemask_ps(_mm256_castsi256_ps(
+                _mm256_cmpgt_epi32(_mm256_castps_si256(m), _mm256_set1_epi32(0x7f7fffff))));
         } else {
-            _mm256_store_ps(ra + f0, kvq__hmin8x8(lo));
-            _mm256_store_ps(rb + f0, kvq__hmax8x8(hi));
+            _mm256_storeu_ps(ra + f0, kvq__hmin8x8(lo));
+            _mm256_storeu_ps(rb + f0, kvq__hmax8x8(hi));
         }
     }
-    kvq__int_group_params(bits, F, ra, rb, sh, mh, mf, invf);
+    return bad | _mm256_movemask_ps(_mm256_cmp_ps(nf, nf, _CMP_UNORD_Q));
+}
 
+/* The codes (and stored parameters) of nb vectors given their group
+ * parameters; CL: see kvq__quant32. */
+static inline __attribute__((always_inline)) void
+kvq__int_codes_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
+                     const uint8_t *gv, const uint16_t *sh, const uint16_t *mh, const float *mf,
+                     const float *invf, const int BITS, const int CL) {
+    const size_t d = c->d, ng = c->ngroups, bytes = c->bytes;
+    const int bits = BITS;
+    _Alignas(32) uint8_t qb[KVQ__MAX_HEAD_DIM];
     for (size_t j = 0; j < nb; j++) {
         const float *x = src + j * d;
         uint8_t *v = dst + j * bytes;
@@ -259,7 +312,7 @@ kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t
         if (bits == 8) {
             for (; t + 32 <= d; t += 32)
                 _mm256_storeu_si256((__m256i *)(void *)(codes + t),
-                                    kvq__quant32(x + t, iv, iv, gv + t / 8, 8));
+                                    kvq__quant32(x + t, iv, iv, gv + t / 8, 8, CL));
             for (; t < d; t += 8)
                 kvq__quant8(codes + t, x + t, iv[gv[t / 8]], 0.0f, 8);
             continue;
@@ -267,9 +320,9 @@ kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t
         if (bits == 4) {
             const __m256i c116 = _mm256_set1_epi16(0x1001); /* bytes 1, 16 */
             for (; t + 64 <= d; t += 64) {
-                __m256i b0 = _mm256_maddubs_epi16(kvq__quant32(x + t, iv, mv, gv + t / 8, 4), c116);
+                __m256i b0 = _mm256_maddubs_epi16(kvq__quant32(x + t, iv, mv, gv + t / 8, 4, CL), c116);
                 __m256i b1 =
-                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32, iv, mv, gv + t / 8 + 4, 4), c116);
+                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32, iv, mv, gv + t / 8 + 4, 4, CL), c116);
                 _mm256_storeu_si256((__m256i *)(void *)(codes + t / 2),
                                     _mm256_permute4x64_epi64(_mm256_packus_epi16(b0, b1), 0xd8));
             }
@@ -278,7 +331,7 @@ kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t
             for (; t + 128 <= d; t += 128) {
                 __m256i b[4];
                 KVQ__UNROLL4 for (int h = 0; h < 4; h++) b[h] = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32 * (size_t)h, iv, mv, gv + t / 8 + 4 * (size_t)h, 2), c14),
+                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32 * (size_t)h, iv, mv, gv + t / 8 + 4 * (size_t)h, 2, CL), c14),
                     c116);
                 _mm256_storeu_si256((__m256i *)(void *)(codes + t / 4),
                                     kvq__pack32(b[0], b[1], b[2], b[3], 1));
@@ -303,11 +356,27 @@ kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t
     }
 }
 
+/* The codes of nb vectors of one batch from their group reductions ra, rb
+ * (kvq__int_reduce_batch); gv[t/8] is the group of value t. */
+static inline __attribute__((always_inline)) void
+kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
+                      const uint8_t *gv, const float *ra, const float *rb, const int BITS) {
+    const size_t F = nb * c->ngroups;
+    _Alignas(32) float mf[KVQ__ENC_MAXF], invf[KVQ__ENC_MAXF];
+    _Alignas(32) uint16_t sh[KVQ__ENC_MAXF], mh[KVQ__ENC_MAXF];
+    if (kvq__int_group_params(BITS, F, ra, rb, sh, mh, mf, invf))
+        kvq__int_codes_batch(c, dst, src, nb, gv, sh, mh, mf, invf, BITS, 1);
+    else
+        kvq__int_codes_batch(c, dst, src, nb, gv, sh, mh, mf, invf, BITS, 0);
+}
+
 /* Batches of vectors share the group-parameter pass (8 groups per lane set;
- * with ng < 8 groups per vector, several vectors fill it). */
-static void kvq__int_encode_avx2(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
-    const size_t ng = c->ngroups;
-    const size_t batch = ng >= 8 ? 1 : 8 / ng;
+ * with ng < 8 groups per vector, several vectors fill it): the groups of
+ * batch b are reduced into ra/rb + b * stride. */
+static inline __attribute__((always_inline)) int
+kvq__int_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t n, float *ra,
+                     float *rb, size_t stride, int phase, const int BITS) {
+    const size_t ng = c->ngroups, batch = ng >= 8 ? 1 : 8 / ng;
     uint8_t gv[KVQ__MAX_HEAD_DIM / 8];
     for (size_t v = 0, gi = 0, left = c->group; v < c->d / 8; v++) {
         gv[v] = (uint8_t)gi;
@@ -316,17 +385,73 @@ static void kvq__int_encode_avx2(const kvq_codec *c, uint8_t *dst, const float *
             left = c->group;
         }
     }
-    for (size_t j = 0; j < n; j += batch) {
+    int bad = 0;
+    for (size_t j = 0, b = 0; j < n; j += batch, b++) {
         uint8_t *o = dst + j * c->bytes;
         const float *x = src + j * c->d;
         const size_t m = KVQ__MIN(batch, n - j);
-        if (c->bits == 8) /* one instance per width: no branch on it in the loops */
-            kvq__int_encode_batch(c, o, x, m, gv, 8);
-        else if (c->bits == 4)
-            kvq__int_encode_batch(c, o, x, m, gv, 4);
-        else
-            kvq__int_encode_batch(c, o, x, m, gv, 2);
+        float *a = ra + b * stride, *z = rb + b * stride;
+        if (phase != 2) {
+            /* a batch KVQ__ENC_PF ahead: the reductions read their groups
+             * side by side, an order the hardware prefetchers follow poorly */
+            if (j + (KVQ__ENC_PF + 1) * batch <= n)
+                for (size_t t = 0; t < batch * c->d; t += 16)
+                    _mm_prefetch((const char *)(x + KVQ__ENC_PF * batch * c->d + t), _MM_HINT_T0);
+            if (c->group == 32) /* the common groups with their loops unrolled */
+                bad |= kvq__int_reduce_batch(c, x, m, a, z, 32, BITS);
+            else if (c->group == 128)
+                bad |= kvq__int_reduce_batch(c, x, m, a, z, 128, BITS);
+            else
+                bad |= kvq__int_reduce_batch(c, x, m, a, z, 0, BITS);
+        }
+        if (phase != 1)
+            kvq__int_encode_batch(c, o, x, m, gv, a, z, BITS);
     }
+    return bad;
+}
+
+/* One pass: the batches' reductions in place (input already checked). */
+static void kvq__int_encode_avx2(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    _Alignas(32) float ra[KVQ__ENC_MAXF], rb[KVQ__ENC_MAXF];
+    if (c->bits == 8) /* one instance per width: no branch on it in the loops */
+        kvq__int_encode_pass(c, dst, src, n, ra, rb, 0, 0, 8);
+    else if (c->bits == 4)
+        kvq__int_encode_pass(c, dst, src, n, ra, rb, 0, 0, 4);
+    else
+        kvq__int_encode_pass(c, dst, src, n, ra, rb, 0, 0, 2);
+}
+
+/* Checked encode (codec_impl.h, encode_chk): every batch's reductions
+ * first, which also find NaN/Inf, kept in scratch (on the stack for up to
+ * KVQ__CHK_STACK floats); the codes only when the whole input is finite. */
+static int kvq__int_encode_chk_avx2(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    const size_t ng = c->ngroups, batch = ng >= 8 ? 1 : 8 / ng;
+    const size_t stride = (batch * ng + 7) / 8 * 8, nbat = (n + batch - 1) / batch;
+    float stack[KVQ__CHK_STACK], *ra = stack;
+    if (nbat > SIZE_MAX / sizeof(float) / 2 / stride)
+        return -1;
+    if (2 * nbat * stride > KVQ__CHK_STACK &&
+        !(ra = (float *)kvq__alloc(&c->alloc, 2 * nbat * stride * sizeof(float))))
+        return -1;
+    float *rb = ra + nbat * stride;
+    int bad;
+    if (c->bits == 8)
+        bad = kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 1, 8);
+    else if (c->bits == 4)
+        bad = kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 1, 4);
+    else
+        bad = kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 1, 2);
+    if (!bad) {
+        if (c->bits == 8)
+            kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 2, 8);
+        else if (c->bits == 4)
+            kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 2, 4);
+        else
+            kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 2, 2);
+    }
+    if (ra != stack)
+        kvq__free(&c->alloc, ra);
+    return !bad;
 }
 
 /* ---- code unpacking (decode, accumulate) ---- */
@@ -1550,6 +1675,7 @@ void kvq__int_avx2_select(kvq_codec *c) {
     }
     if (c->group % 8 == 0) {
         c->k.encode = kvq__int_encode_avx2;
+        c->k.encode_chk = kvq__int_encode_chk_avx2;
         c->k.decode = kvq__int_decode_avx2;
         c->k.accum = c->group % 16 == 0 ? kvq__int_accum_tiled : kvq__int_accum_avx2;
     }

@@ -132,8 +132,9 @@ kvq__i512_dpb(__m512i acc, __m512i a, const uint8_t *p) {
 
 static const float kvq__i512_zeros[KVQ__TILE_RUN];
 
-/* Lane i of the result = the maximum (MAX 1), minimum (MAX 2) or sum (MAX
- * 0) of the 16 lanes of
+/* Lane i of the result = the maximum (MAX 1), minimum (MAX 2), sum (MAX
+ * 0) or maximum as signed integers of the bit patterns (MAX 3) of the 16
+ * lanes of
  * v[T(i)], T(i) = 4 (i % 4) + i / 4 (T is its own inverse): a transposing
  * reduction tree, 15 max/add and 30 shuffles for 16 reductions. */
 #ifdef KVQ_SIMDE
@@ -142,8 +143,12 @@ static inline __m512 kvq__i512_red16(const __m512 *v, const int MAX) {
     for (int i = 0; i < 16; i++) {
         _mm512_storeu_ps(x, v[4 * (i % 4) + i / 4]);
         float a = MAX ? x[0] : 0.0f;
-        for (int k = MAX ? 1 : 0; k < 16; k++)
-            a = MAX == 1 ? (x[k] > a ? x[k] : a) : MAX == 2 ? (x[k] < a ? x[k] : a) : a + x[k];
+        for (int k = MAX ? 1 : 0; k < 16; k++) {
+            int32_t xb, ab;
+            memcpy(&xb, &x[k], 4);
+            memcpy(&ab, &a, 4);
+            a = MAX == 1 ? (x[k] > a ? x[k] : a) : MAX == 2 ? (x[k] < a ? x[k] : a) : MAX == 3 ? (xb > ab ? x[k] : a) : a + x[k];
+        }
         out[i] = a;
     }
     return _mm512_loadu_ps(out);
@@ -152,7 +157,9 @@ static inline __m512 kvq__i512_red16(const __m512 *v, const int MAX) {
 KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__i512_red16(const __m512 *v,
                                                                              const int MAX) {
 #define KVQ__RED(a, b)                                                                             \
-    (MAX == 1 ? _mm512_max_ps(a, b) : MAX == 2 ? _mm512_min_ps(a, b) : _mm512_add_ps(a, b))
+    (MAX == 1 ? _mm512_max_ps(a, b) : MAX == 2 ? _mm512_min_ps(a, b)                               \
+     : MAX == 3 ? _mm512_castsi512_ps(_mm512_max_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b))) \
+                : _mm512_add_ps(a, b))
     __m512 u[8], w[4], z[2];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++)
@@ -420,18 +427,23 @@ static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *const *sb, 
  * packs for the lower clamp. Needs d % 64 == 0 and g % 16 == 0. ---- */
 
 #define KVQ__ENC512_F 16 /* groups per parameter pass */
+#ifndef KVQ__ENC_PF
+#define KVQ__ENC_PF 2 /* batches of prefetch distance in the reduction pass */
+#endif
 
-/* nb vectors (nb * ng <= 16, or one vector) of one batch. */
-KVQ__T512 static inline __attribute__((always_inline)) void
-kvq__i512_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
-                       const uint8_t *zg, const int ZPG, const int BITS) {
-    const size_t d = c->d, g = c->group, ng = c->ngroups, bytes = c->bytes;
+/* The group reductions of nb vectors (nb * ng <= 16, or one vector), 16
+ * groups at a time, into ra (maxima; int8: of |x|) and rb (minima; int4),
+ * KVQ__ENC512_F per pass. Returns nonzero when a value is NaN or infinite:
+ * int8 through the maximum of the bit patterns of |x| (kvq__maxbits in
+ * int_avx2.c), int4 through sums of x * 0. */
+KVQ__T512 static inline __attribute__((always_inline)) int
+kvq__i512_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *ra, float *rb,
+                       const int ZPG, const int BITS) {
+    const size_t g = c->group, ng = c->ngroups;
     const size_t F = nb * ng, gz = ZPG ? 16 * (size_t)ZPG : g;
-    _Alignas(64) float mf[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F], iv[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F];
-    _Alignas(64) uint16_t sh[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F], mh[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F];
-    const __m512 zero = _mm512_setzero_ps(), lim = _mm512_set1_ps(65504.0f);
-    const __m512 nlim = _mm512_set1_ps(-65504.0f), one = _mm512_set1_ps(1.0f);
-    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    __m512 nf = _mm512_setzero_ps();
+    int bad = 0;
     for (size_t f0 = 0; f0 < F; f0 += KVQ__ENC512_F) {
         /* the maxima (int8: of |x|), then the minima, of 16 groups; groups
          * past F repeat the last one (their lanes are not used) */
@@ -439,14 +451,27 @@ kvq__i512_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_
 #pragma GCC unroll 16
         for (int i = 0; i < 16; i++) {
             const float *x = src + KVQ__MIN(f0 + (size_t)i, F - 1) * g;
-            __m512 a = BITS == 8 ? _mm512_and_ps(_mm512_loadu_ps(x), absmask) : _mm512_loadu_ps(x);
-            for (size_t t = 16; t < gz; t += 16)
-                a = _mm512_max_ps(a, BITS == 8 ? _mm512_and_ps(_mm512_loadu_ps(x + t), absmask)
-                                               : _mm512_loadu_ps(x + t));
-            v[4 * (i % 4) + i / 4] = a; /* kvq__i512_red16's input order */
+            if (BITS == 8) {
+                __m512i a = _mm512_and_si512(_mm512_loadu_si512((const void *)x), absmask);
+                for (size_t t = 16; t < gz; t += 16)
+                    a = _mm512_max_epi32(a, _mm512_and_si512(_mm512_loadu_si512((const void *)(x + t)), absmask));
+                v[4 * (i % 4) + i / 4] = _mm512_castsi512_ps(a); /* kvq__i512_red16's input order */
+            } else {
+                __m512 a = _mm512_loadu_ps(x), z = _mm512_mul_ps(a, _mm512_setzero_ps());
+                for (size_t t = 16; t < gz; t += 16) {
+                    const __m512 y = _mm512_loadu_ps(x + t);
+                    a = _mm512_max_ps(a, y);
+                    z = _mm512_fmadd_ps(y, _mm512_setzero_ps(), z);
+                }
+                /* +-0 or NaN: OR keeps a NaN's exponent and mantissa bits */
+                nf = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(nf), _mm512_castps_si512(z)));
+                v[4 * (i % 4) + i / 4] = a;
+            }
         }
-        const __m512 rmax = kvq__i512_red16(v, 1);
-        __m512 rmin = zero;
+        const __m512 rmax = kvq__i512_red16(v, BITS == 8 ? 3 : 1);
+        _mm512_storeu_ps(ra + f0, rmax);
+        if (BITS == 8)
+            bad |= _mm512_cmpgt_epi32_mask(_mm512_castps_si512(rmax), _mm512_set1_epi32(0x7f7fffff)) != 0;
         if (BITS != 8) {
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
@@ -456,27 +481,22 @@ kvq__i512_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_
                     a = _mm512_min_ps(a, _mm512_loadu_ps(x + t));
                 v[4 * (i % 4) + i / 4] = a;
             }
-            rmin = kvq__i512_red16(v, 2);
+            _mm512_storeu_ps(rb + f0, kvq__i512_red16(v, 2));
         }
-        __m512 r;
-        if (BITS == 8) {
-            r = _mm512_min_ps(_mm512_div_ps(rmax, _mm512_set1_ps(127.0f)), lim);
-        } else {
-            __m512 mn = _mm512_add_ps(rmin, zero); /* -0 -> +0 */
-            __m512 mx = _mm512_add_ps(rmax, zero);
-            mn = _mm512_min_ps(_mm512_max_ps(mn, nlim), lim);
-            const __m256i m16 = kvq__i512_f2h(mn);
-            const __m512 m = kvq__i512_h2fv(m16);
-            r = _mm512_div_ps(_mm512_sub_ps(mx, m), _mm512_set1_ps(BITS == 4 ? 15.0f : 3.0f));
-            r = _mm512_min_ps(_mm512_max_ps(r, zero), lim);
-            _mm512_store_ps(mf + f0, m);
-            _mm256_store_si256((__m256i *)(void *)(mh + f0), m16);
-        }
-        const __m256i s16 = kvq__i512_f2h(r);
-        const __m512 sv = kvq__i512_h2fv(s16);
-        _mm512_store_ps(iv + f0, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sv, zero, _CMP_GT_OQ), one, sv));
-        _mm256_store_si256((__m256i *)(void *)(sh + f0), s16);
     }
+    return bad | (_mm512_cmp_ps_mask(nf, nf, _CMP_UNORD_Q) != 0);
+}
+
+/* The codes (and stored parameters) of nb vectors given their group
+ * parameters. The upper clamp is done in float only when CL, a scale
+ * saturated; otherwise (x - m) * inv <= 1.5 L (kvq__quant32 in
+ * int_avx2.c) and the packs (int8) or an unsigned byte minimum (int4) clamp
+ * the same. */
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__i512_codes_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
+                      const uint8_t *zg, const uint16_t *sh, const uint16_t *mh, const float *mf,
+                      const float *iv, const int ZPG, const int BITS, const int CL) {
+    const size_t d = c->d, ng = c->ngroups, bytes = c->bytes;
     const __m512 top = _mm512_set1_ps(BITS == 8 ? 127.0f : 15.0f);
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     for (size_t j = 0; j < nb; j++) {
@@ -500,7 +520,8 @@ kvq__i512_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_
                 __m512 y = _mm512_loadu_ps(x + t + 16 * (size_t)k);
                 if (BITS != 8)
                     y = _mm512_sub_ps(y, _mm512_set1_ps(mf[f]));
-                q[k] = kvq__i512_f2i(_mm512_min_ps(_mm512_mul_ps(y, _mm512_set1_ps(iv[f])), top));
+                y = _mm512_mul_ps(y, _mm512_set1_ps(iv[f]));
+                q[k] = kvq__i512_f2i(CL ? _mm512_min_ps(y, top) : y);
             }
             if (BITS == 8) {
                 __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(q[0], q[1]), _mm512_packs_epi32(q[2], q[3]));
@@ -509,6 +530,8 @@ kvq__i512_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_
                 continue;
             }
             __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(q[0], q[1]), _mm512_packus_epi32(q[2], q[3]));
+            if (!CL)
+                b = _mm512_min_epu8(b, _mm512_set1_epi8(15));
             /* value pairs to one byte each, lo + 16 hi (in the packs' lane order) */
             const __m512i w = _mm512_maddubs_epi16(_mm512_permutexvar_epi32(order, b), _mm512_set1_epi16(0x1001));
             if (blk % 2 == 0) {
@@ -527,8 +550,57 @@ kvq__i512_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_
     }
 }
 
+/* The codes of nb vectors of one batch from their reductions ra, rb. */
+#define KVQ__ENC512_NP (KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F)
 KVQ__T512 static inline __attribute__((always_inline)) void
-kvq__i512_encode_body(const kvq_codec *c, uint8_t *dst, const float *src, size_t n, const int BITS) {
+kvq__i512_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
+                       const uint8_t *zg, const float *ra, const float *rb, const int ZPG,
+                       const int BITS) {
+    const size_t F = nb * c->ngroups;
+    _Alignas(64) float mf[KVQ__ENC512_NP], iv[KVQ__ENC512_NP];
+    _Alignas(64) uint16_t sh[KVQ__ENC512_NP], mh[KVQ__ENC512_NP];
+    const __m512 zero = _mm512_setzero_ps(), lim = _mm512_set1_ps(65504.0f);
+    const __m512 nlim = _mm512_set1_ps(-65504.0f), one = _mm512_set1_ps(1.0f);
+    __mmask16 sat = 0;
+    for (size_t f0 = 0; f0 < F; f0 += KVQ__ENC512_F) {
+        const __m512 rmax = _mm512_loadu_ps(ra + f0);
+        const __m512 rmin = BITS == 8 ? zero : _mm512_loadu_ps(rb + f0);
+        __m512 r;
+        if (BITS == 8) {
+            r = _mm512_div_ps(rmax, _mm512_set1_ps(127.0f));
+            sat |= _mm512_cmp_ps_mask(r, lim, _CMP_NLT_UQ);
+            r = _mm512_min_ps(r, lim);
+        } else {
+            __m512 mn = _mm512_add_ps(rmin, zero); /* -0 -> +0 */
+            __m512 mx = _mm512_add_ps(rmax, zero);
+            mn = _mm512_min_ps(_mm512_max_ps(mn, nlim), lim);
+            const __m256i m16 = kvq__i512_f2h(mn);
+            const __m512 m = kvq__i512_h2fv(m16);
+            r = _mm512_div_ps(_mm512_sub_ps(mx, m), _mm512_set1_ps(BITS == 4 ? 15.0f : 3.0f));
+            sat |= _mm512_cmp_ps_mask(r, lim, _CMP_NLT_UQ);
+            r = _mm512_min_ps(_mm512_max_ps(r, zero), lim);
+            _mm512_store_ps(mf + f0, m);
+            _mm256_store_si256((__m256i *)(void *)(mh + f0), m16);
+        }
+        const __m256i s16 = kvq__i512_f2h(r);
+        const __m512 sv = kvq__i512_h2fv(s16);
+        _mm512_store_ps(iv + f0, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sv, zero, _CMP_GT_OQ), one, sv));
+        _mm256_store_si256((__m256i *)(void *)(sh + f0), s16);
+    }
+    if (sat)
+        kvq__i512_codes_batch(c, dst, src, nb, zg, sh, mh, mf, iv, ZPG, BITS, 1);
+    else
+        kvq__i512_codes_batch(c, dst, src, nb, zg, sh, mh, mf, iv, ZPG, BITS, 0);
+}
+
+/* Batches of vectors share the group-parameter pass (16 groups; with
+ * ng < 16 groups per vector, several vectors fill it). phase 0: each
+ * batch reduced into ra/rb and encoded; phase 1: every batch reduced into
+ * ra/rb + b * KVQ__ENC512_F (returns nonzero on NaN/Inf); phase 2: every
+ * batch encoded from there. */
+KVQ__T512 static inline __attribute__((always_inline)) int
+kvq__i512_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t n, float *ra,
+                      float *rb, size_t stride, int phase, const int ZPG, const int BITS) {
     const size_t ng = c->ngroups;
     const size_t batch = ng < KVQ__ENC512_F && KVQ__ENC512_F % ng == 0 ? KVQ__ENC512_F / ng : 1;
     uint8_t zg[KVQ__MAX_HEAD_DIM / 16]; /* group of each 16 values */
@@ -539,27 +611,79 @@ kvq__i512_encode_body(const kvq_codec *c, uint8_t *dst, const float *src, size_t
             left = c->group;
         }
     }
-    const size_t zpg = c->group / 16; /* 16-value vectors per group: fixed for the common ones */
-    for (size_t j = 0; j < n; j += batch) {
+    int bad = 0;
+    for (size_t j = 0, b = 0; j < n; j += batch, b++) {
         uint8_t *o = dst + j * c->bytes;
         const float *x = src + j * c->d;
         const size_t m = KVQ__MIN(batch, n - j);
-        if (zpg == 2)
-            kvq__i512_encode_batch(c, o, x, m, zg, 2, BITS);
-        else if (zpg == 8)
-            kvq__i512_encode_batch(c, o, x, m, zg, 8, BITS);
-        else if (zpg == 4)
-            kvq__i512_encode_batch(c, o, x, m, zg, 4, BITS);
-        else
-            kvq__i512_encode_batch(c, o, x, m, zg, 0, BITS);
+        float *pa = ra + b * stride, *pb = rb + b * stride;
+        if (phase != 2) {
+            /* a batch KVQ__ENC_PF ahead: the reductions read their groups
+             * side by side, an order the hardware prefetchers follow poorly */
+            if (j + (KVQ__ENC_PF + 1) * batch <= n)
+                for (size_t t = 0; t < batch * c->d; t += 16)
+                    _mm_prefetch((const char *)(x + KVQ__ENC_PF * batch * c->d + t), _MM_HINT_T0);
+            bad |= kvq__i512_reduce_batch(c, x, m, pa, pb, ZPG, BITS);
+        }
+        if (phase != 1)
+            kvq__i512_encode_batch(c, o, x, m, zg, pa, pb, ZPG, BITS);
     }
+    return bad;
 }
 
-KVQ__T512 static void kvq__i512_encode8(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
-    kvq__i512_encode_body(c, dst, src, n, 8);
+/* The pass for the codec's 16-value vectors per group: fixed for the common
+ * groups (2, 4, 8), any multiple of 16 otherwise. */
+KVQ__T512 static inline __attribute__((always_inline)) int
+kvq__i512_encode_body(const kvq_codec *c, uint8_t *dst, const float *src, size_t n, float *ra,
+                      float *rb, size_t stride, int phase, const int BITS) {
+    const size_t zpg = c->group / 16;
+    if (zpg == 2)
+        return kvq__i512_encode_pass(c, dst, src, n, ra, rb, stride, phase, 2, BITS);
+    if (zpg == 8)
+        return kvq__i512_encode_pass(c, dst, src, n, ra, rb, stride, phase, 8, BITS);
+    if (zpg == 4)
+        return kvq__i512_encode_pass(c, dst, src, n, ra, rb, stride, phase, 4, BITS);
+    return kvq__i512_encode_pass(c, dst, src, n, ra, rb, stride, phase, 0, BITS);
 }
-KVQ__T512 static void kvq__i512_encode4(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
-    kvq__i512_encode_body(c, dst, src, n, 4);
+
+/* One pass: the batches' reductions in place (input already checked). */
+KVQ__T512 static void kvq__i512_encode(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    _Alignas(64) float ra[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F], rb[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F];
+    if (c->bits == 8)
+        kvq__i512_encode_body(c, dst, src, n, ra, rb, 0, 0, 8);
+    else
+        kvq__i512_encode_body(c, dst, src, n, ra, rb, 0, 0, 4);
+}
+
+/* Checked encode (codec_impl.h, encode_chk), as kvq__int_encode_chk_avx2:
+ * every batch reduced first, into scratch (a batch's groups take
+ * ceil(F / 16) * 16 floats: the passes store 16 lanes), codes only when
+ * every value is finite. */
+#define KVQ__CHK512_STACK 4096 /* floats of scratch on the stack */
+KVQ__T512 static int kvq__i512_encode_chk(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    const size_t ng = c->ngroups;
+    const size_t batch = ng < KVQ__ENC512_F && KVQ__ENC512_F % ng == 0 ? KVQ__ENC512_F / ng : 1;
+    const size_t stride = (batch * ng + KVQ__ENC512_F - 1) / KVQ__ENC512_F * KVQ__ENC512_F;
+    const size_t nbat = (n + batch - 1) / batch;
+    float stack[KVQ__CHK512_STACK], *ra = stack;
+    if (nbat > SIZE_MAX / sizeof(float) / 2 / stride)
+        return -1;
+    if (2 * nbat * stride > KVQ__CHK512_STACK &&
+        !(ra = (float *)kvq__alloc(&c->alloc, 2 * nbat * stride * sizeof(float))))
+        return -1;
+    float *rb = ra + nbat * stride;
+    const int b8 = c->bits == 8;
+    int bad = b8 ? kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, 1, 8)
+                 : kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, 1, 4);
+    if (!bad) {
+        if (b8)
+            kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, 2, 8);
+        else
+            kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, 2, 4);
+    }
+    if (ra != stack)
+        kvq__free(&c->alloc, ra);
+    return !bad;
 }
 
 #define KVQ__VNNI 1
@@ -580,8 +704,10 @@ KVQ__T512 static void kvq__i512_encode4(const kvq_codec *c, uint8_t *dst, const 
 
 void KVQ__SEL512(kvq__int_avx512_select)(kvq_codec *c, unsigned feat) {
     if ((c->bits == 8 || c->bits == 4) && c->d % 64 == 0 && c->group % 16 == 0 &&
-        c->ngroups <= KVQ__MAX_HEAD_DIM / 16)
-        c->k.encode = c->bits == 8 ? kvq__i512_encode8 : kvq__i512_encode4;
+        c->ngroups <= KVQ__MAX_HEAD_DIM / 16) {
+        c->k.encode = kvq__i512_encode;
+        c->k.encode_chk = kvq__i512_encode_chk;
+    }
     if (!kvq__tile_ok(c))
         return;
     const int vnni = (feat & KVQ__X512_VNNI) != 0, b8 = c->bits == 8;
