@@ -1188,8 +1188,8 @@ void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
 static inline __attribute__((always_inline)) void
 kvq__int_tscore8(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_t ostride,
                  const uint8_t *const *q, size_t nr, const uint8_t *page, size_t P, size_t tb,
-                 const int BITS) {
-    const size_t ng = c->ngroups, qb = tp->qb, bpg = c->group / qb;
+                 const int BITS, const size_t QB, const int BPG1) {
+    const size_t ng = c->ngroups, qb = QB ? QB : tp->qb, bpg = BPG1 ? 1 : c->group / qb;
     const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
@@ -1197,7 +1197,8 @@ kvq__int_tscore8(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_
     KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_setzero_ps();
     for (size_t gi = 0; gi < ng; gi++) {
         __m256 G[4];
-        KVQ__UNROLL4 for (int r = 0; r < 4; r++) G[r] = _mm256_setzero_ps();
+        if (!BPG1)
+            KVQ__UNROLL4 for (int r = 0; r < 4; r++) G[r] = _mm256_setzero_ps();
         for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
             __m256i I[4];
             if (BITS == 8) {
@@ -1228,7 +1229,8 @@ kvq__int_tscore8(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_
             }
             KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
                 const float *beta = (const float *)(const void *)(q[r] + tp->off_beta);
-                G[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b), G[r]);
+                G[r] = BPG1 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b))
+                            : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b), G[r]);
             }
         }
         const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * (gi * P + tb))));
@@ -1257,8 +1259,15 @@ kvq__int_tscore_body(const kvq_codec *c, float *out, size_t ostride, const void 
         const uint8_t *q[4];
         for (size_t r = 0; r < 4; r++)
             q[r] = (const uint8_t *)qp + (i0 + KVQ__MIN(r, nr - 1)) * qs;
-        for (size_t tb = 0; tb < P; tb += 8)
-            kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS);
+        if (tp.qb == 32 && c->group == 32) /* int4:g=32, int8:g=32 */
+            for (size_t tb = 0; tb < P; tb += 8)
+                kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 32, 1);
+        else if (tp.qb == 32)
+            for (size_t tb = 0; tb < P; tb += 8)
+                kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 32, 0);
+        else
+            for (size_t tb = 0; tb < P; tb += 8)
+                kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 0, 0);
     }
 }
 
