@@ -1412,10 +1412,10 @@ static const float kvq__int_zeros[KVQ__TILE_RUN];
  * 32640 < 32767 (no maddubs saturation: 2 * 255 * 8); int32 sums of the
  * run below 64 * 255 * 8. */
 static inline __attribute__((always_inline)) void
-kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t n,
+kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t nrt,
                     const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
-                    const float *ms, const int BITS) {
-    const size_t d = c->d, g = c->group, ng = c->ngroups;
+                    const float *ms, const int BITS, const size_t NN, const size_t GG) {
+    const size_t d = c->d, g = GG ? GG : c->group, ng = c->ngroups, n = NN ? NN : nrt;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     for (size_t dc = 0, gi = 0, left = g; dc < d; dc += 8) {
         __m256i I[4];
@@ -1501,8 +1501,14 @@ kvq__int_taccum_run1(const kvq_codec *c, float *acc, size_t astride, const float
             memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
             kvq__tile_accum_exact_run(c, acc + (i0 + r) * astride, wr[r], pages, P, t0, n);
         }
-        kvq__int_taccum_run(c, a, cb, n, (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq,
-                            al, ms, BITS);
+        const uint8_t(*wc)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
+            (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
+        if (n == KVQ__TILE_RUN && c->group == 32) /* runs of 4 pages of 16, int4:g=32 */
+            kvq__int_taccum_run(c, a, cb, n, wc, al, ms, BITS, KVQ__TILE_RUN, 32);
+        else if (n == KVQ__TILE_RUN)
+            kvq__int_taccum_run(c, a, cb, n, wc, al, ms, BITS, KVQ__TILE_RUN, 0);
+        else
+            kvq__int_taccum_run(c, a, cb, n, wc, al, ms, BITS, 0, 0);
     }
 }
 
