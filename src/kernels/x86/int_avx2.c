@@ -1313,8 +1313,8 @@ void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
 static inline __attribute__((always_inline)) void
 kvq__int_tscore8(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_t ostride,
                  const uint8_t *const *q, size_t nr, const uint8_t *page, size_t P, size_t tb,
-                 const int BITS) {
-    const size_t ng = c->ngroups, qb = tp->qb, bpg = c->group / qb;
+                 const int BITS, const size_t QB, const int BPG1) {
+    const size_t ng = c->ngroups, qb = QB ? QB : tp->qb, bpg = BPG1 ? 1 : c->group / qb;
     const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
@@ -1322,7 +1322,8 @@ kvq__int_tscore8(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_
     KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_setzero_ps();
     for (size_t gi = 0; gi < ng; gi++) {
         __m256 G[4];
-        KVQ__UNROLL4 for (int r = 0; r < 4; r++) G[r] = _mm256_setzero_ps();
+        if (!BPG1)
+            KVQ__UNROLL4 for (int r = 0; r < 4; r++) G[r] = _mm256_setzero_ps();
         for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
             __m256i I[4];
             if (BITS == 8) {
@@ -1353,7 +1354,8 @@ kvq__int_tscore8(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_
             }
             KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
                 const float *beta = (const float *)(const void *)(q[r] + tp->off_beta);
-                G[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b), G[r]);
+                G[r] = BPG1 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b))
+                            : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b), G[r]);
             }
         }
         const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * (gi * P + tb))));
@@ -1382,8 +1384,15 @@ kvq__int_tscore_body(const kvq_codec *c, float *out, size_t ostride, const void 
         const uint8_t *q[4];
         for (size_t r = 0; r < 4; r++)
             q[r] = (const uint8_t *)qp + (i0 + KVQ__MIN(r, nr - 1)) * qs;
-        for (size_t tb = 0; tb < P; tb += 8)
-            kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS);
+        if (tp.qb == 32 && c->group == 32) /* int4:g=32, int8:g=32 */
+            for (size_t tb = 0; tb < P; tb += 8)
+                kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 32, 1);
+        else if (tp.qb == 32)
+            for (size_t tb = 0; tb < P; tb += 8)
+                kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 32, 0);
+        else
+            for (size_t tb = 0; tb < P; tb += 8)
+                kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 0, 0);
     }
 }
 
@@ -1406,107 +1415,112 @@ KVQ__HRED8X8(kvq__hsum8x8, _mm256_add_ps)
  * own page: sb[j] (j < n / 16) is the fp16 scale of group 0 of the block's
  * first token in its page's scale plane (group gi at sb[j] + 2 gi P, the
  * minima at sb[j] + 2 (ng + gi) P), so a run may span pages (taccum_run).
- * The 4 ng (row, group) pairs go 8 at a time through the transposing
- * reductions. Returns the rows done (bit r); the others have a weight that
- * is negative or not finite, or a product that overflows. */
-static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *sb, size_t P,
-                                      size_t n, const float *const *w,
-                                      uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                                      float *al, float *msum) {
-    const size_t ng = c->ngroups, npair = 4 * ng;
+ * Groups go two at a time: their scales (and m') are converted once for
+ * the 4 rows, the 8 (group, row) pairs' maxima and sums go through the
+ * transposing reductions, and the bytes are formed from the same products
+ * w * s. Returns the rows done (bit r); the others have a weight that is
+ * negative or not finite, or a product that overflows (their bytes are
+ * written but not used). */
+static inline __attribute__((always_inline)) unsigned
+kvq__int_wquant4_body(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t nrt,
+                      const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                      float *al, float *msum, const size_t NT, const int ASYM) {
+    const size_t ng = c->ngroups, n = NT ? 16 * NT : nrt;
+    const int asym = ASYM;
     const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(FLT_MAX);
     const __m256 tiny = _mm256_set1_ps(KVQ__TILE_TINY);
-    const __m256 lW = _mm256_set1_ps(c->bits == 8 ? 127.0f : 255.0f), eight = _mm256_set1_ps(8.0f);
-    _Alignas(32) float inv[4 * KVQ__MAX_HEAD_DIM / 8 + 8], ps[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
+    const __m256 lW = _mm256_set1_ps(asym ? 255.0f : 127.0f), eight = _mm256_set1_ps(8.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _Alignas(32) float sf[2][KVQ__TILE_RUN], hf[2][KVQ__TILE_RUN], iv[8], av[8], mv[8];
     unsigned ok = 0;
     for (int r = 0; r < 4; r++) {
         __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-        for (size_t t = 0; t < n; t += 8) {
+        _Pragma("GCC unroll 8") for (size_t t = 0; t < n; t += 8) {
             __m256 x = _mm256_loadu_ps(w[r] + t);
             m = _mm256_and_ps(m, _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_GE_OQ),
                                                _mm256_cmp_ps(x, big, _CMP_LE_OQ)));
         }
         ok |= _mm256_movemask_ps(m) == 0xff ? 1u << r : 0u;
     }
-    /* pair pr = r * ng + gi, walked without divisions */
-    for (size_t p0 = 0, r = 0, gi = 0; p0 < npair; p0 += 8) {
+    for (size_t g0 = 0; g0 < ng; g0 += 2) {
+        const size_t n2 = KVQ__MIN(2, ng - g0);
+        for (size_t z = 0; z < n2; z++)
+            _Pragma("GCC unroll 8") for (size_t t = 0; t < n; t += 8) {
+                const uint8_t *sv = sb[t / 16] + 2 * ((g0 + z) * P + t % 16);
+                const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)sv));
+                _mm256_store_ps(sf[z] + t, s);
+                if (asym) /* m + 8 s: the codes are taken as c - 8 */
+                    _mm256_store_ps(hf[z] + t, _mm256_fmadd_ps(s, eight,
+                                                               _mm256_cvtph_ps(_mm_loadu_si128(
+                                                                   (const __m128i *)(const void *)(sv + 2 * ng * P)))));
+            }
         __m256 v[8], u[8];
-        unsigned rowof[8];
-        for (size_t i = 0; i < 8; i++) {
+        _Pragma("GCC unroll 8") for (size_t i = 0; i < 8; i++) { /* pair i: group g0 + i / 4, row i % 4 */
             __m256 mx = zero, sm = zero;
-            rowof[i] = (unsigned)r;
-            if (p0 + i < npair) {
-                for (size_t t = 0; t < n; t += 8) {
-                    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(w[r] + t),
-                                                   _mm256_cvtph_ps(_mm_loadu_si128(
-                                                       (const __m128i *)(const void *)(sb[t / 16] + 2 * (gi * P + t % 16)))));
-                    mx = _mm256_max_ps(mx, x);
-                    if (c->bits != 8)
-                        sm = _mm256_add_ps(sm, x);
-                }
-                if (++gi == ng) {
-                    gi = 0;
-                    r++;
+            if (i / 4 < n2) {
+                const float *wr = w[i % 4], *s = sf[i / 4], *h = hf[i / 4];
+                _Pragma("GCC unroll 8") for (size_t t = 0; t < n; t += 8) {
+                    const __m256 x = _mm256_loadu_ps(wr + t);
+                    mx = _mm256_max_ps(mx, _mm256_mul_ps(x, _mm256_load_ps(s + t)));
+                    if (asym)
+                        sm = _mm256_fmadd_ps(x, _mm256_load_ps(h + t), sm);
                 }
             }
             v[i] = mx;
             u[i] = sm;
         }
-        if (c->bits != 8) /* sum_t w_t s_t, for m + 8 s (msum) */
-            _mm256_store_ps(ps + p0, kvq__hsum8x8(u));
         const __m256 M = kvq__hmax8x8(v);
         const __m256 use = _mm256_cmp_ps(M, tiny, _CMP_GE_OQ);
-        unsigned bad = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(M, big, _CMP_NLE_UQ));
-        for (size_t i = 0; bad && i < 8 && p0 + i < npair; i++, bad >>= 1)
-            if (bad & 1)
-                ok &= ~(1u << rowof[i]);
-        _mm256_store_ps(inv + p0, _mm256_and_ps(_mm256_div_ps(lW, M), use));
-        _mm256_storeu_ps(al + p0, _mm256_and_ps(_mm256_div_ps(M, lW), use));
-    }
-    for (size_t r = 0, pr = 0; r < 4; r++) {
-        if (!((ok >> r) & 1)) {
-            pr += ng;
-            continue;
-        }
-        for (size_t gi = 0; gi < ng; gi++, pr++) {
-            const __m256 iv = _mm256_broadcast_ss(inv + pr);
-            for (size_t t = 0; t < n; t += 16) {
-                const uint8_t *sv = sb[t / 16] + 2 * gi * P;
-                __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(w[r] + t),
-                                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)sv)));
-                __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(w[r] + t + 8),
-                                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sv + 16))));
-                __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, iv));
-                __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, iv));
+        const unsigned bad = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(M, big, _CMP_NLE_UQ));
+        for (size_t i = 0; i < 4 * n2; i++)
+            if ((bad >> i) & 1)
+                ok &= ~(1u << (i % 4));
+        _mm256_store_ps(iv, _mm256_and_ps(_mm256_div_ps(lW, M), use));
+        _mm256_store_ps(av, _mm256_and_ps(_mm256_div_ps(M, lW), use));
+        if (asym)
+            _mm256_store_ps(mv, kvq__hsum8x8(u));
+        for (size_t i = 0; i < 4 * n2; i++) {
+            const size_t r = i % 4, gi = g0 + i / 4;
+            al[r * ng + gi] = av[i];
+            if (asym)
+                msum[r * ng + gi] = mv[i];
+            const __m256 ivv = _mm256_broadcast_ss(iv + i);
+            const float *wr = w[r], *s = sf[i / 4];
+            uint8_t *dst = wq[r] + gi * n;
+            size_t t = 0;
+            for (; t + 32 <= n; t += 32) {
+                __m256i q[4];
+                KVQ__UNROLL4 for (int k = 0; k < 4; k++)
+                    q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(
+                        _mm256_mul_ps(_mm256_loadu_ps(wr + t + 8 * k), _mm256_load_ps(s + t + 8 * k)), ivv));
+                /* lanes: dwords of 4 tokens 0 2 4 6 | 1 3 5 7 */
+                const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+                _mm256_storeu_si256((__m256i *)(void *)(dst + t), _mm256_permutevar8x32_epi32(b, perm));
+            }
+            for (; t < n; t += 16) {
+                __m256i i0 = _mm256_cvtps_epi32(
+                    _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_load_ps(s + t)), ivv));
+                __m256i i1 = _mm256_cvtps_epi32(
+                    _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(wr + t + 8), _mm256_load_ps(s + t + 8)), ivv));
                 __m256i h = _mm256_packs_epi32(i0, i1); /* lanes: 0-3 8-11 | 4-7 12-15 */
                 __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-                _mm_storeu_si128((__m128i *)(void *)(wq[r] + gi * n + t),
-                                 _mm_shuffle_epi32(b, _MM_SHUFFLE(3, 1, 2, 0)));
+                _mm_storeu_si128((__m128i *)(void *)(dst + t), _mm_shuffle_epi32(b, _MM_SHUFFLE(3, 1, 2, 0)));
             }
         }
     }
-    if (c->bits != 8)
-        for (size_t p0 = 0, r = 0, gi = 0; p0 < npair; p0 += 8) {
-            __m256 v[8];
-            for (size_t i = 0; i < 8; i++) {
-                __m256 sm = zero;
-                if (p0 + i < npair) {
-                    for (size_t t = 0; t < n; t += 8)
-                        sm = _mm256_fmadd_ps(_mm256_loadu_ps(w[r] + t),
-                                             _mm256_cvtph_ps(_mm_loadu_si128(
-                                                 (const __m128i *)(const void *)(sb[t / 16] + 2 * ((ng + gi) * P + t % 16)))),
-                                             sm);
-                    if (++gi == ng) {
-                        gi = 0;
-                        r++;
-                    }
-                }
-                v[i] = sm;
-            }
-            /* m + 8 s: the codes are taken as c - 8 */
-            _mm256_storeu_ps(msum + p0, _mm256_fmadd_ps(_mm256_load_ps(ps + p0), eight, kvq__hsum8x8(v)));
-        }
     return ok;
+}
+
+/* kvq__int_wquant4_body with the run's length (64 tokens: runs of 4 pages
+ * of 16) and the codec's symmetry known at compile time where it can. */
+static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *sb, size_t P,
+                                      size_t n, const float *const *w,
+                                      uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                                      float *al, float *msum) {
+    if (n == 64)
+        return c->bits == 8 ? kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, 4, 0)
+                            : kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, 4, 1);
+    return kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, 0, c->bits != 8);
 }
 
 static const float kvq__int_zeros[KVQ__TILE_RUN];
@@ -1523,10 +1537,10 @@ static const float kvq__int_zeros[KVQ__TILE_RUN];
  * 32640 < 32767 (no maddubs saturation: 2 * 255 * 8); int32 sums of the
  * run below 64 * 255 * 8. */
 static inline __attribute__((always_inline)) void
-kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t n,
+kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t nrt,
                     const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
-                    const float *ms, const int BITS) {
-    const size_t d = c->d, g = c->group, ng = c->ngroups;
+                    const float *ms, const int BITS, const size_t NN, const size_t GG) {
+    const size_t d = c->d, g = GG ? GG : c->group, ng = c->ngroups, n = NN ? NN : nrt;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     for (size_t dc = 0, gi = 0, left = g; dc < d; dc += 8) {
         __m256i I[4];
@@ -1612,8 +1626,14 @@ kvq__int_taccum_run1(const kvq_codec *c, float *acc, size_t astride, const float
             memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
             kvq__tile_accum_exact_run(c, acc + (i0 + r) * astride, wr[r], pages, P, t0, n);
         }
-        kvq__int_taccum_run(c, a, cb, n, (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq,
-                            al, ms, BITS);
+        const uint8_t(*wc)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
+            (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
+        if (n == KVQ__TILE_RUN && c->group == 32) /* runs of 4 pages of 16, int4:g=32 */
+            kvq__int_taccum_run(c, a, cb, n, wc, al, ms, BITS, KVQ__TILE_RUN, 32);
+        else if (n == KVQ__TILE_RUN)
+            kvq__int_taccum_run(c, a, cb, n, wc, al, ms, BITS, KVQ__TILE_RUN, 0);
+        else
+            kvq__int_taccum_run(c, a, cb, n, wc, al, ms, BITS, 0, 0);
     }
 }
 
