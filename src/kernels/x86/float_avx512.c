@@ -5,8 +5,10 @@
  *    each block of 16 tokens and 4 query rows, 8 accumulators (4 rows x even
  *    and odd dimensions) of broadcast query value times 16 tokens' values;
  *    no horizontal sum per key.
- *  - accum over value rows: strips of 64 dimensions x 4 weight rows in 16
- *    registers, each value row loaded once per strip.
+ *  - accum over value rows: for d % 128 == 0, 2 weight rows x 128
+ *    dimensions in 16 registers, the area read row after row (the next
+ *    pair of weight rows re-reads it from L1); otherwise strips of up to
+ *    80 dimensions x 4 weight rows, each value row loaded once per strip.
  * Results differ from the reference only by the order of the float sums:
  * each is within gamma_d * sum |q_t k_t| (score) or gamma_n * sum |w v|
  * (accum) of exact, gamma_n = n u / (1 - n u), u = 2^-24.
@@ -132,10 +134,57 @@ kvq__accum_strip(const int kind, const int NS, float *const *a, const float *con
     }
 }
 
+/* acc[r][c..c+128) += sum_j w[r][j] v_j[c..] for 2 rows: 16 accumulators
+ * over whole 512-byte (f32) rows, so that the area is read line after
+ * line, an order the hardware prefetchers follow (the strips of
+ * kvq__accum_strip jump between rows); the second pair of rows re-reads
+ * the area from L1. The sums are formed in the same order as by the
+ * strips, so the results are the same. */
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__accum_rows2(const int kind, float *a0, float *a1, const float *w0, const float *w1,
+                 const uint8_t *vals, size_t vb, size_t es, size_t c, size_t n, int pf) {
+    __m512 x[8], y[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++)
+        x[k] = y[k] = _mm512_setzero_ps();
+    for (size_t j = 0; j < n; j++) {
+        const uint8_t *v = vals + j * vb + c * es;
+        if (pf && kvq__pf_next) /* the same row of the next page */
+            for (size_t o = 0; o < 128 * es; o += 64)
+                _mm_prefetch((const char *)(kvq__pf_next + j * vb + c * es + o), _MM_HINT_T0);
+        const __m512 b0 = _mm512_set1_ps(w0[j]), b1 = _mm512_set1_ps(w1[j]);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m512 vv = kvq__fload16(kind, v + 16 * (size_t)k * es);
+            x[k] = _mm512_fmadd_ps(b0, vv, x[k]);
+            y[k] = _mm512_fmadd_ps(b1, vv, y[k]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        float *p = a0 + c + 16 * k;
+        _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), x[k]));
+        if (a1) {
+            p = a1 + c + 16 * k;
+            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), y[k]));
+        }
+    }
+}
+
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astride, const float *w,
                    size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
     const size_t d = c->d, vb = c->bytes, es = c->bytes / c->d;
+    if (d % 128 == 0) { /* whole rows, 2 weight rows at a time */
+        for (size_t i0 = 0; i0 < nq; i0 += 2) {
+            const int two = i0 + 1 < nq;
+            for (size_t col = 0; col < d; col += 128)
+                kvq__accum_rows2(kind, acc + i0 * astride, two ? acc + (i0 + 1) * astride : NULL,
+                                 w + i0 * wstride, w + (i0 + two) * wstride, vals, vb, es, col, n,
+                                 i0 == 0);
+        }
+        return;
+    }
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         size_t g = KVQ__MIN(4, nq - i0);
         const float *w0 = w + i0 * wstride;
