@@ -7,7 +7,7 @@
 #include "../kernels.h"
 #include "simd_avx2.h"
 
-static inline __m256 kvq__fload(int kind, const uint8_t *p, size_t t) {
+static inline __attribute__((always_inline)) __m256 kvq__fload(int kind, const uint8_t *p, size_t t) {
     if (kind == KVQ__F32)
         return _mm256_loadu_ps((const float *)(const void *)(p + 4 * t));
     if (kind == KVQ__F16)
@@ -94,10 +94,10 @@ static void kvq__float_score_avx2(const kvq_codec *c, float *out, size_t ostride
 /* Register-blocked: for each 16-value column strip, up to 4 weight rows
  * accumulate in registers over all n values, so acc is loaded and stored
  * once per strip instead of once per value. */
-static void kvq__float_accum_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                                  size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
+static inline __attribute__((always_inline)) void
+kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astride, const float *w,
+                   size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
     const size_t d = c->d, vb = c->bytes;
-    const int kind = c->kind;
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         size_t g = KVQ__MIN(4, nq - i0);
         const float *w0 = w + i0 * wstride;
@@ -110,9 +110,10 @@ static void kvq__float_accum_avx2(const kvq_codec *c, float *acc, size_t astride
             int two = t + 16 <= d;
             __m256 z = _mm256_setzero_ps();
             __m256 x00 = z, x01 = z, x10 = z, x11 = z, x20 = z, x21 = z, x30 = z, x31 = z;
+            const int pf = t == 0 && i0 == 0 && kvq__pf_next;
             for (size_t j = 0; j < n; j++) {
                 const uint8_t *v = vals + j * vb;
-                if (t == 0 && i0 == 0 && kvq__pf_next) /* the same row of the next page */
+                if (pf) /* the same row of the next page */
                     for (size_t o = 0; o < vb; o += 64)
                         _mm_prefetch((const char *)(kvq__pf_next + j * vb + o), _MM_HINT_T0);
                 __m256 v0 = kvq__fload(kind, v, t);
@@ -140,13 +141,23 @@ static void kvq__float_accum_avx2(const kvq_codec *c, float *acc, size_t astride
     }
 }
 
+static void kvq__float_accum_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
+                                  size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
+    if (c->kind == KVQ__F32)
+        kvq__float_accum_k(KVQ__F32, c, acc, astride, w, wstride, nq, vals, n);
+    else if (c->kind == KVQ__F16)
+        kvq__float_accum_k(KVQ__F16, c, acc, astride, w, wstride, nq, vals, n);
+    else
+        kvq__float_accum_k(KVQ__BF16, c, acc, astride, w, wstride, nq, vals, n);
+}
+
 /* Tiled keys ([d][P], P a multiple of 16; codec_impl.h): 16 tokens x 4
  * query rows in 8 accumulators, broadcast query values, no horizontal sum. */
-static void kvq__float_tscore_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
-                                   size_t nq, const uint8_t *page, size_t P) {
+static inline __attribute__((always_inline)) void
+kvq__float_tscore_k(const int kind, const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                    size_t nq, const uint8_t *page, size_t P) {
     const float *q = (const float *)qp;
     const size_t qs = c->tqp_bytes / sizeof(float), d = c->d, es = c->bytes / c->d;
-    const int kind = c->kind;
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         size_t g = KVQ__MIN(4, nq - i0);
         const float *q0 = q + i0 * qs;
@@ -179,6 +190,16 @@ static void kvq__float_tscore_avx2(const kvq_codec *c, float *out, size_t ostrid
             }
         }
     }
+}
+
+static void kvq__float_tscore_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
+                                   size_t nq, const uint8_t *page, size_t P) {
+    if (c->kind == KVQ__F32)
+        kvq__float_tscore_k(KVQ__F32, c, out, ostride, qp, nq, page, P);
+    else if (c->kind == KVQ__F16)
+        kvq__float_tscore_k(KVQ__F16, c, out, ostride, qp, nq, page, P);
+    else
+        kvq__float_tscore_k(KVQ__BF16, c, out, ostride, qp, nq, page, P);
 }
 
 static void kvq__float_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
