@@ -36,6 +36,7 @@
 #include "../kernels.h"
 #include "../../codec/tq_impl.h"
 #include "simd_avx2.h"
+#include "tq_avx2.h"
 
 #include <float.h>
 
@@ -1537,6 +1538,47 @@ KVQ__AI __m256i kvq__tq_tidx32(const uint8_t *u, int kb, int h) {
     return r;
 }
 
+/* The 64 codes of the unit at u: c[0] slots 0..31, c[1] slots 32..63, one
+ * byte each, looked up in tab (kvq__tq_ttab). Every kb first builds 32
+ * bytes X holding two slots per byte as nibbles: byte p of the low 128 bits
+ * slots p (low nibble) and p + 32 (high), byte p of the high 128 bits slots
+ * p + 16 and p + 48, so that the low nibbles are slots 0..31 and the high
+ * ones 32..63. In a nibble, bits 0-1 hold the crumb (tq2, tq3: crumb plane
+ * byte p, bits 2k for slot p + 16k: a shift by 0 or 2 per 128 bits and the
+ * mask 0x33) and bit 3 the bit (tq1, tq3: bit plane byte p % 8, bit 2k +
+ * p / 8: a left shift by 3, 2, 1, 0 per 64 bits and the mask 0x88; no bit
+ * under the mask leaves its byte); tq4's plane is X as stored. */
+KVQ__AI void kvq__tq_tdec(const uint8_t *u, int kb, const __m256i tab, __m256i *c) {
+    __m256i x;
+    if (kb == 4) {
+        x = _mm256_loadu_si256((const __m256i *)(const void *)u);
+    } else {
+        x = _mm256_setzero_si256();
+        if (kb >= 2) {
+            __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)u));
+            x = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 2, 2)), _mm256_set1_epi8(0x33));
+        }
+        if (kb & 1) {
+            const __m256i w = _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)(u + (kb == 3 ? 16 : 0))));
+            __m256i b = _mm256_and_si256(_mm256_sllv_epi64(w, _mm256_setr_epi64x(3, 2, 1, 0)), _mm256_set1_epi8((char)0x88));
+            x = kb == 3 ? _mm256_or_si256(x, b) : b;
+        }
+    }
+    c[0] = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, _mm256_set1_epi8(15)));
+    c[1] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(15)));
+}
+
+/* The lookup table of kvq__tq_tdec from the 16 codes cb[l] of index l: entry
+ * e is cb[(e & 3) + 4 (e >> 3)] for tq3 (crumb, bit 3 the third index bit),
+ * cb[e >> 3] for tq1, cb[e] otherwise. */
+KVQ__AI __m256i kvq__tq_ttab(__m128i cb, int kb) {
+    if (kb == 3)
+        cb = _mm_shuffle_epi8(cb, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
+    else if (kb == 1)
+        cb = _mm_shuffle_epi8(cb, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    return _mm256_broadcastsi128_si256(cb);
+}
+
 void kvq__tq_tnorms(const kvq__tq *t, const uint8_t *page, size_t k0, size_t n, float *out) {
     if (t->nb == 2) {
         for (size_t k = 0; k < n; k += 8)
@@ -1564,8 +1606,9 @@ void kvq__tq_tpieces_exact(const kvq_codec *c, float *acc, const float *w, const
         kvq__tq_taccum_exact(c, acc, w + pc[p].pg * P, pc[p].page, P, pc[p].k0, 4 * pc[p].nquad);
 }
 
-void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
-    const kvq__tq *t = (const kvq__tq *)c->state;
+/* The tiled query preparation with query codes within +-qmax, centroid code
+ * scale cs and bias: sc = s_q cs, corr = bias sum_j a_j. */
+static void kvq__tq_tprep_qs(const kvq_codec *c, void *qp, const float *q, int qmax, float cs, int bias) {
     const size_t d = c->d;
     _Alignas(32) float qr[KVQ__MAX_HEAD_DIM];
     kvq__tq_rotate_avx2(c, qr, q);
@@ -1601,9 +1644,14 @@ void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    hd->sc = ms / (float)qmax * t->c8_scale * (1.0f / ps);
-    hd->corr = 128 * _mm_cvtsi128_si32(s4);
+    hd->sc = ms / (float)qmax * cs * (1.0f / ps);
+    hd->corr = bias * _mm_cvtsi128_si32(s4);
 }
+
+void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
+    kvq__tq_tprep_qs(c, qp, q, qmax, ((const kvq__tq *)c->state)->c8_scale, 128);
+}
+
 
 int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t *code, float *scale) {
     __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
@@ -1642,13 +1690,44 @@ int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t
     return 1;
 }
 
-static void kvq__tq_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
-    kvq__tq_tprep_q(c, qp, q, KVQ__TQ_Q_MADD);
+/* The 16 codes c6 (tq_avx2.h) in the low 128 bits. */
+KVQ__AI __m128i kvq__tq_c6(const kvq__tq *t) {
+    const float m = fabsf(t->cent[t->levels - 1]);
+    const __m256 k = _mm256_set1_ps(m > 0.0f ? 63.0f / m : 0.0f);
+    __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(t->cent), k));
+    __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(t->cent + 8), k));
+    __m256i p16 = _mm256_packs_epi32(a, b); /* a0..3 b0..3 | a4..7 b4..7 */
+    __m128i p = _mm_packs_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
+    p = _mm_shuffle_epi32(p, 0xD8);
+    p = _mm_min_epi8(_mm_max_epi8(p, _mm_set1_epi8(-KVQ__TQ_C_AVX2)), _mm_set1_epi8(KVQ__TQ_C_AVX2));
+    /* entries l >= levels are 0 */
+    const __m128i l = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm_and_si128(p, _mm_cmpgt_epi8(_mm_set1_epi8((char)t->levels), l));
 }
 
-/* int32 lanes += vpmaddwd(vpmaddubsw(a, b), 1). */
-KVQ__AI __m256i kvq__tq_dot4(__m256i acc, __m256i a, __m256i b) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+void kvq__tq_avx2_codes(const kvq__tq *t, int8_t *c6, float *s6) {
+    _mm_storeu_si128((__m128i *)(void *)c6, kvq__tq_c6(t));
+    const float m = fabsf(t->cent[t->levels - 1]);
+    *s6 = m > 0.0f ? m / 63.0f : 1.0f;
+}
+
+static void kvq__tq_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
+    const kvq__tq *t = (const kvq__tq *)c->state;
+    int8_t c6[16];
+    float s6;
+    kvq__tq_avx2_codes(t, c6, &s6);
+    kvq__tq_tprep_qs(c, qp, q, KVQ__TQ_Q_MADD, s6, KVQ__TQ_BIAS_AVX2);
+    kvq__tq_tqh2 *hd = (kvq__tq_tqh2 *)qp;
+    hd->pad[0] = hd->pad[1] = 0;
+    _mm_storeu_si128((__m128i *)(void *)hd->tabu,
+                     _mm_add_epi8(_mm_loadu_si128((const __m128i *)(const void *)c6), _mm_set1_epi8(KVQ__TQ_BIAS_AVX2)));
+}
+
+/* int32 lanes += vpmaddwd(vpmaddubsw(a0, b0) + vpmaddubsw(a1, b1), 1): the
+ * int16 sum of two pair sums must not overflow (tq_avx2.h). */
+KVQ__AI __m256i kvq__tq_dot4x2(__m256i acc, __m256i a0, __m256i b0, __m256i a1, __m256i b1) {
+    __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(a0, b0), _mm256_maddubs_epi16(a1, b1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
 }
 
 static inline int32_t kvq__tq_ld32i(const void *p) {
@@ -1657,22 +1736,24 @@ static inline int32_t kvq__tq_ld32i(const void *p) {
     return v;
 }
 
-/* R (1, 2 or 4) query rows q[r] against the 16 keys of token block tb. */
+/* R (1, 2 or 4) query rows q[r] against the 16 keys of token block tb:
+ * the block's units are decoded first (biased codes, tab) into a buffer
+ * from which the dot products take their operands (no register pressure:
+ * 8 accumulators), two groups per int16 sum. */
 KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const int8_t *const *q,
-                                __m256i *f, int kb, const int R) {
-    const kvq__tq *t = (const kvq__tq *)c->state;
+                                const __m256i tab, __m256i *f, int kb, const int R) {
     const size_t ng = c->d / 4, ub = 8 * (size_t)kb;
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t->c8u));
+    _Alignas(32) __m256i cb[2 * KVQ__MAX_HEAD_DIM / 4];
+    for (size_t g = 0; g < ng; g++)
+        kvq__tq_tdec(units + g * ub, kb, tab, cb + 2 * g);
     __m256i lo[4], hi[4];
     KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-    for (size_t g = 0; g < ng; g++) {
-        const uint8_t *u = units + g * ub;
-        __m256i a = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 0));
-        __m256i b = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 1));
+    for (size_t g = 0; g < ng; g += 2) { /* ng = d / 4 is a multiple of 4 */
         KVQ__UNROLL4 for (int r = 0; r < R; r++) {
-            __m256i qb = _mm256_set1_epi32(kvq__tq_ld32i(q[r] + 4 * g));
-            lo[r] = kvq__tq_dot4(lo[r], a, qb);
-            hi[r] = kvq__tq_dot4(hi[r], b, qb);
+            const __m256i q0 = _mm256_set1_epi32(kvq__tq_ld32i(q[r] + 4 * g));
+            const __m256i q1 = _mm256_set1_epi32(kvq__tq_ld32i(q[r] + 4 * g + 4));
+            lo[r] = kvq__tq_dot4x2(lo[r], cb[2 * g], q0, cb[2 * g + 2], q1);
+            hi[r] = kvq__tq_dot4x2(hi[r], cb[2 * g + 1], q0, cb[2 * g + 3], q1);
         }
     }
     KVQ__UNROLL4 for (int r = 0; r < R; r++) {
@@ -1693,26 +1774,28 @@ KVQ__AI void kvq__tq_tscore_kb(const kvq_codec *c, float *out, size_t ostride, c
         __m256i corr[4];
         for (size_t r = 0; r < 4; r++) {
             const uint8_t *p = (const uint8_t *)qp + (i0 + (r < m ? r : 0)) * qs;
-            const kvq__tq_tqh *hd = (const kvq__tq_tqh *)(const void *)p;
+            const kvq__tq_tqh2 *hd = (const kvq__tq_tqh2 *)(const void *)p;
             q[r] = (const int8_t *)(p + KVQ__TQ_TQ_CODES);
             sc[r] = _mm256_set1_ps(hd->sc);
             corr[r] = _mm256_set1_epi32(hd->corr);
         }
+        const __m256i tab =
+            kvq__tq_ttab(_mm_loadu_si128((const __m128i *)(const void *)((const kvq__tq_tqh2 *)qp)->tabu), kb);
         for (size_t tb = 0; tb < P; tb += 16) {
             __m256i f[8];
             const uint8_t *u = units + (tb / 16) * ubb;
             if (m > 2)
-                kvq__tq_tscore_blk(c, u, q, f, kb, 4);
+                kvq__tq_tscore_blk(c, u, q, tab, f, kb, 4);
             else if (m == 2)
-                kvq__tq_tscore_blk(c, u, q, f, kb, 2);
+                kvq__tq_tscore_blk(c, u, q, tab, f, kb, 2);
             else
-                kvq__tq_tscore_blk(c, u, q, f, kb, 1);
+                kvq__tq_tscore_blk(c, u, q, tab, f, kb, 1);
             float nrm[16];
             kvq__tq_tnorms(t, page, tb, 16, nrm);
             const __m256 n0 = _mm256_loadu_ps(nrm), n1 = _mm256_loadu_ps(nrm + 8);
             for (size_t r = 0; r < m; r++) {
                 float *o = out + (i0 + r) * ostride + tb;
-                /* sum - corr = sum_j code_j c8[idx_j], |.| <= 127 * 127 d < 2^24: exact in float */
+                /* sum - corr = sum_j code_j c6[idx_j], |.| <= 63 * 63 d < 2^24: exact in float */
                 __m256 d0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(f[2 * r], corr[r]));
                 __m256 d1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(f[2 * r + 1], corr[r]));
                 _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_mul_ps(d0, sc[r]), n0));
@@ -1751,37 +1834,34 @@ _Static_assert(KVQ__TQ_TSEG <= 16 * KVQ__TQ_TPIECES, "segment pieces");
 /* R rows: acc rows a[r] (dims 16h..16h+15) += the quads of the pieces
  * pc[0..npc) (one after the other; units d/16 apart) weighted by wq[r]
  * (u8, 4 per quad) times fs[r]: the pages of a run sum into the same int32
- * registers, converted and scaled once. */
+ * registers, converted and scaled once. Two quads per int16 sum (a
+ * piece's nquad is a multiple of 4); tab: the signed codes c6. */
 KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const kvq__tq_tpiece *pc, size_t npc,
                                 const uint8_t (*wq)[KVQ__TQ_TSEG], float *const *a, const float *fs,
-                                int kb, const int R) {
-    const kvq__tq *t = (const kvq__tq *)c->state;
+                                const __m256i tab, int kb, const int R) {
     const size_t nh = c->d / 16, ub = 8 * (size_t)kb, qb = nh * ub;
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t->c8));
     for (size_t h = 0; h < nh; h++) {
-        __m256i lo[4], hi[4];
-        KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-        size_t wo = 0; /* offset of the quad's 4 codes in wq[r] */
-        for (size_t pi = 0; pi < npc; pi++) {
-            const uint8_t *u = pc[pi].units + h * ub;
-            const size_t nquad = pc[pi].nquad;
-            for (size_t qd = 0; qd < nquad; qd++, u += qb, wo += 4) {
-                __m256i x = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 0));
-                __m256i y = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 1));
-                KVQ__UNROLL4 for (int r = 0; r < R; r++) {
-                    __m256i wb = _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo));
-                    lo[r] = kvq__tq_dot4(lo[r], wb, x);
-                    hi[r] = kvq__tq_dot4(hi[r], wb, y);
+        KVQ__UNROLL4 for (int H = 0; H < 2; H++) { /* dims 16h + 8H.. + 7: 4 accumulators */
+            __m256i x[4];
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) x[r] = _mm256_setzero_si256();
+            size_t wo = 0; /* offset of the quad's 4 codes in wq[r] */
+            for (size_t pi = 0; pi < npc; pi++) {
+                const uint8_t *u = pc[pi].units + h * ub;
+                const size_t nquad = pc[pi].nquad;
+                for (size_t qd = 0; qd < nquad; qd += 2, u += 2 * qb, wo += 8) {
+                    __m256i c0 = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, H));
+                    __m256i c1 = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u + qb, kb, H));
+                    KVQ__UNROLL4 for (int r = 0; r < R; r++)
+                        x[r] = kvq__tq_dot4x2(x[r], _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo)), c0,
+                                              _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo + 4)), c1);
                 }
             }
-        }
-        KVQ__UNROLL4 for (int r = 0; r < R; r++) {
-            if (!a[r])
-                continue;
-            float *o = a[r] + 16 * h;
-            __m256 s = _mm256_set1_ps(fs[r]);
-            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[r]), s, _mm256_loadu_ps(o)));
-            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[r]), s, _mm256_loadu_ps(o + 8)));
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+                if (!a[r])
+                    continue;
+                float *o = a[r] + 16 * h + 8 * H;
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(x[r]), _mm256_set1_ps(fs[r]), _mm256_loadu_ps(o)));
+            }
         }
     }
 }
@@ -1794,6 +1874,8 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
                                int kb, const int one) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t qb = (c->d / 16) * 8 * (size_t)kb; /* bytes of a quad's units */
+    const __m256i tab = _mm256_broadcastsi128_si256(kvq__tq_c6(t));
+    const float m6 = fabsf(t->cent[t->levels - 1]), s6 = m6 > 0.0f ? m6 / 63.0f : 1.0f;
     float nrm[KVQ__TQ_TSEG];
     uint8_t wq[4][KVQ__TQ_TSEG];
     kvq__tq_tpiece pc[KVQ__TQ_TPIECES];
@@ -1817,7 +1899,7 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
                     memset(wq[r], 0, sn);
                 } else if (kvq__tq_wquant(wr + s0, nrm, sn, KVQ__TQ_W_MADD, wq[r], &sw)) {
                     a[r] = acc + (i0 + r) * astride;
-                    fs[r] = sw * t->c8_scale;
+                    fs[r] = sw * s6;
                     any = 1;
                 } else {
                     memset(wq[r], 0, sn);
@@ -1827,11 +1909,11 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
             if (!any)
                 continue;
             if (m > 2)
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, kb, 4);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 4);
             else if (m == 2)
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, kb, 2);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 2);
             else
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, kb, 1);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 1);
         }
     }
 }
