@@ -1543,39 +1543,41 @@ KVQ__AI __m256i kvq__tq_tidx32(const uint8_t *u, int kb, int h) {
  * bytes X holding two slots per byte as nibbles: byte p of the low 128 bits
  * slots p (low nibble) and p + 32 (high), byte p of the high 128 bits slots
  * p + 16 and p + 48, so that the low nibbles are slots 0..31 and the high
- * ones 32..63. In a nibble, bits 0-1 hold the crumb (tq2, tq3: crumb plane
- * byte p, bits 2k for slot p + 16k: a shift by 0 or 2 per 128 bits and the
- * mask 0x33) and bit 3 the bit (tq1, tq3: bit plane byte p % 8, bit 2k +
- * p / 8: a left shift by 3, 2, 1, 0 per 64 bits and the mask 0x88; no bit
- * under the mask leaves its byte); tq4's plane is X as stored. */
+ * ones 32..63. tq4's plane is X as stored. For tq1..tq3 a nibble holds the
+ * crumb in bits 0-1 (tq2, tq3: crumb plane byte p, bits 2k for slot p + 16k:
+ * a shift by 0 or 2 per 128 bits and the mask 0x33) and the bit in bit 2
+ * (tq1, tq3: bit plane byte p % 8, bit 2k + p / 8: a shift by 2, 1, 0, -1
+ * per 64 bits and the mask 0x44; no bit under the mask leaves its byte), and
+ * bits 3 and 7 of X are 0: vpshufb looks the low nibbles up in X as it is
+ * (it ignores bits 4-6 of an index) and the high ones in X >> 4 by 16-bit
+ * lanes (bit 7 of a byte is then bit 3 of the next one), without a mask. */
 KVQ__AI void kvq__tq_tdec(const uint8_t *u, int kb, const __m256i tab, __m256i *c) {
-    __m256i x;
     if (kb == 4) {
-        x = _mm256_loadu_si256((const __m256i *)(const void *)u);
-    } else {
-        x = _mm256_setzero_si256();
-        if (kb >= 2) {
-            __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)u));
-            x = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 2, 2)), _mm256_set1_epi8(0x33));
-        }
-        if (kb & 1) {
-            const __m256i w = _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)(u + (kb == 3 ? 16 : 0))));
-            __m256i b = _mm256_and_si256(_mm256_sllv_epi64(w, _mm256_setr_epi64x(3, 2, 1, 0)), _mm256_set1_epi8((char)0x88));
-            x = kb == 3 ? _mm256_or_si256(x, b) : b;
-        }
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)u), m = _mm256_set1_epi8(15);
+        c[0] = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, m));
+        c[1] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), m));
+        return;
     }
-    c[0] = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, _mm256_set1_epi8(15)));
-    c[1] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(15)));
+    __m256i x = _mm256_setzero_si256();
+    if (kb >= 2) {
+        __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)u));
+        x = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 2, 2)), _mm256_set1_epi8(0x33));
+    }
+    if (kb & 1) {
+        const __m256i w = _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)(u + (kb == 3 ? 16 : 0))));
+        __m256i b = _mm256_srli_epi64(_mm256_sllv_epi64(w, _mm256_setr_epi64x(3, 2, 1, 0)), 1);
+        b = _mm256_and_si256(b, _mm256_set1_epi8(0x44));
+        x = kb == 3 ? _mm256_or_si256(x, b) : b;
+    }
+    c[0] = _mm256_shuffle_epi8(tab, x);
+    c[1] = _mm256_shuffle_epi8(tab, _mm256_srli_epi16(x, 4));
 }
 
-/* The lookup table of kvq__tq_tdec from the 16 codes cb[l] of index l: entry
- * e is cb[(e & 3) + 4 (e >> 3)] for tq3 (crumb, bit 3 the third index bit),
- * cb[e >> 3] for tq1, cb[e] otherwise. */
+/* The lookup table of kvq__tq_tdec from the 16 codes cb[l] of index l:
+ * entry e is cb[e >> 2] for tq1 (its bit in bit 2), cb[e] otherwise. */
 KVQ__AI __m256i kvq__tq_ttab(__m128i cb, int kb) {
-    if (kb == 3)
-        cb = _mm_shuffle_epi8(cb, _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7));
-    else if (kb == 1)
-        cb = _mm_shuffle_epi8(cb, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    if (kb == 1)
+        cb = _mm_shuffle_epi8(cb, _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1));
     return _mm256_broadcastsi128_si256(cb);
 }
 
@@ -1834,34 +1836,39 @@ _Static_assert(KVQ__TQ_TSEG <= 16 * KVQ__TQ_TPIECES, "segment pieces");
 /* R rows: acc rows a[r] (dims 16h..16h+15) += the quads of the pieces
  * pc[0..npc) (one after the other; units d/16 apart) weighted by wq[r]
  * (u8, 4 per quad) times fs[r]: the pages of a run sum into the same int32
- * registers, converted and scaled once. Two quads per int16 sum (a
- * piece's nquad is a multiple of 4); tab: the signed codes c6. */
+ * registers, converted and scaled once. Per block h of 16 dimensions the
+ * segment's units are decoded first (signed codes c6, tab) into a buffer
+ * from which the dot products take their operands (8 accumulators, no
+ * spills); two quads per int16 sum (a piece's nquad is a multiple of 4). */
 KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const kvq__tq_tpiece *pc, size_t npc,
                                 const uint8_t (*wq)[KVQ__TQ_TSEG], float *const *a, const float *fs,
                                 const __m256i tab, int kb, const int R) {
     const size_t nh = c->d / 16, ub = 8 * (size_t)kb, qb = nh * ub;
+    _Alignas(32) __m256i cb[2 * KVQ__TQ_TSEG / 4];
     for (size_t h = 0; h < nh; h++) {
-        KVQ__UNROLL4 for (int H = 0; H < 2; H++) { /* dims 16h + 8H.. + 7: 4 accumulators */
-            __m256i x[4];
-            KVQ__UNROLL4 for (int r = 0; r < R; r++) x[r] = _mm256_setzero_si256();
-            size_t wo = 0; /* offset of the quad's 4 codes in wq[r] */
-            for (size_t pi = 0; pi < npc; pi++) {
-                const uint8_t *u = pc[pi].units + h * ub;
-                const size_t nquad = pc[pi].nquad;
-                for (size_t qd = 0; qd < nquad; qd += 2, u += 2 * qb, wo += 8) {
-                    __m256i c0 = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, H));
-                    __m256i c1 = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u + qb, kb, H));
-                    KVQ__UNROLL4 for (int r = 0; r < R; r++)
-                        x[r] = kvq__tq_dot4x2(x[r], _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo)), c0,
-                                              _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo + 4)), c1);
-                }
-            }
+        size_t nqd = 0;
+        for (size_t pi = 0; pi < npc; pi++) {
+            const uint8_t *u = pc[pi].units + h * ub;
+            for (size_t qd = 0; qd < pc[pi].nquad; qd++, u += qb, nqd++)
+                kvq__tq_tdec(u, kb, tab, cb + 2 * nqd);
+        }
+        __m256i lo[4], hi[4];
+        KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (size_t qd = 0; qd < nqd; qd += 2) {
             KVQ__UNROLL4 for (int r = 0; r < R; r++) {
-                if (!a[r])
-                    continue;
-                float *o = a[r] + 16 * h + 8 * H;
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(x[r]), _mm256_set1_ps(fs[r]), _mm256_loadu_ps(o)));
+                const __m256i w0 = _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + 4 * qd));
+                const __m256i w1 = _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + 4 * qd + 4));
+                lo[r] = kvq__tq_dot4x2(lo[r], w0, cb[2 * qd], w1, cb[2 * qd + 2]);
+                hi[r] = kvq__tq_dot4x2(hi[r], w0, cb[2 * qd + 1], w1, cb[2 * qd + 3]);
             }
+        }
+        KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+            if (!a[r])
+                continue;
+            float *o = a[r] + 16 * h;
+            __m256 sv = _mm256_set1_ps(fs[r]);
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[r]), sv, _mm256_loadu_ps(o)));
+            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[r]), sv, _mm256_loadu_ps(o + 8)));
         }
     }
 }
@@ -1874,7 +1881,7 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
                                int kb, const int one) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t qb = (c->d / 16) * 8 * (size_t)kb; /* bytes of a quad's units */
-    const __m256i tab = _mm256_broadcastsi128_si256(kvq__tq_c6(t));
+    const __m256i tab = kvq__tq_ttab(kvq__tq_c6(t), kb);
     const float m6 = fabsf(t->cent[t->levels - 1]), s6 = m6 > 0.0f ? m6 / 63.0f : 1.0f;
     float nrm[KVQ__TQ_TSEG];
     uint8_t wq[4][KVQ__TQ_TSEG];
