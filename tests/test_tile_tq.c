@@ -314,9 +314,13 @@ static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, float
             csum += code[j];
         }
         st->bad_code += hd->corr != bias * csum;
-        if (pa->c6) /* the AVX2 header holds the biased codes */
+        if (pa->c6) { /* the AVX2 header holds the biased codes; the query codes broadcast */
             for (int l = 0; l < 16; l++)
                 st->bad_code += ((const kvq__tq_tqh2 *)hd)->tabu[l] != (uint8_t)(cb[l] + bias);
+            const int8_t *qx = (const int8_t *)(qt + i * c->tqp_bytes + KVQ__TQ_TQ_QV(d));
+            for (size_t j = 0; j < 8 * d; j++)
+                st->bad_code += qx[j] != code[(j / 32) * 4 + j % 4];
+        }
         st->bad_code += fabs(hd->sc - s_q * s_c) > 4 * U24 * s_q * s_c + DEN;
         for (size_t k = 0; k < P; k++) {
             const uint8_t *p = rows + k * vb;
@@ -842,6 +846,7 @@ static void test_avx2_extremes(void) {
                     kvq__tq_tqh2 *hd = (kvq__tq_tqh2 *)(void *)(qt + i * c->tqp_bytes);
                     const int a = i % 2 ? -KVQ__TQ_Q_MADD : KVQ__TQ_Q_MADD;
                     memset(qt + i * c->tqp_bytes + KVQ__TQ_TQ_CODES, (uint8_t)(int8_t)a, d);
+                    memset(qt + i * c->tqp_bytes + KVQ__TQ_TQ_QV(d), (uint8_t)(int8_t)a, 8 * d);
                     hd->sc = 1.0f;
                     hd->corr = bias * a * (int32_t)d;
                 }

@@ -1655,16 +1655,49 @@ void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
 }
 
 
+/* Codes of a_k = w_k nrm_k (n a multiple of 16; from buf when it holds
+ * them) times inv, times ps first when ps != 1: the products of the rule in
+ * tq_impl.h. */
+KVQ__AI void kvq__tq_wcodes(const float *buf, const float *w, const float *nrm, size_t n, float ps, float inv,
+                            uint8_t *code) {
+    const __m256 vi = _mm256_set1_ps(inv), vps = _mm256_set1_ps(ps);
+    for (size_t k = 0; k < n; k += 16) {
+        __m256 x, y;
+        if (buf) {
+            x = _mm256_load_ps(buf + k);
+            y = _mm256_load_ps(buf + k + 8);
+        } else {
+            x = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
+            y = _mm256_mul_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(nrm + k + 8));
+        }
+        if (ps != 1.0f) {
+            x = _mm256_mul_ps(x, vps);
+            y = _mm256_mul_ps(y, vps);
+        }
+        __m256i p16 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(x, vi)),
+                                         _mm256_cvtps_epi32(_mm256_mul_ps(y, vi))); /* a0..3 b0..3 | a4..7 b4..7 */
+        __m128i p = _mm_packus_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
+        _mm_storeu_si128((__m128i *)(void *)(code + k), _mm_shuffle_epi32(p, 0xD8));
+    }
+}
+
+#define KVQ__TQ_WBUF 256 /* rows up to this long keep a_k for the second pass */
+
 int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t *code, float *scale) {
-    __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    _Alignas(32) float a[KVQ__TQ_WBUF];
+    float *buf = n <= KVQ__TQ_WBUF ? a : NULL;
+    __m256 mx = _mm256_setzero_ps(), mn = mx, bad = mx;
     const __m256 big = _mm256_set1_ps(FLT_MAX);
     for (size_t k = 0; k < n; k += 8) {
-        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
-        /* not (0 <= a <= FLT_MAX): negative, infinite or NaN */
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_NGE_UQ));
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));
-        mx = _mm256_max_ps(mx, a);
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
+        if (buf)
+            _mm256_store_ps(buf + k, x);
+        /* not (x <= FLT_MAX): infinite or NaN; negative: the minimum below 0 */
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(x, big, _CMP_NLE_UQ));
+        mn = _mm256_min_ps(mn, x);
+        mx = _mm256_max_ps(mx, x);
     }
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(mn, _mm256_setzero_ps(), _CMP_LT_OQ));
     if (_mm256_movemask_ps(bad))
         return 0;
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
@@ -1677,17 +1710,7 @@ int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t
     }
     /* below 2^-100, wmax / m could overflow: scale by 2^100 first (exact) */
     const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
-    const __m256 inv = _mm256_set1_ps((float)wmax / ms), vps = _mm256_set1_ps(ps);
-    for (size_t k = 0; k < n; k += 16) {
-        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
-        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(nrm + k + 8));
-        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(x, vps), inv));
-        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(y, vps), inv));
-        __m256i p16 = _mm256_packs_epi32(a, b); /* a0..3 b0..3 | a4..7 b4..7 */
-        __m128i p = _mm_packus_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
-        p = _mm_shuffle_epi32(p, 0xD8);
-        _mm_storeu_si128((__m128i *)(void *)(code + k), p);
-    }
+    kvq__tq_wcodes(buf, w, nrm, n, ps, (float)wmax / ms, code);
     *scale = ms / (float)wmax * (1.0f / ps);
     return 1;
 }
@@ -1713,6 +1736,12 @@ void kvq__tq_avx2_codes(const kvq__tq *t, int8_t *c6, float *s6) {
     *s6 = m > 0.0f ? m / 63.0f : 1.0f;
 }
 
+static inline int32_t kvq__tq_ld32i(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 static void kvq__tq_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     int8_t c6[16];
@@ -1721,6 +1750,12 @@ static void kvq__tq_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
     kvq__tq_tprep_qs(c, qp, q, KVQ__TQ_Q_MADD, s6, KVQ__TQ_BIAS_AVX2);
     kvq__tq_tqh2 *hd = (kvq__tq_tqh2 *)qp;
     hd->pad[0] = hd->pad[1] = 0;
+    /* the codes of each group of 4 dimensions broadcast to 32 bytes (the
+     * operands of tscore's vpmaddubsw, read from memory without a broadcast) */
+    const int8_t *code = (const int8_t *)qp + KVQ__TQ_TQ_CODES;
+    __m256i *qv = (__m256i *)(void *)((uint8_t *)qp + KVQ__TQ_TQ_QV(c->d));
+    for (size_t g = 0; g < c->d / 4; g++)
+        _mm256_store_si256(qv + g, _mm256_set1_epi32(kvq__tq_ld32i(code + 4 * g)));
     _mm_storeu_si128((__m128i *)(void *)hd->tabu,
                      _mm_add_epi8(_mm_loadu_si128((const __m128i *)(const void *)c6), _mm_set1_epi8(KVQ__TQ_BIAS_AVX2)));
 }
@@ -1732,30 +1767,24 @@ KVQ__AI __m256i kvq__tq_dot4x2(__m256i acc, __m256i a0, __m256i b0, __m256i a1, 
     return _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
 }
 
-static inline int32_t kvq__tq_ld32i(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 /* R (1, 2 or 4) query rows q[r] against the 16 keys of token block tb:
  * the block's units are decoded first (biased codes, tab) into a buffer
  * from which the dot products take their operands (no register pressure:
  * 8 accumulators), two groups per int16 sum. */
 KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const int8_t *const *q,
-                                const __m256i tab, __m256i *f, int kb, const int R) {
+                                const __m256i tab, const __m256i *init, __m256i *f, int kb, const int R) {
     const size_t ng = c->d / 4, ub = 8 * (size_t)kb;
     _Alignas(32) __m256i cb[2 * KVQ__MAX_HEAD_DIM / 4];
     for (size_t g = 0; g < ng; g++)
         kvq__tq_tdec(units + g * ub, kb, tab, cb + 2 * g);
     __m256i lo[4], hi[4];
-    KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+    KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = init[r];
     for (size_t g = 0; g < ng; g += 2) { /* ng = d / 4 is a multiple of 4 */
         KVQ__UNROLL4 for (int r = 0; r < R; r++) {
-            const __m256i q0 = _mm256_set1_epi32(kvq__tq_ld32i(q[r] + 4 * g));
-            const __m256i q1 = _mm256_set1_epi32(kvq__tq_ld32i(q[r] + 4 * g + 4));
-            lo[r] = kvq__tq_dot4x2(lo[r], cb[2 * g], q0, cb[2 * g + 2], q1);
-            hi[r] = kvq__tq_dot4x2(hi[r], cb[2 * g + 1], q0, cb[2 * g + 3], q1);
+            const __m256i *qv = (const __m256i *)(const void *)(q[r] - KVQ__TQ_TQ_CODES + KVQ__TQ_TQ_QV(c->d)) + g;
+            lo[r] = kvq__tq_dot4x2(lo[r], cb[2 * g], qv[0], cb[2 * g + 2], qv[1]);
+            hi[r] = kvq__tq_dot4x2(hi[r], cb[2 * g + 1], qv[0], cb[2 * g + 3], qv[1]);
         }
     }
     KVQ__UNROLL4 for (int r = 0; r < R; r++) {
@@ -1773,13 +1802,13 @@ KVQ__AI void kvq__tq_tscore_kb(const kvq_codec *c, float *out, size_t ostride, c
         const size_t m = KVQ__MIN(4, nq - i0);
         const int8_t *q[4];
         __m256 sc[4];
-        __m256i corr[4];
+        __m256i corr[4]; /* -corr: the sums start there */
         for (size_t r = 0; r < 4; r++) {
             const uint8_t *p = (const uint8_t *)qp + (i0 + (r < m ? r : 0)) * qs;
             const kvq__tq_tqh2 *hd = (const kvq__tq_tqh2 *)(const void *)p;
             q[r] = (const int8_t *)(p + KVQ__TQ_TQ_CODES);
             sc[r] = _mm256_set1_ps(hd->sc);
-            corr[r] = _mm256_set1_epi32(hd->corr);
+            corr[r] = _mm256_set1_epi32(-hd->corr);
         }
         const __m256i tab =
             kvq__tq_ttab(_mm_loadu_si128((const __m128i *)(const void *)((const kvq__tq_tqh2 *)qp)->tabu), kb);
@@ -1787,19 +1816,19 @@ KVQ__AI void kvq__tq_tscore_kb(const kvq_codec *c, float *out, size_t ostride, c
             __m256i f[8];
             const uint8_t *u = units + (tb / 16) * ubb;
             if (m > 2)
-                kvq__tq_tscore_blk(c, u, q, tab, f, kb, 4);
+                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 4);
             else if (m == 2)
-                kvq__tq_tscore_blk(c, u, q, tab, f, kb, 2);
+                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 2);
             else
-                kvq__tq_tscore_blk(c, u, q, tab, f, kb, 1);
+                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 1);
             float nrm[16];
             kvq__tq_tnorms(t, page, tb, 16, nrm);
             const __m256 n0 = _mm256_loadu_ps(nrm), n1 = _mm256_loadu_ps(nrm + 8);
             for (size_t r = 0; r < m; r++) {
                 float *o = out + (i0 + r) * ostride + tb;
                 /* sum - corr = sum_j code_j c6[idx_j], |.| <= 63 * 63 d < 2^24: exact in float */
-                __m256 d0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(f[2 * r], corr[r]));
-                __m256 d1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(f[2 * r + 1], corr[r]));
+                __m256 d0 = _mm256_cvtepi32_ps(f[2 * r]);
+                __m256 d1 = _mm256_cvtepi32_ps(f[2 * r + 1]);
                 _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_mul_ps(d0, sc[r]), n0));
                 _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_mul_ps(d1, sc[r]), n1));
             }
@@ -1971,7 +2000,7 @@ void kvq__tq_avx2_select(kvq_codec *c) {
         c->k.tscore = kvq__tq_tscore_avx2;
         c->k.taccum = kvq__tq_taccum_avx2;
         c->k.taccum_run = kvq__tq_taccum_run_avx2;
-        c->tqp_bytes = KVQ__TQ_TQ_CODES + kvq__round64(c->d);
+        c->tqp_bytes = KVQ__TQ_TQ_QV(c->d) + 8 * c->d; /* tq_avx2.h */
     }
     c->k.encode = kvq__tq_encode_avx2;
     c->k.decode = kvq__tq_decode_avx2;

@@ -29,7 +29,10 @@
 
 /* Prepared query of the AVX2 tscore (c->tqp_bytes): kvq__tq_tqh's fields
  * (sc = s_q s6, corr = 64 sum_j a_j), then the biased code table; the query
- * codes at KVQ__TQ_TQ_CODES as for every tiled path. */
+ * codes at KVQ__TQ_TQ_CODES as for every tiled path, and at
+ * KVQ__TQ_TQ_QV(d) the 4 codes of each group of 4 dimensions repeated over
+ * 32 bytes (the operands of vpmaddubsw, loaded without a broadcast). */
+#define KVQ__TQ_TQ_QV(d) (KVQ__TQ_TQ_CODES + kvq__round64(d))
 typedef struct kvq__tq_tqh2 {
     float sc;
     int32_t corr;
