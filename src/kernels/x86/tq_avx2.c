@@ -1496,47 +1496,23 @@ static void kvq__tq_accum_avx2(const kvq_codec *c, float *acc, size_t astride, c
 
 /* ---- tiled pages (layout and error bound: tq.c, "Tiled pages") ----
  * Keys: for each block of 16 tokens and each group of 4 dimensions, one
- * unit of 64 index slots decodes to 64 unsigned centroid codes c8u (a
- * 32-bit lane = one token's 4 dimensions), which vpmaddubsw multiplies with
- * the 4 int8 query codes of the group broadcast to every lane (|code| <= 63:
- * pair sums stay below 2^15) and vpmaddwd with ones widens to int32 per
- * token. Values: for each quad of tokens and block of 16 dimensions, one
- * unit decodes to 64 signed codes c8 (a 32-bit lane = one dimension of 4
+ * unit of 64 index slots decodes to 64 unsigned centroid codes c6 + 64 (a
+ * 32-bit lane = one token's 4 dimensions; c6: tq_avx2.h), which vpmaddubsw
+ * multiplies with the 4 int8 query codes of the group (|code| <= 63, held
+ * broadcast to 32 bytes in the prepared query); the int16 results of two
+ * groups are added, then vpmaddwd with ones widens them to int32 per token
+ * (2 x 2 x 127 x 63 < 2^15). A block's units are decoded into a buffer
+ * first, from which the dot products of the 4 query rows take their
+ * operands. Values: for each quad of tokens and block of 16 dimensions, one
+ * unit decodes to 64 signed codes c6 (a 32-bit lane = one dimension of 4
  * tokens), multiplied with the 4 tokens' weights quantized to u8 (<= 127)
- * and broadcast; taccum_run rounds the weights once over the run of pages
- * (per segment of 256 tokens) and sums the pages of the run in the same
- * int32 registers, converted once. Decoding: fields come out of their planes with a shift per
- * 64-bit lane and a mask, tq3's third bit is added to the low two, and
- * vpshufb looks the centroid codes up in a 16-byte table. */
-
-/* The 32 indices of half h (slots 32h..32h+31) of the unit at u, kb bits. */
-KVQ__AI __m256i kvq__tq_tidx32(const uint8_t *u, int kb, int h) {
-    if (kb == 4) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)u);
-        if (h)
-            x = _mm256_srli_epi16(x, 4);
-        return _mm256_and_si256(x, _mm256_set1_epi8(15));
-    }
-    __m256i r = _mm256_setzero_si256();
-    if (kb >= 2) { /* crumb plane: slot s in byte s % 16, bits 2 (s / 16) */
-        __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)u));
-        x = _mm256_srlv_epi64(x, h ? _mm256_setr_epi64x(4, 4, 6, 6) : _mm256_setr_epi64x(0, 0, 2, 2));
-        r = _mm256_and_si256(x, _mm256_set1_epi8(3));
-    }
-    if (kb & 1) { /* bit plane: slot s in byte s % 8, bit s / 8; weight 4 for tq3 */
-        const __m256i w = _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)(u + (kb == 3 ? 16 : 0))));
-        __m256i x;
-        if (kb == 3) /* bit e of byte b to bit 2: w << 2 >> e for e < 4 (no bit of those
-                      * leaves the word), w >> (e - 2) for e >= 4 */
-            x = h ? _mm256_srlv_epi64(w, _mm256_setr_epi64x(2, 3, 4, 5))
-                  : _mm256_srlv_epi64(_mm256_slli_epi64(w, 2), _mm256_setr_epi64x(0, 1, 2, 3));
-        else
-            x = _mm256_srlv_epi64(w, h ? _mm256_setr_epi64x(4, 5, 6, 7) : _mm256_setr_epi64x(0, 1, 2, 3));
-        x = _mm256_and_si256(x, _mm256_set1_epi8(kb == 3 ? 4 : 1));
-        r = kb == 3 ? _mm256_or_si256(r, x) : x;
-    }
-    return r;
-}
+ * and broadcast, two quads per int16 sum (2 x 2 x 127 x 63 < 2^15);
+ * taccum_run rounds the weights once over the run of pages (per segment of
+ * 256 tokens), decodes the segment's units of a block of 16 dimensions into
+ * a buffer and sums the pages of the run in the same int32 registers,
+ * converted once. Decoding: kvq__tq_tdec. On Zen 4 (no VNNI on this path)
+ * the vector pipes bound these kernels: about 3 vector ops retire per
+ * cycle, 20 of the ~29 per unit (4 rows) are the dot products. */
 
 /* The 64 codes of the unit at u: c[0] slots 0..31, c[1] slots 32..63, one
  * byte each, looked up in tab (kvq__tq_ttab). Every kb first builds 32
