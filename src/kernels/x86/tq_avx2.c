@@ -1847,10 +1847,38 @@ _Static_assert(KVQ__TQ_TSEG <= 16 * KVQ__TQ_TPIECES, "segment pieces");
  * spills); two quads per int16 sum (a piece's nquad is a multiple of 4). */
 KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const kvq__tq_tpiece *pc, size_t npc,
                                 const uint8_t (*wq)[KVQ__TQ_TSEG], float *const *a, const float *fs,
-                                const __m256i tab, int kb, const int R) {
+                                const __m256i tab, int kb, const int R, const int direct) {
     const size_t nh = c->d / 16, ub = 8 * (size_t)kb, qb = nh * ub;
     _Alignas(32) __m256i cb[2 * KVQ__TQ_TSEG / 4];
-    for (size_t h = 0; h < nh; h++) {
+    for (size_t h = 0; h < nh && direct; h++) {
+        /* tq4 on one page (taccum): few quads per block and a cheap decode,
+         * where the buffer's stores and reloads cost more than they save (+11%
+         * per page); the 8 dimensions of each half in a pass of their own (4
+         * accumulators) */
+        KVQ__UNROLL4 for (int H = 0; H < 2; H++) {
+            __m256i x[4];
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) x[r] = _mm256_setzero_si256();
+            size_t wo = 0;
+            for (size_t pi = 0; pi < npc; pi++) {
+                const uint8_t *u = pc[pi].units + h * ub;
+                for (size_t qd = 0; qd < pc[pi].nquad; qd += 2, u += 2 * qb, wo += 8) {
+                    __m256i c0[2], c1[2];
+                    kvq__tq_tdec(u, kb, tab, c0);
+                    kvq__tq_tdec(u + qb, kb, tab, c1);
+                    KVQ__UNROLL4 for (int r = 0; r < R; r++)
+                        x[r] = kvq__tq_dot4x2(x[r], _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo)), c0[H],
+                                              _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo + 4)), c1[H]);
+                }
+            }
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+                if (!a[r])
+                    continue;
+                float *o = a[r] + 16 * h + 8 * H;
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(x[r]), _mm256_set1_ps(fs[r]), _mm256_loadu_ps(o)));
+            }
+        }
+    }
+    for (size_t h = 0; h < nh && !direct; h++) {
         size_t nqd = 0;
         for (size_t pi = 0; pi < npc; pi++) {
             const uint8_t *u = pc[pi].units + h * ub;
@@ -1921,11 +1949,11 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
             if (!any)
                 continue;
             if (m > 2)
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 4);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 4, one && kb == 4);
             else if (m == 2)
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 2);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 2, one && kb == 4);
             else
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 1);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 1, one && kb == 4);
         }
     }
 }
