@@ -1751,6 +1751,24 @@ KVQ__AI __m256i kvq__tq_dot4x2(__m256i acc, __m256i a0, __m256i b0, __m256i a1, 
 KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const int8_t *const *q,
                                 const __m256i tab, const __m256i *init, __m256i *f, int kb, const int R) {
     const size_t ng = c->d / 4, ub = 8 * (size_t)kb;
+    if (kb == 4) { /* tq4: a cheap decode, in the loop; 8 tokens per pass (4 accumulators) */
+        KVQ__UNROLL4 for (int H = 0; H < 2; H++) {
+            __m256i x[4];
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) x[r] = init[r];
+            for (size_t g = 0; g < ng; g += 2) {
+                const uint8_t *u = units + g * ub;
+                __m256i a0[2], a1[2];
+                kvq__tq_tdec(u, kb, tab, a0);
+                kvq__tq_tdec(u + ub, kb, tab, a1);
+                KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+                    const __m256i *qv = (const __m256i *)(const void *)(q[r] - KVQ__TQ_TQ_CODES + KVQ__TQ_TQ_QV(c->d)) + g;
+                    x[r] = kvq__tq_dot4x2(x[r], a0[H], qv[0], a1[H], qv[1]);
+                }
+            }
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) f[2 * r + H] = x[r];
+        }
+        return;
+    }
     _Alignas(32) __m256i cb[2 * KVQ__MAX_HEAD_DIM / 4];
     for (size_t g = 0; g < ng; g++)
         kvq__tq_tdec(units + g * ub, kb, tab, cb + 2 * g);
@@ -1809,24 +1827,6 @@ KVQ__AI void kvq__tq_tscore_kb(const kvq_codec *c, float *out, size_t ostride, c
                 _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_mul_ps(d1, sc[r]), n1));
             }
         }
-    }
-}
-
-static void kvq__tq_tscore_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
-                                size_t nq, const uint8_t *page, size_t P) {
-    switch (((const kvq__tq *)c->state)->kb) {
-    case 1:
-        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 1);
-        break;
-    case 2:
-        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 2);
-        break;
-    case 3:
-        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 3);
-        break;
-    default:
-        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 4);
-        break;
     }
 }
 
@@ -1949,61 +1949,64 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
             if (!any)
                 continue;
             if (m > 2)
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 4, one && kb == 4);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 4, kb == 4);
             else if (m == 2)
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 2, one && kb == 4);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 2, kb == 4);
             else
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 1, one && kb == 4);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 1, kb == 4);
         }
     }
 }
 
-static void kvq__tq_taccum_run_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                                    size_t wstride, size_t nq, const uint8_t *const *pages, size_t np,
-                                    size_t P) {
-    switch (((const kvq__tq *)c->state)->kb) {
-    case 1:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 1, 0);
-        break;
-    case 2:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 2, 0);
-        break;
-    case 3:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 3, 0);
-        break;
-    default:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 4, 0);
-        break;
+/* The tiled kernels of kb index bits: separate functions (GCC's choices for
+ * one kb then do not depend on the code of the others). */
+#define KVQ__TQ_TKERNELS(kb)                                                                         \
+    static void kvq__tq_tscore_avx2_##kb(const kvq_codec *c, float *out, size_t ostride, const void *qp, \
+                                         size_t nq, const uint8_t *page, size_t P) {                 \
+        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, kb);                                     \
+    }                                                                                                \
+    static void kvq__tq_taccum_run_avx2_##kb(const kvq_codec *c, float *acc, size_t astride,         \
+                                             const float *w, size_t wstride, size_t nq,              \
+                                             const uint8_t *const *pages, size_t np, size_t P) {     \
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, kb, 0);                     \
+    }                                                                                                \
+    static void kvq__tq_taccum_avx2_##kb(const kvq_codec *c, float *acc, size_t astride, const float *w, \
+                                         size_t wstride, size_t nq, const uint8_t *page, size_t P) {  \
+        const uint8_t *const pages[1] = {page};                                                      \
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, kb, 1);                      \
     }
-}
-
-static void kvq__tq_taccum_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                                size_t wstride, size_t nq, const uint8_t *page, size_t P) {
-    const uint8_t *const pages[1] = {page};
-    switch (((const kvq__tq *)c->state)->kb) {
-    case 1:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 1, 1);
-        break;
-    case 2:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 2, 1);
-        break;
-    case 3:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 3, 1);
-        break;
-    default:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 4, 1);
-        break;
-    }
-}
+KVQ__TQ_TKERNELS(1)
+KVQ__TQ_TKERNELS(2)
+KVQ__TQ_TKERNELS(3)
+KVQ__TQ_TKERNELS(4)
 
 void kvq__tq_avx2_select(kvq_codec *c) {
     if (c->d % 8 != 0)
         return;
     if (c->tiled && c->d % 16 == 0) { /* tq (no sketch) with tiled pages */
         c->k.tprep = kvq__tq_tprep_avx2;
-        c->k.tscore = kvq__tq_tscore_avx2;
-        c->k.taccum = kvq__tq_taccum_avx2;
-        c->k.taccum_run = kvq__tq_taccum_run_avx2;
+        switch (((const kvq__tq *)c->state)->kb) {
+        case 1:
+            c->k.tscore = kvq__tq_tscore_avx2_1;
+            c->k.taccum = kvq__tq_taccum_avx2_1;
+            c->k.taccum_run = kvq__tq_taccum_run_avx2_1;
+            break;
+        case 2:
+            c->k.tscore = kvq__tq_tscore_avx2_2;
+            c->k.taccum = kvq__tq_taccum_avx2_2;
+            c->k.taccum_run = kvq__tq_taccum_run_avx2_2;
+            break;
+        case 3:
+            c->k.tscore = kvq__tq_tscore_avx2_3;
+            c->k.taccum = kvq__tq_taccum_avx2_3;
+            c->k.taccum_run = kvq__tq_taccum_run_avx2_3;
+            break;
+        default:
+            c->k.tscore = kvq__tq_tscore_avx2_4;
+            c->k.taccum = kvq__tq_taccum_avx2_4;
+            c->k.taccum_run = kvq__tq_taccum_run_avx2_4;
+            break;
+        }
         c->tqp_bytes = KVQ__TQ_TQ_QV(c->d) + 8 * c->d; /* tq_avx2.h */
     }
     c->k.encode = kvq__tq_encode_avx2;
