@@ -1501,16 +1501,17 @@ static void kvq__tq_accum_avx2(const kvq_codec *c, float *acc, size_t astride, c
  * multiplies with the 4 int8 query codes of the group (|code| <= 63, held
  * broadcast to 32 bytes in the prepared query); the int16 results of two
  * groups are added, then vpmaddwd with ones widens them to int32 per token
- * (2 x 2 x 127 x 63 < 2^15). A block's units are decoded into a buffer
- * first, from which the dot products of the 4 query rows take their
- * operands. Values: for each quad of tokens and block of 16 dimensions, one
+ * (2 x 2 x 127 x 63 < 2^15). tq1..tq3 decode a block's units into a
+ * buffer first, from which the dot products of the 4 query rows take their
+ * operands; tq4, whose decode is two masks, a shift and two lookups,
+ * decodes in the loop, 8 tokens per pass. Values: for each quad of tokens and block of 16 dimensions, one
  * unit decodes to 64 signed codes c6 (a 32-bit lane = one dimension of 4
  * tokens), multiplied with the 4 tokens' weights quantized to u8 (<= 127)
  * and broadcast, two quads per int16 sum (2 x 2 x 127 x 63 < 2^15);
  * taccum_run rounds the weights once over the run of pages (per segment of
  * 256 tokens), decodes the segment's units of a block of 16 dimensions into
- * a buffer and sums the pages of the run in the same int32 registers,
- * converted once. Decoding: kvq__tq_tdec. On Zen 4 (no VNNI on this path)
+ * a buffer (tq1..tq3; tq4 in the loop) and sums the pages of the run in the
+ * same int32 registers, converted once. Decoding: kvq__tq_tdec. On Zen 4 (no VNNI on this path)
  * the vector pipes bound these kernels: about 3 vector ops retire per
  * cycle, 20 of the ~29 per unit (4 rows) are the dot products. */
 
@@ -1744,10 +1745,11 @@ KVQ__AI __m256i kvq__tq_dot4x2(__m256i acc, __m256i a0, __m256i b0, __m256i a1, 
 }
 
 
-/* R (1, 2 or 4) query rows q[r] against the 16 keys of token block tb:
- * the block's units are decoded first (biased codes, tab) into a buffer
- * from which the dot products take their operands (no register pressure:
- * 8 accumulators), two groups per int16 sum. */
+/* R (1, 2 or 4) query rows q[r] against the 16 keys of token block tb,
+ * sums starting at init[r]: the block's units are decoded first (biased
+ * codes, tab) into a buffer from which the dot products take their operands
+ * (no register pressure: 8 accumulators), or for tq4 in the loop, 8 tokens
+ * per pass; two groups per int16 sum. */
 KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const int8_t *const *q,
                                 const __m256i tab, const __m256i *init, __m256i *f, int kb, const int R) {
     const size_t ng = c->d / 4, ub = 8 * (size_t)kb;
@@ -1844,17 +1846,17 @@ _Static_assert(KVQ__TQ_TSEG <= 16 * KVQ__TQ_TPIECES, "segment pieces");
  * registers, converted and scaled once. Per block h of 16 dimensions the
  * segment's units are decoded first (signed codes c6, tab) into a buffer
  * from which the dot products take their operands (8 accumulators, no
- * spills); two quads per int16 sum (a piece's nquad is a multiple of 4). */
+ * spills), or with direct (tq4) in the loop; two quads per int16 sum (a
+ * piece's nquad is a multiple of 4). */
 KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const kvq__tq_tpiece *pc, size_t npc,
                                 const uint8_t (*wq)[KVQ__TQ_TSEG], float *const *a, const float *fs,
                                 const __m256i tab, int kb, const int R, const int direct) {
     const size_t nh = c->d / 16, ub = 8 * (size_t)kb, qb = nh * ub;
     _Alignas(32) __m256i cb[2 * KVQ__TQ_TSEG / 4];
     for (size_t h = 0; h < nh && direct; h++) {
-        /* tq4 on one page (taccum): few quads per block and a cheap decode,
-         * where the buffer's stores and reloads cost more than they save (+11%
-         * per page); the 8 dimensions of each half in a pass of their own (4
-         * accumulators) */
+        /* tq4: a cheap decode, where the buffer's stores and reloads cost
+         * more than they save (+11% on one page, +3% on runs); the 8
+         * dimensions of each half in a pass of their own (4 accumulators) */
         KVQ__UNROLL4 for (int H = 0; H < 2; H++) {
             __m256i x[4];
             KVQ__UNROLL4 for (int r = 0; r < R; r++) x[r] = _mm256_setzero_si256();
