@@ -22,6 +22,7 @@
 
 #include "codec/tq_impl.h"
 #include "kernels/kernels.h"
+#include "kernels/x86/tq_avx2.h"
 
 #include <time.h>
 
@@ -33,6 +34,7 @@ typedef struct path {
     int sel;     /* 0: as created; 1: native AVX-512 selector; 2: SIMDe */
     unsigned feat;
     int qmax, wmax; /* code bounds of the path */
+    int c6;         /* 1: the AVX2 kernels' centroid codes c6 (tq_avx2.h), else tq.c's c8 */
 } path;
 
 static path paths[8];
@@ -46,6 +48,26 @@ static void add_path(const char *name, kvq_isa isa, int sel, unsigned feat, int 
     p->feat = feat;
     p->qmax = vnni ? KVQ__TQ_Q_VNNI : KVQ__TQ_Q_MADD;
     p->wmax = vnni ? KVQ__TQ_W_VNNI : KVQ__TQ_W_MADD;
+    p->c6 = isa == KVQ_ISA_AVX2 && sel == 0;
+}
+
+/* The centroid codes of a path's tiled kernels, their scale and the bias of
+ * the key codes: tq.c's c8 (|c| <= 127, bias 128), or for the AVX2 kernels
+ * c6 (tq_avx2.h), computed here from its definition: round(cent[l] * (63 /
+ * m)) in float, nearest even, m = |cent[levels-1]|, scale m / 63, bias 64. */
+static void path_codes(const path *pa, const kvq__tq *t, int *cb, double *s_c, int *bias) {
+    if (!pa->c6) {
+        for (int l = 0; l < 16; l++)
+            cb[l] = t->c8[l];
+        *s_c = t->c8_scale;
+        *bias = 128;
+        return;
+    }
+    const float m = fabsf(t->cent[t->levels - 1]), k = 63.0f / m;
+    for (int l = 0; l < 16; l++)
+        cb[l] = l < t->levels ? (int)nearbyintf(t->cent[l] * k) : 0;
+    *s_c = (double)(m / 63.0f);
+    *bias = KVQ__TQ_BIAS_AVX2;
 }
 
 static kvq_codec *mk(const char *spec, size_t d, kvq_isa isa) {
@@ -271,7 +293,9 @@ static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, float
     }
     c->k.tscore(c, ok, os, qt, nq, page, P);
     kvq__tile_score_rows(c, &c->ref, orf, os, qr, nq, page, P, g);
-    const double s_c = t->c8_scale;
+    int cb[16], bias;
+    double s_c;
+    path_codes(pa, t, cb, &s_c, &bias);
     for (size_t i = 0; i < nq; i++) {
         const float *qv = (const float *)(const void *)(qr + i * c->qp_bytes); /* R q, reference */
         const kvq__tq_tqh *hd = (const kvq__tq_tqh *)(const void *)(qt + i * c->tqp_bytes);
@@ -289,7 +313,14 @@ static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, float
             st->bad_code += fabs(code[j] - want) > 0.5 + 1e-4 || abs(code[j]) > pa->qmax;
             csum += code[j];
         }
-        st->bad_code += hd->corr != 128 * csum;
+        st->bad_code += hd->corr != bias * csum;
+        if (pa->c6) { /* the AVX2 header holds the biased codes; the query codes broadcast */
+            for (int l = 0; l < 16; l++)
+                st->bad_code += ((const kvq__tq_tqh2 *)hd)->tabu[l] != (uint8_t)(cb[l] + bias);
+            const int8_t *qx = (const int8_t *)(qt + i * c->tqp_bytes + KVQ__TQ_TQ_QV(d));
+            for (size_t j = 0; j < 8 * d; j++)
+                st->bad_code += qx[j] != code[(j / 32) * 4 + j % 4];
+        }
         st->bad_code += fabs(hd->sc - s_q * s_c) > 4 * U24 * s_q * s_c + DEN;
         for (size_t k = 0; k < P; k++) {
             const uint8_t *p = rows + k * vb;
@@ -298,8 +329,8 @@ static void check_score(const path *pa, kvq_codec *c, size_t P, size_t nq, float
             double chat = 0.0, qc = 0.0;
             for (size_t j = 0; j < d; j++) {
                 unsigned ix = kvq__tq_get_idx(p + t->off_idx, j, t->kb);
-                isum += (long)code[j] * t->c8[ix];
-                chat += fabs(t->c8[ix] * s_c);
+                isum += (long)code[j] * cb[ix];
+                chat += fabs(cb[ix] * s_c);
                 qc += fabs(qv[j] * t->cent[ix]);
             }
             double kv = ok[i * os + k], rv = orf[i * os + k];
@@ -367,7 +398,9 @@ static void fill_weights(tu_rng *r, float *w, size_t i, size_t n) {
 static void check_dim(const path *pa, const kvq__tq *t, const float *wi, const float *nrm,
                       const uint8_t *rows, size_t vb, size_t n, size_t nseg, size_t j, double acc0,
                       double kv, double rv, stats *st) {
-    const double s_c = t->c8_scale;
+    int cb[16], bias;
+    double s_c;
+    path_codes(pa, t, cb, &s_c, &bias);
     double emu = acc0, chat = 0.0, asum = 0.0, mag = fabs(acc0), bound = 0.0, den = 0.0;
     for (size_t s0 = 0; s0 < n; s0 += 256) {
         const size_t sn = KVQ__MIN((size_t)256, n - s0);
@@ -378,15 +411,15 @@ static void check_dim(const path *pa, const kvq__tq *t, const float *wi, const f
             continue;
         /* the rule of kvq__tq_wquant (tq_impl.h) */
         const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
-        float inv = (float)pa->wmax / ms, sw = ms / (float)pa->wmax * (1.0f / ps), fs = sw * t->c8_scale;
+        float inv = (float)pa->wmax / ms, sw = ms / (float)pa->wmax * (1.0f / ps), fs = sw * (float)s_c;
         long isum = 0;
         double segc = 0.0;
         for (size_t k = s0; k < s0 + sn; k++) {
             float a = wi[k] * nrm[k];
             long cw1 = (long)nearbyintf(a * ps * inv);
             unsigned ix = kvq__tq_get_idx(rows + k * vb + t->off_idx, j, t->kb);
-            isum += cw1 * t->c8[ix];
-            segc += fabs(t->c8[ix] * s_c);
+            isum += cw1 * cb[ix];
+            segc += fabs(cb[ix] * s_c);
             asum += a;
             mag += fabs(a * t->cent[ix]);
         }
@@ -754,6 +787,101 @@ static void test_accum_run(void) {
     }
 }
 
+/* The AVX2 kernels' codes c6 (tq_avx2.h): kvq__tq_avx2_codes gives the
+ * definition (path_codes), |c6| <= 63 with the extremes +-63; and their
+ * int16 sums at the bound: keys and values whose indices are all the
+ * largest level (code 63: biased key code 127, the largest product with a
+ * weight code 127) against a prepared query whose codes are all +63 or all
+ * -63, and weight rows whose codes are all 127. Two pairs of two groups
+ * (quads) then sum to +-32004 in int16: any third term in the same int16
+ * sum saturates, and the results must equal the exact integer sums
+ * (n_k sc 63 * 63 * d per key, s_w s6 127 * 63 * n per dimension: exact in
+ * float up to the final roundings). */
+static void test_avx2_extremes(void) {
+    const path *pa = NULL;
+    for (int i = 0; i < npaths; i++)
+        if (paths[i].c6)
+            pa = &paths[i];
+    if (!pa)
+        return;
+    static const char *specs[] = {"tq1", "tq2", "tq3", "tq4", "tq3:norm=8"};
+    long bad_tab = 0, bad_k = 0, bad_v = 0, n = 0;
+    for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++) {
+        const size_t d = 128, P = 64, nq = 4;
+        kvq_codec *c = mk_path(pa, specs[si], d);
+        if (!c)
+            continue;
+        const kvq__tq *t = (const kvq__tq *)c->state;
+        int cb[16], bias;
+        double s_c;
+        path_codes(pa, t, cb, &s_c, &bias);
+        int8_t c6[16];
+        float s6;
+        kvq__tq_avx2_codes(t, c6, &s6);
+        for (int l = 0; l < 16; l++)
+            bad_tab += c6[l] != cb[l] || abs(c6[l]) > KVQ__TQ_C_AVX2;
+        bad_tab += c6[t->levels - 1] != KVQ__TQ_C_AVX2 || c6[0] != -KVQ__TQ_C_AVX2 || (double)s6 != s_c;
+        /* rows with every index at the largest level and the norm of row 0 */
+        tu_rng r;
+        tu_seed(&r, SEED + 4);
+        float *x = (float *)xalloc(P * d * 4), *o = (float *)xalloc(nq * P * 4), *w = (float *)xalloc(nq * P * 4);
+        float *acc = (float *)xalloc(nq * c->acc_len * 4);
+        uint8_t *rows = (uint8_t *)xalloc(P * c->bytes), *page = (uint8_t *)xalloc(P * c->bytes);
+        uint8_t *qt = (uint8_t *)xalloc(nq * c->tqp_bytes);
+        fill_vectors(&r, x, P, d);
+        c->ref.encode(c, rows, x, P);
+        for (size_t i = 0; i < P; i++) {
+            memcpy(rows + i * c->bytes, rows, t->nb);
+            memset(rows + i * c->bytes + t->off_idx, 0xFF, t->idx_bytes);
+        }
+        const double nk = kvq__tq_get_norm(t, &t->ns, rows);
+        for (int role = 0; role < 2; role++) {
+            memset(page, 0, P * c->bytes);
+            for (size_t i = 0; i < P; i++)
+                c->tput(c, role, P, page, i, rows + i * c->bytes);
+            if (role == KVQ__ROLE_K) {
+                /* rows 0, 2: codes +63; rows 1, 3: -63; sc = 1 */
+                for (size_t i = 0; i < nq; i++) {
+                    c->k.tprep(c, qt + i * c->tqp_bytes, x); /* the header's table */
+                    kvq__tq_tqh2 *hd = (kvq__tq_tqh2 *)(void *)(qt + i * c->tqp_bytes);
+                    const int a = i % 2 ? -KVQ__TQ_Q_MADD : KVQ__TQ_Q_MADD;
+                    memset(qt + i * c->tqp_bytes + KVQ__TQ_TQ_CODES, (uint8_t)(int8_t)a, d);
+                    memset(qt + i * c->tqp_bytes + KVQ__TQ_TQ_QV(d), (uint8_t)(int8_t)a, 8 * d);
+                    hd->sc = 1.0f;
+                    hd->corr = bias * a * (int32_t)d;
+                }
+                c->k.tscore(c, o, P, qt, nq, page, P);
+                for (size_t i = 0; i < nq; i++)
+                    for (size_t k = 0; k < P; k++, n++) {
+                        const double want = nk * (i % 2 ? -1.0 : 1.0) * KVQ__TQ_Q_MADD * KVQ__TQ_C_AVX2 * (double)d;
+                        bad_k += fabs(o[i * P + k] - want) > 4 * U24 * fabs(want);
+                    }
+            } else {
+                for (size_t k = 0; k < nq * P; k++)
+                    w[k] = 0.5f;
+                memset(acc, 0, nq * c->acc_len * 4);
+                c->k.taccum(c, acc, c->acc_len, w, P, nq, page, P);
+                /* a_k = 0.5 n: codes 127, s_w = 0.5 n / 127; sum 127 c6 P per dimension */
+                const double want = 0.5 * nk / KVQ__TQ_W_MADD * s_c * KVQ__TQ_W_MADD * KVQ__TQ_C_AVX2 * (double)P;
+                for (size_t i = 0; i < nq; i++)
+                    for (size_t j = 0; j < d; j++, n++)
+                        bad_v += fabs(acc[i * c->acc_len + j] - want) > 8 * U24 * fabs(want);
+            }
+        }
+        free(x);
+        free(o);
+        free(w);
+        free(acc);
+        free(rows);
+        free(page);
+        free(qt);
+        kvq_codec_free(c);
+    }
+    TU_REPORT(bad_tab == 0, "%s: %ld centroid codes c6 off their definition", pa->name, bad_tab);
+    TU_REPORT(bad_k == 0, "%s: %ld scores of %ld wrong at the int16 bound (+-63 x 127)", pa->name, bad_k, n);
+    TU_REPORT(bad_v == 0, "%s: %ld accumulations of %ld wrong at the int16 bound (127 x 63)", pa->name, bad_v, n);
+}
+
 /* Score of a NaN query is NaN, of a zero query 0 (as the reference). */
 static void test_special_queries(void) {
     for (int pi = 0; pi < npaths; pi++) {
@@ -1041,5 +1169,6 @@ int main(int argc, char **argv) {
     test_kernels();
     test_accum_run();
     test_special_queries();
+    test_avx2_extremes();
     return tu_finish();
 }

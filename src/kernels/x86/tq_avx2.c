@@ -36,6 +36,7 @@
 #include "../kernels.h"
 #include "../../codec/tq_impl.h"
 #include "simd_avx2.h"
+#include "tq_avx2.h"
 
 #include <float.h>
 
@@ -1495,46 +1496,66 @@ static void kvq__tq_accum_avx2(const kvq_codec *c, float *acc, size_t astride, c
 
 /* ---- tiled pages (layout and error bound: tq.c, "Tiled pages") ----
  * Keys: for each block of 16 tokens and each group of 4 dimensions, one
- * unit of 64 index slots decodes to 64 unsigned centroid codes c8u (a
- * 32-bit lane = one token's 4 dimensions), which vpmaddubsw multiplies with
- * the 4 int8 query codes of the group broadcast to every lane (|code| <= 63:
- * pair sums stay below 2^15) and vpmaddwd with ones widens to int32 per
- * token. Values: for each quad of tokens and block of 16 dimensions, one
- * unit decodes to 64 signed codes c8 (a 32-bit lane = one dimension of 4
+ * unit of 64 index slots decodes to 64 unsigned centroid codes c6 + 64 (a
+ * 32-bit lane = one token's 4 dimensions; c6: tq_avx2.h), which vpmaddubsw
+ * multiplies with the 4 int8 query codes of the group (|code| <= 63, held
+ * broadcast to 32 bytes in the prepared query); the int16 results of two
+ * groups are added, then vpmaddwd with ones widens them to int32 per token
+ * (2 x 2 x 127 x 63 < 2^15). tq1..tq3 decode a block's units into a
+ * buffer first, from which the dot products of the 4 query rows take their
+ * operands; tq4, whose decode is two masks, a shift and two lookups,
+ * decodes in the loop, 8 tokens per pass. Values: for each quad of tokens and block of 16 dimensions, one
+ * unit decodes to 64 signed codes c6 (a 32-bit lane = one dimension of 4
  * tokens), multiplied with the 4 tokens' weights quantized to u8 (<= 127)
- * and broadcast; taccum_run rounds the weights once over the run of pages
- * (per segment of 256 tokens) and sums the pages of the run in the same
- * int32 registers, converted once. Decoding: fields come out of their planes with a shift per
- * 64-bit lane and a mask, tq3's third bit is added to the low two, and
- * vpshufb looks the centroid codes up in a 16-byte table. */
+ * and broadcast, two quads per int16 sum (2 x 2 x 127 x 63 < 2^15);
+ * taccum_run rounds the weights once over the run of pages (per segment of
+ * 256 tokens), decodes the segment's units of a block of 16 dimensions into
+ * a buffer (tq1..tq3; tq4 in the loop) and sums the pages of the run in the
+ * same int32 registers, converted once. Decoding: kvq__tq_tdec. On Zen 4 (no VNNI on this path)
+ * the vector pipes bound these kernels: about 3 vector ops retire per
+ * cycle, 20 of the ~29 per unit (4 rows) are the dot products. */
 
-/* The 32 indices of half h (slots 32h..32h+31) of the unit at u, kb bits. */
-KVQ__AI __m256i kvq__tq_tidx32(const uint8_t *u, int kb, int h) {
+/* The 64 codes of the unit at u: c[0] slots 0..31, c[1] slots 32..63, one
+ * byte each, looked up in tab (kvq__tq_ttab). Every kb first builds 32
+ * bytes X holding two slots per byte as nibbles: byte p of the low 128 bits
+ * slots p (low nibble) and p + 32 (high), byte p of the high 128 bits slots
+ * p + 16 and p + 48, so that the low nibbles are slots 0..31 and the high
+ * ones 32..63. tq4's plane is X as stored. For tq1..tq3 a nibble holds the
+ * crumb in bits 0-1 (tq2, tq3: crumb plane byte p, bits 2k for slot p + 16k:
+ * a shift by 0 or 2 per 128 bits and the mask 0x33) and the bit in bit 2
+ * (tq1, tq3: bit plane byte p % 8, bit 2k + p / 8: a shift by 2, 1, 0, -1
+ * per 64 bits and the mask 0x44; no bit under the mask leaves its byte), and
+ * bits 3 and 7 of X are 0: vpshufb looks the low nibbles up in X as it is
+ * (it ignores bits 4-6 of an index) and the high ones in X >> 4 by 16-bit
+ * lanes (bit 7 of a byte is then bit 3 of the next one), without a mask. */
+KVQ__AI void kvq__tq_tdec(const uint8_t *u, int kb, const __m256i tab, __m256i *c) {
     if (kb == 4) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)u);
-        if (h)
-            x = _mm256_srli_epi16(x, 4);
-        return _mm256_and_si256(x, _mm256_set1_epi8(15));
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)u), m = _mm256_set1_epi8(15);
+        c[0] = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, m));
+        c[1] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), m));
+        return;
     }
-    __m256i r = _mm256_setzero_si256();
-    if (kb >= 2) { /* crumb plane: slot s in byte s % 16, bits 2 (s / 16) */
-        __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)u));
-        x = _mm256_srlv_epi64(x, h ? _mm256_setr_epi64x(4, 4, 6, 6) : _mm256_setr_epi64x(0, 0, 2, 2));
-        r = _mm256_and_si256(x, _mm256_set1_epi8(3));
+    __m256i x = _mm256_setzero_si256();
+    if (kb >= 2) {
+        __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)u));
+        x = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 2, 2)), _mm256_set1_epi8(0x33));
     }
-    if (kb & 1) { /* bit plane: slot s in byte s % 8, bit s / 8; weight 4 for tq3 */
+    if (kb & 1) {
         const __m256i w = _mm256_castpd_si256(_mm256_broadcast_sd((const double *)(const void *)(u + (kb == 3 ? 16 : 0))));
-        __m256i x;
-        if (kb == 3) /* bit e of byte b to bit 2: w << 2 >> e for e < 4 (no bit of those
-                      * leaves the word), w >> (e - 2) for e >= 4 */
-            x = h ? _mm256_srlv_epi64(w, _mm256_setr_epi64x(2, 3, 4, 5))
-                  : _mm256_srlv_epi64(_mm256_slli_epi64(w, 2), _mm256_setr_epi64x(0, 1, 2, 3));
-        else
-            x = _mm256_srlv_epi64(w, h ? _mm256_setr_epi64x(4, 5, 6, 7) : _mm256_setr_epi64x(0, 1, 2, 3));
-        x = _mm256_and_si256(x, _mm256_set1_epi8(kb == 3 ? 4 : 1));
-        r = kb == 3 ? _mm256_or_si256(r, x) : x;
+        __m256i b = _mm256_srli_epi64(_mm256_sllv_epi64(w, _mm256_setr_epi64x(3, 2, 1, 0)), 1);
+        b = _mm256_and_si256(b, _mm256_set1_epi8(0x44));
+        x = kb == 3 ? _mm256_or_si256(x, b) : b;
     }
-    return r;
+    c[0] = _mm256_shuffle_epi8(tab, x);
+    c[1] = _mm256_shuffle_epi8(tab, _mm256_srli_epi16(x, 4));
+}
+
+/* The lookup table of kvq__tq_tdec from the 16 codes cb[l] of index l:
+ * entry e is cb[e >> 2] for tq1 (its bit in bit 2), cb[e] otherwise. */
+KVQ__AI __m256i kvq__tq_ttab(__m128i cb, int kb) {
+    if (kb == 1)
+        cb = _mm_shuffle_epi8(cb, _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1));
+    return _mm256_broadcastsi128_si256(cb);
 }
 
 void kvq__tq_tnorms(const kvq__tq *t, const uint8_t *page, size_t k0, size_t n, float *out) {
@@ -1564,8 +1585,9 @@ void kvq__tq_tpieces_exact(const kvq_codec *c, float *acc, const float *w, const
         kvq__tq_taccum_exact(c, acc, w + pc[p].pg * P, pc[p].page, P, pc[p].k0, 4 * pc[p].nquad);
 }
 
-void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
-    const kvq__tq *t = (const kvq__tq *)c->state;
+/* The tiled query preparation with query codes within +-qmax, centroid code
+ * scale cs and bias: sc = s_q cs, corr = bias sum_j a_j. */
+static void kvq__tq_tprep_qs(const kvq_codec *c, void *qp, const float *q, int qmax, float cs, int bias) {
     const size_t d = c->d;
     _Alignas(32) float qr[KVQ__MAX_HEAD_DIM];
     kvq__tq_rotate_avx2(c, qr, q);
@@ -1601,20 +1623,58 @@ void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    hd->sc = ms / (float)qmax * t->c8_scale * (1.0f / ps);
-    hd->corr = 128 * _mm_cvtsi128_si32(s4);
+    hd->sc = ms / (float)qmax * cs * (1.0f / ps);
+    hd->corr = bias * _mm_cvtsi128_si32(s4);
 }
 
+void kvq__tq_tprep_q(const kvq_codec *c, void *qp, const float *q, int qmax) {
+    kvq__tq_tprep_qs(c, qp, q, qmax, ((const kvq__tq *)c->state)->c8_scale, 128);
+}
+
+
+/* Codes of a_k = w_k nrm_k (n a multiple of 16; from buf when it holds
+ * them) times inv, times ps first when ps != 1: the products of the rule in
+ * tq_impl.h. */
+KVQ__AI void kvq__tq_wcodes(const float *buf, const float *w, const float *nrm, size_t n, float ps, float inv,
+                            uint8_t *code) {
+    const __m256 vi = _mm256_set1_ps(inv), vps = _mm256_set1_ps(ps);
+    for (size_t k = 0; k < n; k += 16) {
+        __m256 x, y;
+        if (buf) {
+            x = _mm256_load_ps(buf + k);
+            y = _mm256_load_ps(buf + k + 8);
+        } else {
+            x = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
+            y = _mm256_mul_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(nrm + k + 8));
+        }
+        if (ps != 1.0f) {
+            x = _mm256_mul_ps(x, vps);
+            y = _mm256_mul_ps(y, vps);
+        }
+        __m256i p16 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(x, vi)),
+                                         _mm256_cvtps_epi32(_mm256_mul_ps(y, vi))); /* a0..3 b0..3 | a4..7 b4..7 */
+        __m128i p = _mm_packus_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
+        _mm_storeu_si128((__m128i *)(void *)(code + k), _mm_shuffle_epi32(p, 0xD8));
+    }
+}
+
+#define KVQ__TQ_WBUF 256 /* rows up to this long keep a_k for the second pass */
+
 int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t *code, float *scale) {
-    __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    _Alignas(32) float a[KVQ__TQ_WBUF];
+    float *buf = n <= KVQ__TQ_WBUF ? a : NULL;
+    __m256 mx = _mm256_setzero_ps(), mn = mx, bad = mx;
     const __m256 big = _mm256_set1_ps(FLT_MAX);
     for (size_t k = 0; k < n; k += 8) {
-        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
-        /* not (0 <= a <= FLT_MAX): negative, infinite or NaN */
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_NGE_UQ));
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));
-        mx = _mm256_max_ps(mx, a);
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
+        if (buf)
+            _mm256_store_ps(buf + k, x);
+        /* not (x <= FLT_MAX): infinite or NaN; negative: the minimum below 0 */
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(x, big, _CMP_NLE_UQ));
+        mn = _mm256_min_ps(mn, x);
+        mx = _mm256_max_ps(mx, x);
     }
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(mn, _mm256_setzero_ps(), _CMP_LT_OQ));
     if (_mm256_movemask_ps(bad))
         return 0;
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
@@ -1627,28 +1687,30 @@ int kvq__tq_wquant(const float *w, const float *nrm, size_t n, int wmax, uint8_t
     }
     /* below 2^-100, wmax / m could overflow: scale by 2^100 first (exact) */
     const float ps = m < 0x1p-100f ? 0x1p100f : 1.0f, ms = m * ps;
-    const __m256 inv = _mm256_set1_ps((float)wmax / ms), vps = _mm256_set1_ps(ps);
-    for (size_t k = 0; k < n; k += 16) {
-        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(nrm + k));
-        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(nrm + k + 8));
-        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(x, vps), inv));
-        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(y, vps), inv));
-        __m256i p16 = _mm256_packs_epi32(a, b); /* a0..3 b0..3 | a4..7 b4..7 */
-        __m128i p = _mm_packus_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
-        p = _mm_shuffle_epi32(p, 0xD8);
-        _mm_storeu_si128((__m128i *)(void *)(code + k), p);
-    }
+    kvq__tq_wcodes(buf, w, nrm, n, ps, (float)wmax / ms, code);
     *scale = ms / (float)wmax * (1.0f / ps);
     return 1;
 }
 
-static void kvq__tq_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
-    kvq__tq_tprep_q(c, qp, q, KVQ__TQ_Q_MADD);
+/* The 16 codes c6 (tq_avx2.h) in the low 128 bits. */
+KVQ__AI __m128i kvq__tq_c6(const kvq__tq *t) {
+    const float m = fabsf(t->cent[t->levels - 1]);
+    const __m256 k = _mm256_set1_ps(m > 0.0f ? 63.0f / m : 0.0f);
+    __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(t->cent), k));
+    __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(t->cent + 8), k));
+    __m256i p16 = _mm256_packs_epi32(a, b); /* a0..3 b0..3 | a4..7 b4..7 */
+    __m128i p = _mm_packs_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
+    p = _mm_shuffle_epi32(p, 0xD8);
+    p = _mm_min_epi8(_mm_max_epi8(p, _mm_set1_epi8(-KVQ__TQ_C_AVX2)), _mm_set1_epi8(KVQ__TQ_C_AVX2));
+    /* entries l >= levels are 0 */
+    const __m128i l = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm_and_si128(p, _mm_cmpgt_epi8(_mm_set1_epi8((char)t->levels), l));
 }
 
-/* int32 lanes += vpmaddwd(vpmaddubsw(a, b), 1). */
-KVQ__AI __m256i kvq__tq_dot4(__m256i acc, __m256i a, __m256i b) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+void kvq__tq_avx2_codes(const kvq__tq *t, int8_t *c6, float *s6) {
+    _mm_storeu_si128((__m128i *)(void *)c6, kvq__tq_c6(t));
+    const float m = fabsf(t->cent[t->levels - 1]);
+    *s6 = m > 0.0f ? m / 63.0f : 1.0f;
 }
 
 static inline int32_t kvq__tq_ld32i(const void *p) {
@@ -1657,22 +1719,68 @@ static inline int32_t kvq__tq_ld32i(const void *p) {
     return v;
 }
 
-/* R (1, 2 or 4) query rows q[r] against the 16 keys of token block tb. */
-KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const int8_t *const *q,
-                                __m256i *f, int kb, const int R) {
+static void kvq__tq_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
     const kvq__tq *t = (const kvq__tq *)c->state;
+    int8_t c6[16];
+    float s6;
+    kvq__tq_avx2_codes(t, c6, &s6);
+    kvq__tq_tprep_qs(c, qp, q, KVQ__TQ_Q_MADD, s6, KVQ__TQ_BIAS_AVX2);
+    kvq__tq_tqh2 *hd = (kvq__tq_tqh2 *)qp;
+    hd->pad[0] = hd->pad[1] = 0;
+    /* the codes of each group of 4 dimensions broadcast to 32 bytes (the
+     * operands of tscore's vpmaddubsw, read from memory without a broadcast) */
+    const int8_t *code = (const int8_t *)qp + KVQ__TQ_TQ_CODES;
+    __m256i *qv = (__m256i *)(void *)((uint8_t *)qp + KVQ__TQ_TQ_QV(c->d));
+    for (size_t g = 0; g < c->d / 4; g++)
+        _mm256_store_si256(qv + g, _mm256_set1_epi32(kvq__tq_ld32i(code + 4 * g)));
+    _mm_storeu_si128((__m128i *)(void *)hd->tabu,
+                     _mm_add_epi8(_mm_loadu_si128((const __m128i *)(const void *)c6), _mm_set1_epi8(KVQ__TQ_BIAS_AVX2)));
+}
+
+/* int32 lanes += vpmaddwd(vpmaddubsw(a0, b0) + vpmaddubsw(a1, b1), 1): the
+ * int16 sum of two pair sums must not overflow (tq_avx2.h). */
+KVQ__AI __m256i kvq__tq_dot4x2(__m256i acc, __m256i a0, __m256i b0, __m256i a1, __m256i b1) {
+    __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(a0, b0), _mm256_maddubs_epi16(a1, b1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
+}
+
+
+/* R (1, 2 or 4) query rows q[r] against the 16 keys of token block tb,
+ * sums starting at init[r]: the block's units are decoded first (biased
+ * codes, tab) into a buffer from which the dot products take their operands
+ * (no register pressure: 8 accumulators), or for tq4 in the loop, 8 tokens
+ * per pass; two groups per int16 sum. */
+KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const int8_t *const *q,
+                                const __m256i tab, const __m256i *init, __m256i *f, int kb, const int R) {
     const size_t ng = c->d / 4, ub = 8 * (size_t)kb;
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t->c8u));
+    if (kb == 4) { /* tq4: a cheap decode, in the loop; 8 tokens per pass (4 accumulators) */
+        KVQ__UNROLL4 for (int H = 0; H < 2; H++) {
+            __m256i x[4];
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) x[r] = init[r];
+            for (size_t g = 0; g < ng; g += 2) {
+                const uint8_t *u = units + g * ub;
+                __m256i a0[2], a1[2];
+                kvq__tq_tdec(u, kb, tab, a0);
+                kvq__tq_tdec(u + ub, kb, tab, a1);
+                KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+                    const __m256i *qv = (const __m256i *)(const void *)(q[r] - KVQ__TQ_TQ_CODES + KVQ__TQ_TQ_QV(c->d)) + g;
+                    x[r] = kvq__tq_dot4x2(x[r], a0[H], qv[0], a1[H], qv[1]);
+                }
+            }
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) f[2 * r + H] = x[r];
+        }
+        return;
+    }
+    _Alignas(32) __m256i cb[2 * KVQ__MAX_HEAD_DIM / 4];
+    for (size_t g = 0; g < ng; g++)
+        kvq__tq_tdec(units + g * ub, kb, tab, cb + 2 * g);
     __m256i lo[4], hi[4];
-    KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-    for (size_t g = 0; g < ng; g++) {
-        const uint8_t *u = units + g * ub;
-        __m256i a = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 0));
-        __m256i b = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 1));
+    KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = init[r];
+    for (size_t g = 0; g < ng; g += 2) { /* ng = d / 4 is a multiple of 4 */
         KVQ__UNROLL4 for (int r = 0; r < R; r++) {
-            __m256i qb = _mm256_set1_epi32(kvq__tq_ld32i(q[r] + 4 * g));
-            lo[r] = kvq__tq_dot4(lo[r], a, qb);
-            hi[r] = kvq__tq_dot4(hi[r], b, qb);
+            const __m256i *qv = (const __m256i *)(const void *)(q[r] - KVQ__TQ_TQ_CODES + KVQ__TQ_TQ_QV(c->d)) + g;
+            lo[r] = kvq__tq_dot4x2(lo[r], cb[2 * g], qv[0], cb[2 * g + 2], qv[1]);
+            hi[r] = kvq__tq_dot4x2(hi[r], cb[2 * g + 1], qv[0], cb[2 * g + 3], qv[1]);
         }
     }
     KVQ__UNROLL4 for (int r = 0; r < R; r++) {
@@ -1690,53 +1798,37 @@ KVQ__AI void kvq__tq_tscore_kb(const kvq_codec *c, float *out, size_t ostride, c
         const size_t m = KVQ__MIN(4, nq - i0);
         const int8_t *q[4];
         __m256 sc[4];
-        __m256i corr[4];
+        __m256i corr[4]; /* -corr: the sums start there */
         for (size_t r = 0; r < 4; r++) {
             const uint8_t *p = (const uint8_t *)qp + (i0 + (r < m ? r : 0)) * qs;
-            const kvq__tq_tqh *hd = (const kvq__tq_tqh *)(const void *)p;
+            const kvq__tq_tqh2 *hd = (const kvq__tq_tqh2 *)(const void *)p;
             q[r] = (const int8_t *)(p + KVQ__TQ_TQ_CODES);
             sc[r] = _mm256_set1_ps(hd->sc);
-            corr[r] = _mm256_set1_epi32(hd->corr);
+            corr[r] = _mm256_set1_epi32(-hd->corr);
         }
+        const __m256i tab =
+            kvq__tq_ttab(_mm_loadu_si128((const __m128i *)(const void *)((const kvq__tq_tqh2 *)qp)->tabu), kb);
         for (size_t tb = 0; tb < P; tb += 16) {
             __m256i f[8];
             const uint8_t *u = units + (tb / 16) * ubb;
             if (m > 2)
-                kvq__tq_tscore_blk(c, u, q, f, kb, 4);
+                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 4);
             else if (m == 2)
-                kvq__tq_tscore_blk(c, u, q, f, kb, 2);
+                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 2);
             else
-                kvq__tq_tscore_blk(c, u, q, f, kb, 1);
+                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 1);
             float nrm[16];
             kvq__tq_tnorms(t, page, tb, 16, nrm);
             const __m256 n0 = _mm256_loadu_ps(nrm), n1 = _mm256_loadu_ps(nrm + 8);
             for (size_t r = 0; r < m; r++) {
                 float *o = out + (i0 + r) * ostride + tb;
-                /* sum - corr = sum_j code_j c8[idx_j], |.| <= 127 * 127 d < 2^24: exact in float */
-                __m256 d0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(f[2 * r], corr[r]));
-                __m256 d1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(f[2 * r + 1], corr[r]));
+                /* sum - corr = sum_j code_j c6[idx_j], |.| <= 63 * 63 d < 2^24: exact in float */
+                __m256 d0 = _mm256_cvtepi32_ps(f[2 * r]);
+                __m256 d1 = _mm256_cvtepi32_ps(f[2 * r + 1]);
                 _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_mul_ps(d0, sc[r]), n0));
                 _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_mul_ps(d1, sc[r]), n1));
             }
         }
-    }
-}
-
-static void kvq__tq_tscore_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
-                                size_t nq, const uint8_t *page, size_t P) {
-    switch (((const kvq__tq *)c->state)->kb) {
-    case 1:
-        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 1);
-        break;
-    case 2:
-        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 2);
-        break;
-    case 3:
-        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 3);
-        break;
-    default:
-        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, 4);
-        break;
     }
 }
 
@@ -1751,37 +1843,67 @@ _Static_assert(KVQ__TQ_TSEG <= 16 * KVQ__TQ_TPIECES, "segment pieces");
 /* R rows: acc rows a[r] (dims 16h..16h+15) += the quads of the pieces
  * pc[0..npc) (one after the other; units d/16 apart) weighted by wq[r]
  * (u8, 4 per quad) times fs[r]: the pages of a run sum into the same int32
- * registers, converted and scaled once. */
+ * registers, converted and scaled once. Per block h of 16 dimensions the
+ * segment's units are decoded first (signed codes c6, tab) into a buffer
+ * from which the dot products take their operands (8 accumulators, no
+ * spills), or with direct (tq4) in the loop; two quads per int16 sum (a
+ * piece's nquad is a multiple of 4). */
 KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const kvq__tq_tpiece *pc, size_t npc,
                                 const uint8_t (*wq)[KVQ__TQ_TSEG], float *const *a, const float *fs,
-                                int kb, const int R) {
-    const kvq__tq *t = (const kvq__tq *)c->state;
+                                const __m256i tab, int kb, const int R, const int direct) {
     const size_t nh = c->d / 16, ub = 8 * (size_t)kb, qb = nh * ub;
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)t->c8));
-    for (size_t h = 0; h < nh; h++) {
-        __m256i lo[4], hi[4];
-        KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-        size_t wo = 0; /* offset of the quad's 4 codes in wq[r] */
+    _Alignas(32) __m256i cb[2 * KVQ__TQ_TSEG / 4];
+    for (size_t h = 0; h < nh && direct; h++) {
+        /* tq4: a cheap decode, where the buffer's stores and reloads cost
+         * more than they save (+11% on one page, +3% on runs); the 8
+         * dimensions of each half in a pass of their own (4 accumulators) */
+        KVQ__UNROLL4 for (int H = 0; H < 2; H++) {
+            __m256i x[4];
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) x[r] = _mm256_setzero_si256();
+            size_t wo = 0;
+            for (size_t pi = 0; pi < npc; pi++) {
+                const uint8_t *u = pc[pi].units + h * ub;
+                for (size_t qd = 0; qd < pc[pi].nquad; qd += 2, u += 2 * qb, wo += 8) {
+                    __m256i c0[2], c1[2];
+                    kvq__tq_tdec(u, kb, tab, c0);
+                    kvq__tq_tdec(u + qb, kb, tab, c1);
+                    KVQ__UNROLL4 for (int r = 0; r < R; r++)
+                        x[r] = kvq__tq_dot4x2(x[r], _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo)), c0[H],
+                                              _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo + 4)), c1[H]);
+                }
+            }
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+                if (!a[r])
+                    continue;
+                float *o = a[r] + 16 * h + 8 * H;
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(x[r]), _mm256_set1_ps(fs[r]), _mm256_loadu_ps(o)));
+            }
+        }
+    }
+    for (size_t h = 0; h < nh && !direct; h++) {
+        size_t nqd = 0;
         for (size_t pi = 0; pi < npc; pi++) {
             const uint8_t *u = pc[pi].units + h * ub;
-            const size_t nquad = pc[pi].nquad;
-            for (size_t qd = 0; qd < nquad; qd++, u += qb, wo += 4) {
-                __m256i x = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 0));
-                __m256i y = _mm256_shuffle_epi8(tab, kvq__tq_tidx32(u, kb, 1));
-                KVQ__UNROLL4 for (int r = 0; r < R; r++) {
-                    __m256i wb = _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + wo));
-                    lo[r] = kvq__tq_dot4(lo[r], wb, x);
-                    hi[r] = kvq__tq_dot4(hi[r], wb, y);
-                }
+            for (size_t qd = 0; qd < pc[pi].nquad; qd++, u += qb, nqd++)
+                kvq__tq_tdec(u, kb, tab, cb + 2 * nqd);
+        }
+        __m256i lo[4], hi[4];
+        KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (size_t qd = 0; qd < nqd; qd += 2) {
+            KVQ__UNROLL4 for (int r = 0; r < R; r++) {
+                const __m256i w0 = _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + 4 * qd));
+                const __m256i w1 = _mm256_set1_epi32(kvq__tq_ld32i(wq[r] + 4 * qd + 4));
+                lo[r] = kvq__tq_dot4x2(lo[r], w0, cb[2 * qd], w1, cb[2 * qd + 2]);
+                hi[r] = kvq__tq_dot4x2(hi[r], w0, cb[2 * qd + 1], w1, cb[2 * qd + 3]);
             }
         }
         KVQ__UNROLL4 for (int r = 0; r < R; r++) {
             if (!a[r])
                 continue;
             float *o = a[r] + 16 * h;
-            __m256 s = _mm256_set1_ps(fs[r]);
-            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[r]), s, _mm256_loadu_ps(o)));
-            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[r]), s, _mm256_loadu_ps(o + 8)));
+            __m256 sv = _mm256_set1_ps(fs[r]);
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[r]), sv, _mm256_loadu_ps(o)));
+            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[r]), sv, _mm256_loadu_ps(o + 8)));
         }
     }
 }
@@ -1794,6 +1916,8 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
                                int kb, const int one) {
     const kvq__tq *t = (const kvq__tq *)c->state;
     const size_t qb = (c->d / 16) * 8 * (size_t)kb; /* bytes of a quad's units */
+    const __m256i tab = kvq__tq_ttab(kvq__tq_c6(t), kb);
+    const float m6 = fabsf(t->cent[t->levels - 1]), s6 = m6 > 0.0f ? m6 / 63.0f : 1.0f;
     float nrm[KVQ__TQ_TSEG];
     uint8_t wq[4][KVQ__TQ_TSEG];
     kvq__tq_tpiece pc[KVQ__TQ_TPIECES];
@@ -1817,7 +1941,7 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
                     memset(wq[r], 0, sn);
                 } else if (kvq__tq_wquant(wr + s0, nrm, sn, KVQ__TQ_W_MADD, wq[r], &sw)) {
                     a[r] = acc + (i0 + r) * astride;
-                    fs[r] = sw * t->c8_scale;
+                    fs[r] = sw * s6;
                     any = 1;
                 } else {
                     memset(wq[r], 0, sn);
@@ -1827,62 +1951,65 @@ KVQ__AI void kvq__tq_taccum_kb(const kvq_codec *c, float *acc, size_t astride, c
             if (!any)
                 continue;
             if (m > 2)
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, kb, 4);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 4, kb == 4);
             else if (m == 2)
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, kb, 2);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 2, kb == 4);
             else
-                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, kb, 1);
+                kvq__tq_taccum_blk(c, pc, npc, wq, a, fs, tab, kb, 1, kb == 4);
         }
     }
 }
 
-static void kvq__tq_taccum_run_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                                    size_t wstride, size_t nq, const uint8_t *const *pages, size_t np,
-                                    size_t P) {
-    switch (((const kvq__tq *)c->state)->kb) {
-    case 1:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 1, 0);
-        break;
-    case 2:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 2, 0);
-        break;
-    case 3:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 3, 0);
-        break;
-    default:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, 4, 0);
-        break;
+/* The tiled kernels of kb index bits: separate functions (GCC's choices for
+ * one kb then do not depend on the code of the others). */
+#define KVQ__TQ_TKERNELS(kb)                                                                         \
+    static void kvq__tq_tscore_avx2_##kb(const kvq_codec *c, float *out, size_t ostride, const void *qp, \
+                                         size_t nq, const uint8_t *page, size_t P) {                 \
+        kvq__tq_tscore_kb(c, out, ostride, qp, nq, page, P, kb);                                     \
+    }                                                                                                \
+    static void kvq__tq_taccum_run_avx2_##kb(const kvq_codec *c, float *acc, size_t astride,         \
+                                             const float *w, size_t wstride, size_t nq,              \
+                                             const uint8_t *const *pages, size_t np, size_t P) {     \
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, np, P, kb, 0);                     \
+    }                                                                                                \
+    static void kvq__tq_taccum_avx2_##kb(const kvq_codec *c, float *acc, size_t astride, const float *w, \
+                                         size_t wstride, size_t nq, const uint8_t *page, size_t P) {  \
+        const uint8_t *const pages[1] = {page};                                                      \
+        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, kb, 1);                      \
     }
-}
-
-static void kvq__tq_taccum_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                                size_t wstride, size_t nq, const uint8_t *page, size_t P) {
-    const uint8_t *const pages[1] = {page};
-    switch (((const kvq__tq *)c->state)->kb) {
-    case 1:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 1, 1);
-        break;
-    case 2:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 2, 1);
-        break;
-    case 3:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 3, 1);
-        break;
-    default:
-        kvq__tq_taccum_kb(c, acc, astride, w, wstride, nq, pages, 1, P, 4, 1);
-        break;
-    }
-}
+KVQ__TQ_TKERNELS(1)
+KVQ__TQ_TKERNELS(2)
+KVQ__TQ_TKERNELS(3)
+KVQ__TQ_TKERNELS(4)
 
 void kvq__tq_avx2_select(kvq_codec *c) {
     if (c->d % 8 != 0)
         return;
     if (c->tiled && c->d % 16 == 0) { /* tq (no sketch) with tiled pages */
         c->k.tprep = kvq__tq_tprep_avx2;
-        c->k.tscore = kvq__tq_tscore_avx2;
-        c->k.taccum = kvq__tq_taccum_avx2;
-        c->k.taccum_run = kvq__tq_taccum_run_avx2;
-        c->tqp_bytes = KVQ__TQ_TQ_CODES + kvq__round64(c->d);
+        switch (((const kvq__tq *)c->state)->kb) {
+        case 1:
+            c->k.tscore = kvq__tq_tscore_avx2_1;
+            c->k.taccum = kvq__tq_taccum_avx2_1;
+            c->k.taccum_run = kvq__tq_taccum_run_avx2_1;
+            break;
+        case 2:
+            c->k.tscore = kvq__tq_tscore_avx2_2;
+            c->k.taccum = kvq__tq_taccum_avx2_2;
+            c->k.taccum_run = kvq__tq_taccum_run_avx2_2;
+            break;
+        case 3:
+            c->k.tscore = kvq__tq_tscore_avx2_3;
+            c->k.taccum = kvq__tq_taccum_avx2_3;
+            c->k.taccum_run = kvq__tq_taccum_run_avx2_3;
+            break;
+        default:
+            c->k.tscore = kvq__tq_tscore_avx2_4;
+            c->k.taccum = kvq__tq_taccum_avx2_4;
+            c->k.taccum_run = kvq__tq_taccum_run_avx2_4;
+            break;
+        }
+        c->tqp_bytes = KVQ__TQ_TQ_QV(c->d) + 8 * c->d; /* tq_avx2.h */
     }
     c->k.encode = kvq__tq_encode_avx2;
     c->k.decode = kvq__tq_decode_avx2;
