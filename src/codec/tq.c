@@ -56,7 +56,10 @@
  * Tiled kernels (tq_avx2.c, tq_avx512.c) work on integers: the centroids as
  * int8 codes c8 = round(c / s_c), s_c = max|c| / 127 (t->c8; the extremes
  * are exact), looked up with vpshufb from a 16-byte table held in a
- * register.
+ * register. The AVX2 kernels take them as codes of at most 63, s_c =
+ * max|c| / 63, so that two vpmaddubsw results add in int16 (tq_avx2.h);
+ * the bounds below hold with that s_c (the max|c| / 254 terms become
+ * max|c| / 126), and their prepared query has its own header.
  *   tscore: tprep rotates the query (q = R q_in, as prep) and rounds it to
  *   int8 codes a_j = round(q_j / s_q), s_q = max_j |q_j| / Q (Q = 127 where
  *   the dot product is vpdpbusd, 63 where it is vpmaddubsw, whose int16

@@ -142,7 +142,7 @@ static inline int kvq__tq_tiled_ok(const kvq_codec *c, const kvq__tq *t, size_t 
  * n * sc * (sum_j code_j c8u[idx_j] - corr). */
 typedef struct kvq__tq_tqh {
     float sc;     /* query scale times c8_scale */
-    int32_t corr; /* 128 * sum_j code_j */
+    int32_t corr; /* 128 * sum_j code_j (AVX-512; AVX2: kvq__tq_tqh2, tq_avx2.h) */
 } kvq__tq_tqh;
 #define KVQ__TQ_TQ_CODES 64
 /* Query code bound: 127 where the dot product is vpdpbusd (int32 sums),
