@@ -668,6 +668,33 @@ static void check_fused_encode(const char *spec, kvq_isa isa, tu_rng *rng) {
               "%s %s, %zu vectors: %zu misjudged, %zu bytes touched, codes %s the reference", spec,
               kvq_isa_name(isa), nbig, wrong, touched,
               memcmp(out, ref, nbig * vb) ? "differ from" : "equal");
+    /* more than 1 MiB of codes: the kernels reduce every group first
+     * instead of encoding into scratch */
+    {
+        const size_t nh = ((size_t)1 << 20) / vb + 9;
+        float *xh = malloc(sizeof(float) * nh * d);
+        uint8_t *oh = malloc(nh * vb), *rh = malloc(nh * vb);
+        if (xh && oh && rh) {
+            for (size_t i = 0; i < nh * d; i++)
+                xh[i] = (float)tu_gauss(rng);
+            xh[nh * d - 3] = -INFINITY;
+            memset(oh, 0xab, nh * vb);
+            size_t t2 = 0;
+            kvq_status st = kvq_codec_encode(c, oh, nh * vb, xh, nh);
+            for (size_t i = 0; i < nh * vb; i++)
+                t2 += oh[i] != 0xab;
+            xh[nh * d - 3] = 0.5f;
+            CHECK_OK(kvq_codec_encode(c, oh, nh * vb, xh, nh));
+            CHECK_OK(kvq_codec_encode(r, rh, nh * vb, xh, nh));
+            TU_REPORT(st == KVQ_ERR_NONFINITE && t2 == 0 && memcmp(oh, rh, nh * vb) == 0,
+                      "%s %s, %zu vectors: %s, %zu bytes touched, codes %s the reference", spec,
+                      kvq_isa_name(isa), nh, kvq_strerror(st), t2,
+                      memcmp(oh, rh, nh * vb) ? "differ from" : "equal");
+        }
+        free(xh);
+        free(oh);
+        free(rh);
+    }
     /* every allocation of create + encode failing in turn */
     wrong = 0;
     for (long k = 1; k < 40; k++) {

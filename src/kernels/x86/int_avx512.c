@@ -656,11 +656,27 @@ KVQ__T512 static void kvq__i512_encode(const kvq_codec *c, uint8_t *dst, const f
 }
 
 /* Checked encode (codec_impl.h, encode_chk), as kvq__int_encode_chk_avx2:
- * every batch reduced first, into scratch (a batch's groups take
- * ceil(F / 16) * 16 floats: the passes store 16 lanes), codes only when
- * every value is finite. */
+ * one pass into scratch copied out, or every batch reduced first, into
+ * scratch (a batch's groups take ceil(F / 16) * 16 floats: the passes
+ * store 16 lanes), codes only when every value is finite. */
 #define KVQ__CHK512_STACK 4096 /* floats of scratch on the stack */
+#define KVQ__CHK512_COPY ((size_t)1 << 20) /* most bytes of codes encoded into scratch */
+#ifndef KVQ__CHK_L1
+#define KVQ__CHK_L1 (64 * 1024) /* most input bytes taken in two passes */
+#endif
 KVQ__T512 static int kvq__i512_encode_chk(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    /* (a small input is likely in cache: two passes over it cost less) */
+    const int one = n > KVQ__CHK_L1 / sizeof(float) / c->d && n <= KVQ__CHK512_COPY / c->bytes;
+    uint8_t *tmp = one ? kvq__alloc(&c->alloc, n * c->bytes) : NULL;
+    if (tmp) { /* one pass into scratch, copied out when all is finite */
+        _Alignas(64) float a[KVQ__ENC512_NP], b[KVQ__ENC512_NP];
+        int bad = c->bits == 8 ? kvq__i512_encode_body(c, tmp, src, n, a, b, 0, 0, 8)
+                               : kvq__i512_encode_body(c, tmp, src, n, a, b, 0, 0, 4);
+        if (!bad)
+            memcpy(dst, tmp, n * c->bytes);
+        kvq__free(&c->alloc, tmp);
+        return !bad;
+    }
     const size_t ng = c->ngroups;
     const size_t batch = ng < KVQ__ENC512_F && KVQ__ENC512_F % ng == 0 ? KVQ__ENC512_F / ng : 1;
     const size_t stride = (batch * ng + KVQ__ENC512_F - 1) / KVQ__ENC512_F * KVQ__ENC512_F;
