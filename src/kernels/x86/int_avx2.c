@@ -164,20 +164,24 @@ static inline __attribute__((always_inline)) int kvq__int_group_params(int bits,
  * (int4/int2) clamp the same. */
 static inline __attribute__((always_inline)) __m256i
 kvq__quant32(const float *x, const float *iv, const float *mv, const uint8_t *gv, int bits,
-             const int CL) {
+             const int CL, const int ONE) {
     const __m256 hi = _mm256_set1_ps(bits == 8 ? 127.0f : bits == 4 ? 15.0f : 3.0f);
     __m256 y0 = _mm256_loadu_ps(x), y1 = _mm256_loadu_ps(x + 8);
     __m256 y2 = _mm256_loadu_ps(x + 16), y3 = _mm256_loadu_ps(x + 24);
+    /* ONE: the 32 values are in one group (g % 32 == 0), one broadcast */
+    const size_t g0 = gv[0], g1 = ONE ? g0 : gv[1], g2 = ONE ? g0 : gv[2], g3 = ONE ? g0 : gv[3];
     if (bits != 8) {
-        y0 = _mm256_sub_ps(y0, _mm256_broadcast_ss(mv + gv[0]));
-        y1 = _mm256_sub_ps(y1, _mm256_broadcast_ss(mv + gv[1]));
-        y2 = _mm256_sub_ps(y2, _mm256_broadcast_ss(mv + gv[2]));
-        y3 = _mm256_sub_ps(y3, _mm256_broadcast_ss(mv + gv[3]));
+        const __m256 m0 = _mm256_broadcast_ss(mv + g0);
+        y0 = _mm256_sub_ps(y0, m0);
+        y1 = _mm256_sub_ps(y1, ONE ? m0 : _mm256_broadcast_ss(mv + g1));
+        y2 = _mm256_sub_ps(y2, ONE ? m0 : _mm256_broadcast_ss(mv + g2));
+        y3 = _mm256_sub_ps(y3, ONE ? m0 : _mm256_broadcast_ss(mv + g3));
     }
-    y0 = _mm256_mul_ps(y0, _mm256_broadcast_ss(iv + gv[0]));
-    y1 = _mm256_mul_ps(y1, _mm256_broadcast_ss(iv + gv[1]));
-    y2 = _mm256_mul_ps(y2, _mm256_broadcast_ss(iv + gv[2]));
-    y3 = _mm256_mul_ps(y3, _mm256_broadcast_ss(iv + gv[3]));
+    const __m256 s0 = _mm256_broadcast_ss(iv + g0);
+    y0 = _mm256_mul_ps(y0, s0);
+    y1 = _mm256_mul_ps(y1, ONE ? s0 : _mm256_broadcast_ss(iv + g1));
+    y2 = _mm256_mul_ps(y2, ONE ? s0 : _mm256_broadcast_ss(iv + g2));
+    y3 = _mm256_mul_ps(y3, ONE ? s0 : _mm256_broadcast_ss(iv + g3));
     if (CL) {
         y0 = _mm256_min_ps(y0, hi);
         y1 = _mm256_min_ps(y1, hi);
@@ -296,7 +300,7 @@ kvq__int_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *ra
 static inline __attribute__((always_inline)) void
 kvq__int_codes_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
                      const uint8_t *gv, const uint16_t *sh, const uint16_t *mh, const float *mf,
-                     const float *invf, const int BITS, const int CL) {
+                     const float *invf, const int BITS, const int CL, const int ONE) {
     const size_t d = c->d, ng = c->ngroups, bytes = c->bytes;
     const int bits = BITS;
     _Alignas(32) uint8_t qb[KVQ__MAX_HEAD_DIM];
@@ -314,7 +318,7 @@ kvq__int_codes_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
         if (bits == 8) {
             for (; t + 32 <= d; t += 32)
                 _mm256_storeu_si256((__m256i *)(void *)(codes + t),
-                                    kvq__quant32(x + t, iv, iv, gv + t / 8, 8, CL));
+                                    kvq__quant32(x + t, iv, iv, gv + t / 8, 8, CL, ONE));
             for (; t < d; t += 8)
                 kvq__quant8(codes + t, x + t, iv[gv[t / 8]], 0.0f, 8);
             continue;
@@ -322,9 +326,9 @@ kvq__int_codes_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
         if (bits == 4) {
             const __m256i c116 = _mm256_set1_epi16(0x1001); /* bytes 1, 16 */
             for (; t + 64 <= d; t += 64) {
-                __m256i b0 = _mm256_maddubs_epi16(kvq__quant32(x + t, iv, mv, gv + t / 8, 4, CL), c116);
+                __m256i b0 = _mm256_maddubs_epi16(kvq__quant32(x + t, iv, mv, gv + t / 8, 4, CL, ONE), c116);
                 __m256i b1 =
-                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32, iv, mv, gv + t / 8 + 4, 4, CL), c116);
+                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32, iv, mv, gv + t / 8 + 4, 4, CL, ONE), c116);
                 _mm256_storeu_si256((__m256i *)(void *)(codes + t / 2),
                                     _mm256_permute4x64_epi64(_mm256_packus_epi16(b0, b1), 0xd8));
             }
@@ -333,7 +337,7 @@ kvq__int_codes_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
             for (; t + 128 <= d; t += 128) {
                 __m256i b[4];
                 KVQ__UNROLL4 for (int h = 0; h < 4; h++) b[h] = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32 * (size_t)h, iv, mv, gv + t / 8 + 4 * (size_t)h, 2, CL), c14),
+                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32 * (size_t)h, iv, mv, gv + t / 8 + 4 * (size_t)h, 2, CL, ONE), c14),
                     c116);
                 _mm256_storeu_si256((__m256i *)(void *)(codes + t / 4),
                                     kvq__pack32(b[0], b[1], b[2], b[3], 1));
@@ -362,14 +366,15 @@ kvq__int_codes_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
  * (kvq__int_reduce_batch); gv[t/8] is the group of value t. */
 static inline __attribute__((always_inline)) void
 kvq__int_encode_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t nb,
-                      const uint8_t *gv, const float *ra, const float *rb, const int BITS) {
+                      const uint8_t *gv, const float *ra, const float *rb, const int ONE,
+                      const int BITS) {
     const size_t F = nb * c->ngroups;
     _Alignas(32) float mf[KVQ__ENC_MAXF], invf[KVQ__ENC_MAXF];
     _Alignas(32) uint16_t sh[KVQ__ENC_MAXF], mh[KVQ__ENC_MAXF];
     if (kvq__int_group_params(BITS, F, ra, rb, sh, mh, mf, invf))
-        kvq__int_codes_batch(c, dst, src, nb, gv, sh, mh, mf, invf, BITS, 1);
+        kvq__int_codes_batch(c, dst, src, nb, gv, sh, mh, mf, invf, BITS, 1, ONE);
     else
-        kvq__int_codes_batch(c, dst, src, nb, gv, sh, mh, mf, invf, BITS, 0);
+        kvq__int_codes_batch(c, dst, src, nb, gv, sh, mh, mf, invf, BITS, 0, ONE);
 }
 
 /* Batches of vectors share the group-parameter pass (8 groups per lane set;
@@ -406,8 +411,10 @@ kvq__int_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
             else
                 bad |= kvq__int_reduce_batch(c, x, m, a, z, 0, BITS);
         }
-        if (phase != 1)
-            kvq__int_encode_batch(c, o, x, m, gv, a, z, BITS);
+        if (phase != 1 && c->group % 32 == 0)
+            kvq__int_encode_batch(c, o, x, m, gv, a, z, 1, BITS);
+        else if (phase != 1)
+            kvq__int_encode_batch(c, o, x, m, gv, a, z, 0, BITS);
     }
     return bad;
 }
