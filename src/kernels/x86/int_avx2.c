@@ -117,9 +117,6 @@ KVQ__HRED8X8(kvq__hmin8x8, _mm256_min_ps)
 #ifndef KVQ__ENC_PF
 #define KVQ__ENC_PF 2 /* batches of prefetch distance in the reduction pass */
 #endif
-#define KVQ__CHK_STACK 4096 /* floats of scratch on the stack for a checked encode */
-#define KVQ__CHK_COPY ((size_t)1 << 20) /* most bytes of codes encoded into scratch */
-#define KVQ__CHK_L1 (64 * 1024)         /* most input bytes taken in two passes */
 static inline __attribute__((always_inline)) int kvq__int_group_params(int bits, size_t F, const float *ra, const float *rb,
                                  uint16_t *sh, uint16_t *mh, float *mf, float *invf) {
     const __m256 zero = _mm256_setzero_ps(), lim = _mm256_set1_ps(KVQ__F16_MAXF);
@@ -419,65 +416,29 @@ kvq__int_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
     return bad;
 }
 
+/* kvq__int_encode_pass with one instance per width (no branch on it in the
+ * loops). */
+static int kvq__int_encode_run(const kvq_codec *c, uint8_t *dst, const float *src, size_t n,
+                               float *ra, float *rb, size_t stride, int phase) {
+    if (c->bits == 8)
+        return kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, phase, 8);
+    if (c->bits == 4)
+        return kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, phase, 4);
+    return kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, phase, 2);
+}
+
 /* One pass: the batches' reductions in place (input already checked). */
 static void kvq__int_encode_avx2(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
     _Alignas(32) float ra[KVQ__ENC_MAXF], rb[KVQ__ENC_MAXF];
-    if (c->bits == 8) /* one instance per width: no branch on it in the loops */
-        kvq__int_encode_pass(c, dst, src, n, ra, rb, 0, 0, 8);
-    else if (c->bits == 4)
-        kvq__int_encode_pass(c, dst, src, n, ra, rb, 0, 0, 4);
-    else
-        kvq__int_encode_pass(c, dst, src, n, ra, rb, 0, 0, 2);
+    kvq__int_encode_run(c, dst, src, n, ra, rb, 0, 0);
 }
 
-/* Checked encode (codec_impl.h, encode_chk). From KVQ__CHK_L1 bytes of
- * input up to KVQ__CHK_COPY bytes of codes: one pass that encodes each
- * batch into scratch while it is in L1
- * (its reduction finds NaN/Inf), then a copy to dst when the whole input
- * is finite. Other inputs (or no memory for that): every batch's
- * reductions first, kept in scratch (on the stack for up to KVQ__CHK_STACK
- * floats), then the codes when the whole input is finite. */
+/* Checked encode (codec_impl.h, encode_chk): kvq__int_encode_checked
+ * (int_tile.h) over batches of 8 groups. */
 static int kvq__int_encode_chk_avx2(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
-    /* (a small input is likely in cache: two passes over it cost less) */
-    const int one = n > KVQ__CHK_L1 / sizeof(float) / c->d && n <= KVQ__CHK_COPY / c->bytes;
-    uint8_t *tmp = one ? kvq__alloc(&c->alloc, n * c->bytes) : NULL;
-    if (tmp) { /* one pass into scratch, copied out when all is finite */
-        _Alignas(32) float a[KVQ__ENC_MAXF], b[KVQ__ENC_MAXF];
-        int bad = c->bits == 8   ? kvq__int_encode_pass(c, tmp, src, n, a, b, 0, 0, 8)
-                  : c->bits == 4 ? kvq__int_encode_pass(c, tmp, src, n, a, b, 0, 0, 4)
-                                 : kvq__int_encode_pass(c, tmp, src, n, a, b, 0, 0, 2);
-        if (!bad)
-            memcpy(dst, tmp, n * c->bytes);
-        kvq__free(&c->alloc, tmp);
-        return !bad;
-    }
     const size_t ng = c->ngroups, batch = ng >= 8 ? 1 : 8 / ng;
-    const size_t stride = (batch * ng + 7) / 8 * 8, nbat = (n + batch - 1) / batch;
-    float stack[KVQ__CHK_STACK], *ra = stack;
-    if (nbat > SIZE_MAX / sizeof(float) / 2 / stride)
-        return -1;
-    if (2 * nbat * stride > KVQ__CHK_STACK &&
-        !(ra = (float *)kvq__alloc(&c->alloc, 2 * nbat * stride * sizeof(float))))
-        return -1;
-    float *rb = ra + nbat * stride;
-    int bad;
-    if (c->bits == 8)
-        bad = kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 1, 8);
-    else if (c->bits == 4)
-        bad = kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 1, 4);
-    else
-        bad = kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 1, 2);
-    if (!bad) {
-        if (c->bits == 8)
-            kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 2, 8);
-        else if (c->bits == 4)
-            kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 2, 4);
-        else
-            kvq__int_encode_pass(c, dst, src, n, ra, rb, stride, 2, 2);
-    }
-    if (ra != stack)
-        kvq__free(&c->alloc, ra);
-    return !bad;
+    return kvq__int_encode_checked(c, dst, src, n, batch, (batch * ng + 7) / 8 * 8,
+                                   kvq__int_encode_run);
 }
 
 /* ---- code unpacking (decode, accumulate) ---- */

@@ -646,60 +646,28 @@ kvq__i512_encode_body(const kvq_codec *c, uint8_t *dst, const float *src, size_t
     return kvq__i512_encode_pass(c, dst, src, n, ra, rb, stride, phase, 0, BITS);
 }
 
-/* One pass: the batches' reductions in place (input already checked). */
-KVQ__T512 static void kvq__i512_encode(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
-    _Alignas(64) float ra[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F], rb[KVQ__MAX_HEAD_DIM / 16 + KVQ__ENC512_F];
+/* kvq__i512_encode_body with one instance per width. */
+KVQ__T512 static int kvq__i512_encode_run(const kvq_codec *c, uint8_t *dst, const float *src,
+                                          size_t n, float *ra, float *rb, size_t stride, int phase) {
     if (c->bits == 8)
-        kvq__i512_encode_body(c, dst, src, n, ra, rb, 0, 0, 8);
-    else
-        kvq__i512_encode_body(c, dst, src, n, ra, rb, 0, 0, 4);
+        return kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, phase, 8);
+    return kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, phase, 4);
 }
 
-/* Checked encode (codec_impl.h, encode_chk), as kvq__int_encode_chk_avx2:
- * one pass into scratch copied out, or every batch reduced first, into
- * scratch (a batch's groups take ceil(F / 16) * 16 floats: the passes
- * store 16 lanes), codes only when every value is finite. */
-#define KVQ__CHK512_STACK 4096 /* floats of scratch on the stack */
-#define KVQ__CHK512_COPY ((size_t)1 << 20) /* most bytes of codes encoded into scratch */
-#ifndef KVQ__CHK_L1
-#define KVQ__CHK_L1 (64 * 1024) /* most input bytes taken in two passes */
-#endif
+/* One pass: the batches' reductions in place (input already checked). */
+KVQ__T512 static void kvq__i512_encode(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
+    _Alignas(64) float ra[KVQ__ENC512_NP], rb[KVQ__ENC512_NP];
+    kvq__i512_encode_run(c, dst, src, n, ra, rb, 0, 0);
+}
+
+/* Checked encode (codec_impl.h, encode_chk): kvq__int_encode_checked
+ * (int_tile.h) over batches of 16 groups (a batch takes ceil(F / 16) * 16
+ * floats: the passes store 16 lanes). */
 KVQ__T512 static int kvq__i512_encode_chk(const kvq_codec *c, uint8_t *dst, const float *src, size_t n) {
-    /* (a small input is likely in cache: two passes over it cost less) */
-    const int one = n > KVQ__CHK_L1 / sizeof(float) / c->d && n <= KVQ__CHK512_COPY / c->bytes;
-    uint8_t *tmp = one ? kvq__alloc(&c->alloc, n * c->bytes) : NULL;
-    if (tmp) { /* one pass into scratch, copied out when all is finite */
-        _Alignas(64) float a[KVQ__ENC512_NP], b[KVQ__ENC512_NP];
-        int bad = c->bits == 8 ? kvq__i512_encode_body(c, tmp, src, n, a, b, 0, 0, 8)
-                               : kvq__i512_encode_body(c, tmp, src, n, a, b, 0, 0, 4);
-        if (!bad)
-            memcpy(dst, tmp, n * c->bytes);
-        kvq__free(&c->alloc, tmp);
-        return !bad;
-    }
     const size_t ng = c->ngroups;
     const size_t batch = ng < KVQ__ENC512_F && KVQ__ENC512_F % ng == 0 ? KVQ__ENC512_F / ng : 1;
     const size_t stride = (batch * ng + KVQ__ENC512_F - 1) / KVQ__ENC512_F * KVQ__ENC512_F;
-    const size_t nbat = (n + batch - 1) / batch;
-    float stack[KVQ__CHK512_STACK], *ra = stack;
-    if (nbat > SIZE_MAX / sizeof(float) / 2 / stride)
-        return -1;
-    if (2 * nbat * stride > KVQ__CHK512_STACK &&
-        !(ra = (float *)kvq__alloc(&c->alloc, 2 * nbat * stride * sizeof(float))))
-        return -1;
-    float *rb = ra + nbat * stride;
-    const int b8 = c->bits == 8;
-    int bad = b8 ? kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, 1, 8)
-                 : kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, 1, 4);
-    if (!bad) {
-        if (b8)
-            kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, 2, 8);
-        else
-            kvq__i512_encode_body(c, dst, src, n, ra, rb, stride, 2, 4);
-    }
-    if (ra != stack)
-        kvq__free(&c->alloc, ra);
-    return !bad;
+    return kvq__int_encode_checked(c, dst, src, n, batch, stride, kvq__i512_encode_run);
 }
 
 #define KVQ__VNNI 1

@@ -112,4 +112,52 @@ static inline void kvq__tile_accum_exact_run(const kvq_codec *c, float *acc, con
     }
 }
 
+/* ---- the checked encode (codec_impl.h, encode_chk) of both files ----
+ * run(c, dst, src, n, ra, rb, stride, phase) is a file's encode pass over
+ * batches of `batch` vectors whose groups take `stride` floats of ra/rb:
+ * phase 0 reduces (finding NaN/Inf) and encodes each batch in turn, phase
+ * 1 only reduces every batch into ra/rb + b * stride and returns nonzero
+ * on NaN/Inf, phase 2 encodes from there. From KVQ__CHK_L1 bytes of input
+ * up to KVQ__CHK_COPY bytes of codes: one phase-0 pass into scratch, each
+ * batch encoded while in L1, copied to dst when the whole input is
+ * finite. Other inputs (a small one is likely in cache, where two passes
+ * cost less; or no memory for the copy): phase 1 over all of it (scratch
+ * on the stack for up to KVQ__CHK_STACK floats), then phase 2 when it is
+ * finite. Returns 1, 0 (NaN/Inf: dst untouched) or -1 (no scratch). */
+#define KVQ__CHK_L1 (64 * 1024)         /* most input bytes taken in two passes */
+#define KVQ__CHK_COPY ((size_t)1 << 20) /* most bytes of codes encoded into scratch */
+#define KVQ__CHK_STACK 4096             /* floats of phase-1 scratch on the stack */
+#define KVQ__CHK_LANES (KVQ__MAX_HEAD_DIM / 8 + 16) /* floats of one batch's groups, at most */
+typedef int (*kvq__enc_pass_fn)(const kvq_codec *c, uint8_t *dst, const float *src, size_t n,
+                                float *ra, float *rb, size_t stride, int phase);
+static inline int kvq__int_encode_checked(const kvq_codec *c, uint8_t *dst, const float *src,
+                                          size_t n, size_t batch, size_t stride,
+                                          kvq__enc_pass_fn run) {
+    const int one = n > KVQ__CHK_L1 / sizeof(float) / c->d && n <= KVQ__CHK_COPY / c->bytes;
+    uint8_t *tmp = one ? (uint8_t *)kvq__alloc(&c->alloc, n * c->bytes) : NULL;
+    if (tmp) {
+        _Alignas(64) float a[KVQ__CHK_LANES], b[KVQ__CHK_LANES];
+        const int bad = run(c, tmp, src, n, a, b, 0, 0);
+        if (!bad)
+            memcpy(dst, tmp, n * c->bytes);
+        kvq__free(&c->alloc, tmp);
+        return !bad;
+    }
+    const size_t nbat = (n + batch - 1) / batch;
+    _Alignas(64) float stack[KVQ__CHK_STACK];
+    float *ra = stack;
+    if (nbat > SIZE_MAX / sizeof(float) / 2 / stride)
+        return -1;
+    if (2 * nbat * stride > KVQ__CHK_STACK &&
+        !(ra = (float *)kvq__alloc(&c->alloc, 2 * nbat * stride * sizeof(float))))
+        return -1;
+    float *rb = ra + nbat * stride;
+    const int bad = run(c, dst, src, n, ra, rb, stride, 1);
+    if (!bad)
+        run(c, dst, src, n, ra, rb, stride, 2);
+    if (ra != stack)
+        kvq__free(&c->alloc, ra);
+    return !bad;
+}
+
 #endif
