@@ -445,9 +445,9 @@ kvq__i512_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *r
     __m512 nf = _mm512_setzero_ps();
     int bad = 0;
     for (size_t f0 = 0; f0 < F; f0 += KVQ__ENC512_F) {
-        /* the maxima (int8: of |x|), then the minima, of 16 groups; groups
-         * past F repeat the last one (their lanes are not used) */
-        __m512 v[16];
+        /* the maxima (int8: of |x|) and minima of 16 groups; groups past F
+         * repeat the last one (their lanes are not used) */
+        __m512 v[16], w[16];
 #pragma GCC unroll 16
         for (int i = 0; i < 16; i++) {
             const float *x = src + KVQ__MIN(f0 + (size_t)i, F - 1) * g;
@@ -456,33 +456,26 @@ kvq__i512_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *r
                 for (size_t t = 16; t < gz; t += 16)
                     a = _mm512_max_epi32(a, _mm512_and_si512(_mm512_loadu_si512((const void *)(x + t)), absmask));
                 v[4 * (i % 4) + i / 4] = _mm512_castsi512_ps(a); /* kvq__i512_red16's input order */
-            } else {
-                __m512 a = _mm512_loadu_ps(x), z = _mm512_mul_ps(a, _mm512_setzero_ps());
+            } else { /* maxima and minima of one load */
+                __m512 a = _mm512_loadu_ps(x), b = a, z = _mm512_mul_ps(a, _mm512_setzero_ps());
                 for (size_t t = 16; t < gz; t += 16) {
                     const __m512 y = _mm512_loadu_ps(x + t);
                     a = _mm512_max_ps(a, y);
+                    b = _mm512_min_ps(b, y);
                     z = _mm512_fmadd_ps(y, _mm512_setzero_ps(), z);
                 }
                 /* +-0 or NaN: OR keeps a NaN's exponent and mantissa bits */
                 nf = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(nf), _mm512_castps_si512(z)));
                 v[4 * (i % 4) + i / 4] = a;
+                w[4 * (i % 4) + i / 4] = b;
             }
         }
         const __m512 rmax = kvq__i512_red16(v, BITS == 8 ? 3 : 1);
         _mm512_storeu_ps(ra + f0, rmax);
         if (BITS == 8)
             bad |= _mm512_cmpgt_epi32_mask(_mm512_castps_si512(rmax), _mm512_set1_epi32(0x7f7fffff)) != 0;
-        if (BITS != 8) {
-#pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) {
-                const float *x = src + KVQ__MIN(f0 + (size_t)i, F - 1) * g;
-                __m512 a = _mm512_loadu_ps(x);
-                for (size_t t = 16; t < gz; t += 16)
-                    a = _mm512_min_ps(a, _mm512_loadu_ps(x + t));
-                v[4 * (i % 4) + i / 4] = a;
-            }
-            _mm512_storeu_ps(rb + f0, kvq__i512_red16(v, 2));
-        }
+        if (BITS != 8)
+            _mm512_storeu_ps(rb + f0, kvq__i512_red16(w, 2));
     }
     return bad | (_mm512_cmp_ps_mask(nf, nf, _CMP_UNORD_Q) != 0);
 }
