@@ -7,7 +7,8 @@
 #include "../kernels.h"
 #include "simd_avx2.h"
 
-static inline __attribute__((always_inline)) __m256 kvq__fload(int kind, const uint8_t *p, size_t t) {
+static inline __attribute__((always_inline)) __m256 kvq__fload(int kind, const uint8_t *p,
+                                                              size_t t) {
     if (kind == KVQ__F32)
         return _mm256_loadu_ps((const float *)(const void *)(p + 4 * t));
     if (kind == KVQ__F16)

@@ -117,8 +117,9 @@ KVQ__HRED8X8(kvq__hmin8x8, _mm256_min_ps)
 #ifndef KVQ__ENC_PF
 #define KVQ__ENC_PF 2 /* batches of prefetch distance in the reduction pass */
 #endif
-static inline __attribute__((always_inline)) int kvq__int_group_params(int bits, size_t F, const float *ra, const float *rb,
-                                 uint16_t *sh, uint16_t *mh, float *mf, float *invf) {
+static inline __attribute__((always_inline)) int
+kvq__int_group_params(int bits, size_t F, const float *ra, const float *rb, uint16_t *sh,
+                      uint16_t *mh, float *mf, float *invf) {
     const __m256 zero = _mm256_setzero_ps(), lim = _mm256_set1_ps(KVQ__F16_MAXF);
     const __m256 nlim = _mm256_set1_ps(-KVQ__F16_MAXF), one = _mm256_set1_ps(1.0f);
     __m256 sat = zero;
@@ -229,7 +230,8 @@ kvq__int_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *ra
                       const int GZ, const int BITS) {
     const size_t d = c->d, ng = c->ngroups, F = nb * ng;
     const size_t g = GZ ? (size_t)GZ : c->group; /* GZ: the group size, when fixed */
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), zero = _mm256_setzero_ps();
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 zero = _mm256_setzero_ps();
     __m256 nf = zero; /* int4/int2: sum of x * 0 */
     int bad = 0;
     for (size_t f0 = 0, j = 0, gi = 0; f0 < F; f0 += 8) {
@@ -323,9 +325,11 @@ kvq__int_codes_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
         if (bits == 4) {
             const __m256i c116 = _mm256_set1_epi16(0x1001); /* bytes 1, 16 */
             for (; t + 64 <= d; t += 64) {
-                __m256i b0 = _mm256_maddubs_epi16(kvq__quant32(x + t, iv, mv, gv + t / 8, 4, CL, ONE), c116);
+                const uint8_t *gt = gv + t / 8;
+                __m256i b0 =
+                    _mm256_maddubs_epi16(kvq__quant32(x + t, iv, mv, gt, 4, CL, ONE), c116);
                 __m256i b1 =
-                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32, iv, mv, gv + t / 8 + 4, 4, CL, ONE), c116);
+                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32, iv, mv, gt + 4, 4, CL, ONE), c116);
                 _mm256_storeu_si256((__m256i *)(void *)(codes + t / 2),
                                     _mm256_permute4x64_epi64(_mm256_packus_epi16(b0, b1), 0xd8));
             }
@@ -333,9 +337,11 @@ kvq__int_codes_batch(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
             const __m256i c14 = _mm256_set1_epi16(0x0401), c116 = _mm256_set1_epi32(0x00100001);
             for (; t + 128 <= d; t += 128) {
                 __m256i b[4];
-                KVQ__UNROLL4 for (int h = 0; h < 4; h++) b[h] = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(kvq__quant32(x + t + 32 * (size_t)h, iv, mv, gv + t / 8 + 4 * (size_t)h, 2, CL, ONE), c14),
-                    c116);
+                KVQ__UNROLL4 for (int h = 0; h < 4; h++) {
+                    const __m256i q = kvq__quant32(x + t + 32 * (size_t)h, iv, mv,
+                                                   gv + t / 8 + 4 * (size_t)h, 2, CL, ONE);
+                    b[h] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, c14), c116);
+                }
                 _mm256_storeu_si256((__m256i *)(void *)(codes + t / 4),
                                     kvq__pack32(b[0], b[1], b[2], b[3], 1));
             }

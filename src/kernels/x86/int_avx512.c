@@ -147,7 +147,10 @@ static inline __m512 kvq__i512_red16(const __m512 *v, const int MAX) {
             int32_t xb, ab;
             memcpy(&xb, &x[k], 4);
             memcpy(&ab, &a, 4);
-            a = MAX == 1 ? (x[k] > a ? x[k] : a) : MAX == 2 ? (x[k] < a ? x[k] : a) : MAX == 3 ? (xb > ab ? x[k] : a) : a + x[k];
+            a = MAX == 1   ? (x[k] > a ? x[k] : a)
+                : MAX == 2 ? (x[k] < a ? x[k] : a)
+                : MAX == 3 ? (xb > ab ? x[k] : a)
+                           : a + x[k];
         }
         out[i] = a;
     }
