@@ -114,9 +114,6 @@ KVQ__HRED8X8(kvq__hmin8x8, _mm256_min_ps)
  * div, min/max clamps and F16C on values already within +-65504. Returns
  * nonzero when a scale saturated at 65504 (see kvq__quant32). */
 #define KVQ__ENC_MAXF 136
-#ifndef KVQ__ENC_PF
-#define KVQ__ENC_PF 2 /* batches of prefetch distance in the reduction pass */
-#endif
 static inline __attribute__((always_inline)) int
 kvq__int_group_params(int bits, size_t F, const float *ra, const float *rb, uint16_t *sh,
                       uint16_t *mh, float *mf, float *invf) {
@@ -402,11 +399,7 @@ kvq__int_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
         const size_t m = KVQ__MIN(batch, n - j);
         float *a = ra + b * stride, *z = rb + b * stride;
         if (phase != 2) {
-            /* a batch KVQ__ENC_PF ahead: the reductions read their groups
-             * side by side, an order the hardware prefetchers follow poorly */
-            if (j + (KVQ__ENC_PF + 1) * batch <= n)
-                for (size_t t = 0; t < batch * c->d; t += 16)
-                    _mm_prefetch((const char *)(x + KVQ__ENC_PF * batch * c->d + t), _MM_HINT_T0);
+            kvq__enc_prefetch(x, j, batch, n, c->d);
             if (c->group == 32) /* the common groups with their loops unrolled */
                 bad |= kvq__int_reduce_batch(c, x, m, a, z, 32, BITS);
             else if (c->group == 128)
@@ -1611,14 +1604,7 @@ kvq__int_taccum_run1(const kvq_codec *c, float *acc, size_t astride, const float
         for (size_t r = 0; r < 4; r++)
             wr[r] = r < nr ? w + (i0 + r) * wstride : kvq__int_zeros;
         const unsigned ok = kvq__int_wquant4_avx2(c, sb, P, n, wr, wq, al, ms);
-        for (size_t r = 0; r < nr; r++) {
-            if ((ok >> r) & 1) {
-                a[r] = acc + (i0 + r) * astride;
-                continue;
-            }
-            memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
-            kvq__tile_accum_exact_run(c, acc + (i0 + r) * astride, wr[r], pages, P, t0, n);
-        }
+        kvq__tile_run_rows(c, ok, nr, acc + i0 * astride, astride, wr, wq, pages, P, t0, n, a);
         const uint8_t(*wc)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
             (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
         if (n == KVQ__TILE_RUN && c->group == 32) /* runs of 4 pages of 16, int4:g=32 */

@@ -430,9 +430,6 @@ static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *const *sb, 
  * packs for the lower clamp. Needs d % 64 == 0 and g % 16 == 0. ---- */
 
 #define KVQ__ENC512_F 16 /* groups per parameter pass */
-#ifndef KVQ__ENC_PF
-#define KVQ__ENC_PF 2 /* batches of prefetch distance in the reduction pass */
-#endif
 
 /* The group reductions of nb vectors (nb * ng <= 16, or one vector), 16
  * groups at a time, into ra (maxima; int8: of |x|) and rb (minima; int4),
@@ -614,11 +611,7 @@ kvq__i512_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t
         const size_t m = KVQ__MIN(batch, n - j);
         float *pa = ra + b * stride, *pb = rb + b * stride;
         if (phase != 2) {
-            /* a batch KVQ__ENC_PF ahead: the reductions read their groups
-             * side by side, an order the hardware prefetchers follow poorly */
-            if (j + (KVQ__ENC_PF + 1) * batch <= n)
-                for (size_t t = 0; t < batch * c->d; t += 16)
-                    _mm_prefetch((const char *)(x + KVQ__ENC_PF * batch * c->d + t), _MM_HINT_T0);
+            kvq__enc_prefetch(x, j, batch, n, c->d);
             bad |= kvq__i512_reduce_batch(c, x, m, pa, pb, ZPG, BITS);
         }
         if (phase != 1)

@@ -301,14 +301,7 @@ KVQ__FN(kvq__i512_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, c
          * would saturate int16); int4 codes taken as c - 8, 8 s added to m */
         const unsigned ok = kvq__i512_wquant4(c, sb, P, n, wr, wq, al, ms,
                                               BITS == 8 && !KVQ__VNNI ? 127.0f : 255.0f, BITS != 8);
-        for (size_t r = 0; r < nr; r++) {
-            if ((ok >> r) & 1) {
-                a[r] = acc + (i0 + r) * astride;
-                continue;
-            }
-            memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
-            kvq__tile_accum_exact_run(c, acc + (i0 + r) * astride, wr[r], pages, P, t0, n);
-        }
+        kvq__tile_run_rows(c, ok, nr, acc + i0 * astride, astride, wr, wq, pages, P, t0, n, a);
         const uint8_t(*cwq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
             (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
         if (g == 16)

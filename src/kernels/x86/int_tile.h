@@ -112,6 +112,36 @@ static inline void kvq__tile_accum_exact_run(const kvq_codec *c, float *acc, con
     }
 }
 
+/* After the rounding of a run's weights for nr rows (bit r of ok: row r's
+ * weights taken; acc and wr[r] are row r's accumulator and weights): a[r]
+ * = that accumulator for a row taken, NULL (as the caller set it) for a
+ * row whose byte weights are zeroed and that takes the exact path. */
+static inline void kvq__tile_run_rows(const kvq_codec *c, unsigned ok, size_t nr, float *acc,
+                                      size_t astride, const float *const *wr,
+                                      uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                                      const uint8_t *const *pages, size_t P, size_t t0, size_t n,
+                                      float **a) {
+    for (size_t r = 0; r < nr; r++) {
+        if ((ok >> r) & 1) {
+            a[r] = acc + r * astride;
+            continue;
+        }
+        memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
+        kvq__tile_accum_exact_run(c, acc + r * astride, wr[r], pages, P, t0, n);
+    }
+}
+
+/* The encoders' reduction passes read a batch's groups side by side, an
+ * order the hardware prefetchers follow poorly: each prefetches the batch
+ * KVQ__ENC_PF ahead of the current one (its first vector j, at x), if any. */
+#define KVQ__ENC_PF 2
+static inline __attribute__((always_inline)) void
+kvq__enc_prefetch(const float *x, size_t j, size_t batch, size_t n, size_t d) {
+    if (j + (KVQ__ENC_PF + 1) * batch <= n)
+        for (size_t t = 0; t < batch * d; t += 16)
+            __builtin_prefetch(x + KVQ__ENC_PF * batch * d + t, 0, 3);
+}
+
 /* ---- the checked encode (codec_impl.h, encode_chk) of both files ----
  * run(c, dst, src, n, ra, rb, stride, phase) is a file's encode pass over
  * batches of `batch` vectors whose groups take `stride` floats of ra/rb:
