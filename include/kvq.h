@@ -359,6 +359,15 @@ typedef struct kvq_cache_config {
     uint64_t cold_ttl_ms;
     double link_gbps[2];        /* modeled bandwidth hot<->warm, warm<->cold (32 GB/s) */
     double link_latency_ms[2];  /* modeled launch overhead per transfer (0.015 ms) */
+    /* Page blocks when allocator (and warm_allocator) is NULL: 0 (default)
+     * from 2 MiB aligned regions advised for transparent huge pages, the
+     * blocks of each size back to back (a decode step streams about 10%
+     * faster than over glibc's 4 KiB pages: docs/attend.md); memory is
+     * committed as it is touched, so a region holds at most one partly
+     * used huge page beyond the blocks in use (stats: arena_bytes);
+     * freed blocks are reused, regions returned by kvq_cache_free.
+     * -1: every block from posix_memalign. */
+    int huge_pages;
 } kvq_cache_config;
 
 typedef struct kvq_tier_stats {
@@ -499,6 +508,11 @@ typedef struct kvq_stats {
     uint64_t fixed_bytes;
     /* tokens of pages in the cold tier (in the store, not in payload_bytes) */
     uint64_t tokens_cold;
+    /* the whole cache (any layer argument): bytes of the huge-page regions
+     * of its default allocator (kvq_cache_config.huge_pages), blocks in use
+     * and free; the parts never touched commit no memory. 0 with a user
+     * allocator or huge_pages -1. */
+    uint64_t arena_bytes;
 } kvq_stats;
 
 /* Snapshots: saves every page of the cache (all tiers) holding tokens at

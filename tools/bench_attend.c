@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define BA_H 8
 #define BA_QH 32
@@ -59,6 +60,7 @@ typedef struct {
     int base[KVQP_ATT_KINDS];
     size_t thr[BA_MAX_THR], nthr, prefill, reps;
     int json, warm;
+    int huge_pages; /* the caches' kvq_cache_config.huge_pages: 0 on, -1 off */
     kvq_isa isa;
     char *codec_buf;
 } ba_opts;
@@ -68,7 +70,7 @@ static void ba_usage(FILE *f) {
         f,
         "usage: kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
         "                        [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
-        "                        [--isa scalar|avx2|avx512|auto] [--json]\n"
+        "                        [--isa scalar|avx2|avx512|auto] [--huge-pages on|off] [--json]\n"
         "  --context LIST   context lengths, comma-separated, each 1..%zu\n"
         "                   (default %s); none: no decode rows\n"
         "  --codec LIST     kvq codecs for K and V (default %s);\n"
@@ -84,6 +86,10 @@ static void ba_usage(FILE *f) {
         "  --warm           do not flush the last-level cache before each timed step\n"
         "  --isa P          kvq's kernel path (cfg.isa; default auto: the best one); the\n"
         "                   baselines always use the best SIMD level of this CPU\n"
+        "  --huge-pages on|off  the caches' page blocks in huge-page regions (cfg.huge_pages\n"
+        "                   0, the default) or from posix_memalign (-1); the bandwidth test,\n"
+        "                   the flush and the dense baseline always use huge pages where\n"
+        "                   the kernel gives them (the floor is the best the memory does)\n"
         "  --json           one JSON object on stdout\n"
         "One layer of %d KV heads, %d query heads, head_dim %d. Exit status: 0 ok, 1 a row\n"
         "failed at run time, 2 usage.\n",
@@ -125,7 +131,7 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
             o->warm = 1;
         else if (strcmp(a, "--context") && strcmp(a, "--codec") && strcmp(a, "--threads") &&
                  strcmp(a, "--baselines") && strcmp(a, "--prefill") && strcmp(a, "--reps") &&
-                 strcmp(a, "--isa"))
+                 strcmp(a, "--isa") && strcmp(a, "--huge-pages"))
             return ba_bad("unknown option '%s'%s", a, "");
         else if (!v)
             return ba_bad("%s needs a value%s", a, "");
@@ -148,6 +154,13 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
                     o->isa = KVQ_ISA_AUTO;
                 else
                     return ba_bad("%s must be scalar, avx2, avx512 or auto, got '%s'", a, v);
+            } else if (!strcmp(a, "--huge-pages")) {
+                if (!strcmp(v, "on"))
+                    o->huge_pages = 0;
+                else if (!strcmp(v, "off"))
+                    o->huge_pages = -1;
+                else
+                    return ba_bad("%s must be on or off, got '%s'", a, v);
             } else if (!strcmp(a, "--threads"))
                 thr_list = v;
             else if (!strcmp(a, "--prefill")) {
@@ -295,9 +308,22 @@ static void ba_gather(float *dst, const float *src, size_t ld, size_t t0, size_t
                    BA_D * sizeof(float));
 }
 
+/* Buffers of 2 MiB and more are 2 MiB aligned and advised for huge pages,
+ * as kvq's page blocks are by default: the floor is what the memory
+ * delivers at its best, and the dense baseline gets the same pages. */
 static void *ba_alloc(size_t bytes) {
-    size_t n = (bytes + 4095) / 4096 * 4096;
-    return aligned_alloc(4096, n ? n : 4096);
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < huge) {
+        size_t n = (bytes + 4095) / 4096 * 4096;
+        return aligned_alloc(4096, n ? n : 4096);
+    }
+    size_t n = (bytes + huge - 1) / huge * huge;
+    void *p = aligned_alloc(huge, n);
+#ifdef MADV_HUGEPAGE
+    if (p)
+        (void)madvise(p, n, MADV_HUGEPAGE); /* no THP in the kernel: 4 KiB pages */
+#endif
+    return p;
 }
 
 /* ---- the cache flush: an untimed read of 3x the last-level cache ---- */
@@ -362,6 +388,8 @@ typedef struct {
     kvqb_simd simd;
 } ba_env;
 
+static int ba_huge_pages; /* --huge-pages */
+
 static kvq_status ba_cache(kvq_cache **c, const char *codec, size_t max_tokens, size_t threads,
                            kvq_isa isa, char *msg, size_t msg_size) {
     kvq_cache_config cfg;
@@ -369,6 +397,7 @@ static kvq_status ba_cache(kvq_cache **c, const char *codec, size_t max_tokens, 
     cfg.n_layers = 1, cfg.n_kv_heads = BA_H, cfg.n_q_heads = BA_QH, cfg.head_dim = BA_D;
     cfg.max_tokens = max_tokens, cfg.k_codec = codec, cfg.v_codec = codec, cfg.n_threads = threads;
     cfg.isa = isa;
+    cfg.huge_pages = ba_huge_pages;
     cfg.err_msg = msg, cfg.err_msg_size = msg_size;
     msg[0] = 0;
     return kvq_cache_create(c, &cfg);
@@ -563,6 +592,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         free(o.codec_buf);
         return rc < 0 ? 0 : rc;
     }
+    ba_huge_pages = o.huge_pages;
     /* every codec must make a cache: checked before any work */
     for (size_t k = 0; k < o.ncod; k++) {
         char msg[256];
@@ -591,6 +621,15 @@ int kvq_tool_bench_attend(int argc, char **argv) {
     char cpu[128], cpu_detail[256];
     kvqb_cpu_name(cpu, sizeof cpu);
     kvqb_cpu_detail(cpu_detail, sizeof cpu_detail);
+    /* the kernel's THP setting, e.g. "always [madvise] never" */
+    char thp[64] = "unknown";
+    FILE *tf = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (tf) {
+        if (!fgets(thp, sizeof thp, tf))
+            snprintf(thp, sizeof thp, "unknown");
+        thp[strcspn(thp, "\n")] = 0;
+        fclose(tf);
+    }
     const char *kvq_path = kvq_isa_name(o.isa == KVQ_ISA_AUTO ? kvq_cpu_best_isa() : o.isa);
 
     /* 1. read bandwidth */
@@ -696,6 +735,10 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         printf("  cpu %s (%s)\n  kvq path %s%s | threads %s (kvq cache n_threads; baselines too: "
                "dense:f32 split over KV heads, llama.cpp over query heads)\n",
                cpu, cpu_detail, kvq_path, o.isa == KVQ_ISA_AUTO ? " (auto)" : " (forced)", thr_str);
+        printf("  page blocks: %s | transparent huge pages: %s\n",
+               o.huge_pages == 0 ? "huge-page regions (--huge-pages on)"
+                                 : "posix_memalign (--huge-pages off)",
+               thp);
         printf(
             "  read bandwidth (%s sum over %zu MiB, >= 4x the %zu MiB last-level cache%s, best of "
             "%d passes each): 1 thread %.1f GB/s, 2 threads %.1f GB/s",
@@ -832,6 +875,8 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         printf(", \"isa\": ");
         kvqb_json_str(stdout, kvq_path);
         printf(", \"isa_forced\": %s", o.isa == KVQ_ISA_AUTO ? "false" : "true");
+        printf(", \"huge_pages\": %s, \"thp\": ", o.huge_pages == 0 ? "true" : "false");
+        kvqb_json_str(stdout, thp);
         printf(", \"bench_simd\": ");
         kvqb_json_str(stdout, kvqb_simd_name(e.simd));
         printf(", \"threads\": %zu, \"baseline_threads\": %zu, \"thread_counts\": [%s], "

@@ -159,6 +159,7 @@ class kvq_cache_config(Structure):
         ("cold_ttl_ms", c_uint64),
         ("link_gbps", c_double * 2),
         ("link_latency_ms", c_double * 2),
+        ("huge_pages", c_int),
     ]
 
 
@@ -182,6 +183,7 @@ STATS_FIELDS = [
     ("asymptotic_bits_per_value", c_double),
     ("fixed_bytes", c_uint64),
     ("tokens_cold", c_uint64),
+    ("arena_bytes", c_uint64),
 ]
 
 

@@ -670,7 +670,7 @@ class TestKVCache(unittest.TestCase):
         names = [n for n, _ in _lib.STATS_FIELDS]
         tot = c.stats()
         self.assertEqual(list(tot), names)
-        self.assertEqual(len(names), 19)  # kvq_stats in kvq.h, tokens_cold last
+        self.assertEqual(len(names), 20)  # kvq_stats in kvq.h, arena_bytes last
         per = [c.stats(layer) for layer in range(3)]
         for name in names:
             if name in ("bits_per_value", "total_bits_per_value", "fragmentation",

@@ -181,6 +181,14 @@ void kvq__layout_layer(kvq_cache *c, kvq__layer *ly) {
     ly->block_bytes = kvq__layout_heads(c, ly->heads);
     if (ly->wheads)
         ly->wblock_bytes = kvq__layout_heads(c, ly->wheads);
+    /* page blocks of these sizes come from the huge-page regions (a plan's
+     * layout, computed here before its blocks are allocated, too); once
+     * the classes are full, further sizes go to posix_memalign */
+    if (c->hpool) {
+        (void)kvq__hpool_add_size(c->hpool, ly->block_bytes);
+        if (ly->wheads)
+            (void)kvq__hpool_add_size(c->hpool, ly->wblock_bytes);
+    }
     /* staging: [head][slot][d] rows of the staged keys, then of the staged
      * values */
     size_t off = 0, row = c->P * c->d;
@@ -320,7 +328,9 @@ void kvq_cache_free(kvq_cache *c) {
     kvq__free(&c->alloc, c->rope_freq);
     kvq__store_release(c->cold); /* after the records were deleted through it */
     kvq_allocator a = c->alloc;
-    kvq__free(&a, c);
+    kvq__hpool *hp = c->hpool;
+    kvq__free(&a, c); /* not a block: freed by posix_memalign's free */
+    kvq__hpool_destroy(hp);
 }
 
 kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
@@ -388,6 +398,11 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         kvq__cerr(cfg, "k_center needs k_center_values (channel means from calibration data)");
         return KVQ_ERR_INVALID_ARG;
     }
+    if (cfg->huge_pages != 0 && cfg->huge_pages != -1) {
+        kvq__cerr(cfg, "huge_pages is %d: 0 (huge-page regions) or -1 (posix_memalign)",
+                  cfg->huge_pages);
+        return KVQ_ERR_INVALID_ARG;
+    }
     kvq_allocator al;
     kvq__allocator_init(&al, cfg->allocator);
     kvq_cache *c = (kvq_cache *)kvq__calloc(&al, sizeof *c);
@@ -395,12 +410,24 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         return KVQ_ERR_NOMEM;
     c->alloc = al;
     c->cfg = *cfg;
+    if (!(cfg->allocator && cfg->allocator->alloc && cfg->allocator->free) &&
+        !cfg->warm_allocator && cfg->huge_pages == 0) {
+        if (kvq__hpool_create(&c->hpool) != KVQ_OK) {
+            kvq__free(&al, c);
+            return KVQ_ERR_NOMEM;
+        }
+        kvq__hpool_allocator(c->hpool, &c->alloc);
+    }
     c->cfg.overrides = NULL;
     c->cfg.n_overrides = 0;
     c->cfg.warm_codec = NULL;
     c->cfg.warm_allocator = NULL;
     c->tiers = cfg->hot_tokens || cfg->hot_bytes || cfg->warm_tokens || cfg->warm_bytes;
-    kvq__allocator_init(&c->warm_alloc, cfg->warm_allocator ? cfg->warm_allocator : cfg->allocator);
+    if (c->hpool)
+        c->warm_alloc = c->alloc;
+    else
+        kvq__allocator_init(&c->warm_alloc,
+                            cfg->warm_allocator ? cfg->warm_allocator : cfg->allocator);
     c->cold = cfg->cold_store;
     if (c->cold) /* released by kvq_cache_free: the store outlives the cache */
         kvq__store_retain(c->cold);

@@ -137,6 +137,7 @@ void kvq__pool_run(kvq__pool *p, void (*fn)(void *arg, size_t job), void *arg, s
 
 struct kvq_cache {
     kvq_allocator alloc;
+    kvq__hpool *hpool; /* behind alloc (and warm_alloc) when the config gives none */
     kvq_cache_config cfg; /* copy; pointer fields other than allocator cleared */
     size_t L, H, QH, G, d, P;
     kvq_codec **codecs;

@@ -149,6 +149,7 @@ static void kvq__finish_stats(const kvq_cache *c, kvq_stats *st) {
     st->total_bits_per_value = vals > 0 ? (double)st->stored_bytes * 8.0 / vals : 0.0;
     double slots = (double)st->pages * (double)c->P;
     st->fragmentation = slots > 0 ? (double)st->free_slots / slots : 0.0;
+    st->arena_bytes = kvq__hpool_mapped(c->hpool);
 }
 
 kvq_status kvq_cache_stats(const kvq_cache *c, int layer, kvq_stats *st) {
@@ -193,7 +194,7 @@ static size_t kvq__stats_obj(char *dst, size_t cap, const kvq_stats *s) {
                      "\"bytes_read\": %llu, \"reencodes\": %llu, \"pages\": %llu, "
                      "\"free_slots\": %llu, \"bits_per_value\": %.6g, \"total_bits_per_value\": "
                      "%.6g, \"fragmentation\": %.6g, \"asymptotic_bits_per_value\": %.6g, "
-                     "\"fixed_bytes\": %llu, \"tokens_cold\": %llu}",
+                     "\"fixed_bytes\": %llu, \"tokens_cold\": %llu, \"arena_bytes\": %llu}",
                      (unsigned long long)s->tokens, (unsigned long long)s->tokens_appended,
                      (unsigned long long)s->tokens_evicted, (unsigned long long)s->payload_bytes,
                      (unsigned long long)s->metadata_bytes,
@@ -203,7 +204,8 @@ static size_t kvq__stats_obj(char *dst, size_t cap, const kvq_stats *s) {
                      (unsigned long long)s->reencodes, (unsigned long long)s->pages,
                      (unsigned long long)s->free_slots, s->bits_per_value, s->total_bits_per_value,
                      s->fragmentation, s->asymptotic_bits_per_value,
-                     (unsigned long long)s->fixed_bytes, (unsigned long long)s->tokens_cold);
+                     (unsigned long long)s->fixed_bytes, (unsigned long long)s->tokens_cold,
+                     (unsigned long long)s->arena_bytes);
     return n < 0 ? 0 : (size_t)n;
 }
 
@@ -211,7 +213,9 @@ kvq_status kvq_cache_stats_json(const kvq_cache *c, char *dst, size_t cap, size_
     if (!c || !written)
         return KVQ_ERR_INVALID_ARG;
     /* render into a scratch buffer large enough for any layer count */
-    size_t need = 600 * (c->L + 1) + 1200;
+    /* an object is about 520 characters of text and 20 numbers of at most
+     * 20 characters each */
+    size_t need = 1000 * (c->L + 1) + 1200;
     char *buf = (char *)kvq__alloc(&c->alloc, need);
     if (!buf)
         return KVQ_ERR_NOMEM;

@@ -26,6 +26,22 @@ void kvq__allocator_init(kvq_allocator *dst, const kvq_allocator *a);
 void *kvq__alloc(const kvq_allocator *a, size_t size);
 void *kvq__calloc(const kvq_allocator *a, size_t size);
 void kvq__free(const kvq_allocator *a, void *p);
+/* A cache's default allocator (hpool.c): blocks of up to KVQ__HPOOL_CLASSES
+ * registered sizes from 2 MiB aligned mappings advised for huge pages, any
+ * other size from posix_memalign. Not thread-safe (a cache serializes its
+ * allocations). kvq__hpool_add_size: 0, or -1 when the classes are full
+ * (that size then goes to posix_memalign). fail_maps: tests make the next
+ * n mappings fail. mapped: bytes of regions (untouched parts commit no
+ * memory); in_use: bytes of registered sizes handed out and not freed. */
+#define KVQ__HPOOL_CLASSES 8
+typedef struct kvq__hpool kvq__hpool;
+kvq_status kvq__hpool_create(kvq__hpool **out);
+void kvq__hpool_destroy(kvq__hpool *p);
+int kvq__hpool_add_size(kvq__hpool *p, size_t size);
+void kvq__hpool_allocator(kvq__hpool *p, kvq_allocator *a);
+void kvq__hpool_fail_maps(kvq__hpool *p, int n);
+size_t kvq__hpool_mapped(const kvq__hpool *p);
+size_t kvq__hpool_in_use(const kvq__hpool *p);
 /* The whole file at path in *buf (from a; the caller frees it with a) and
  * its size in *size. A size outside [min, max] gives KVQ_ERR_CORRUPT; a file
  * that cannot be opened, sized or read, KVQ_ERR_IO. On error *buf is NULL. */

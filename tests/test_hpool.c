@@ -1,0 +1,193 @@
+/*
+ * test_hpool.c - the cache's default allocator of page blocks (hpool.c):
+ * blocks of registered sizes back to back in 2 MiB aligned regions, reuse
+ * of freed blocks, every other size from posix_memalign, a failed mapping
+ * leaving the pool as it was; and a cache on it (kvq_cache_config
+ * huge_pages 0) against the same cache on posix_memalign (-1): the same
+ * attention output bit for bit, the same stored_bytes, arena_bytes that
+ * stops growing once evictions free blocks for the appends.
+ */
+#include "common/common.h"
+#include "testutil.h"
+
+#include <stdint.h>
+
+#define MIB ((size_t)1 << 20)
+
+static void test_pool(void) {
+    kvq__hpool *p;
+    CHECK_OK(kvq__hpool_create(&p));
+    kvq_allocator a;
+    kvq__hpool_allocator(p, &a);
+    const size_t sz = 131072 + 96; /* an f32 page block with a header: not a multiple of 64 */
+    CHECK_EQ(kvq__hpool_add_size(p, sz), 0);
+    CHECK_EQ(kvq__hpool_add_size(p, sz), 0); /* again: the same class */
+    CHECK_EQ(kvq__hpool_add_size(p, 4), -1); /* no room for the free-list link */
+    CHECK_EQ(kvq__hpool_mapped(p), 0);       /* nothing mapped before the first block */
+
+    uint8_t *b[64];
+    b[0] = (uint8_t *)kvq__alloc(&a, sz);
+    b[1] = (uint8_t *)kvq__alloc(&a, sz);
+    CHECK(b[0] && b[1]);
+    CHECK_EQ((uintptr_t)b[0] % (2 * MIB), 0); /* 2 MiB aligned: whole huge pages */
+    /* back to back: the size rounded up to 64 bytes (ASan: plus a redzone) */
+    const size_t stride = (size_t)(b[1] - b[0]);
+#ifdef __SANITIZE_ADDRESS__
+    CHECK_EQ(stride, (sz + 63) / 64 * 64 + 64);
+#else
+    CHECK_EQ(stride, (sz + 63) / 64 * 64);
+#endif
+    /* the first region (2 MiB) holds n1 blocks, the second (4 MiB) n2 */
+    const size_t n1 = 2 * MIB / stride, n2 = 4 * MIB / stride, n = n1 + n2;
+    for (size_t i = 2; i < n1; i++)
+        b[i] = (uint8_t *)kvq__alloc(&a, sz);
+    int adjacent = 1;
+    for (size_t i = 1; i < n1; i++)
+        adjacent &= b[i] - b[i - 1] == (ptrdiff_t)stride;
+    CHECK(adjacent);
+    CHECK_EQ(kvq__hpool_mapped(p), 2 * MIB);
+    CHECK_EQ(kvq__hpool_in_use(p), n1 * sz);
+    for (size_t i = n1; i < n; i++)
+        b[i] = (uint8_t *)kvq__alloc(&a, sz);
+    CHECK(b[n - 1] != NULL);
+    CHECK_EQ((uintptr_t)b[n1] % (2 * MIB), 0);
+    CHECK_EQ(kvq__hpool_mapped(p), 6 * MIB);
+    for (size_t i = 0; i < n; i++)
+        memset(b[i], (int)(i + 1), sz);
+
+    /* a failed mapping: NULL, nothing changed; the next one succeeds */
+    size_t used = kvq__hpool_in_use(p);
+    kvq__hpool_fail_maps(p, 1);
+    CHECK(kvq__alloc(&a, sz) == NULL);
+    CHECK_EQ(kvq__hpool_mapped(p), 6 * MIB);
+    CHECK_EQ(kvq__hpool_in_use(p), used);
+    uint8_t *extra = (uint8_t *)kvq__alloc(&a, sz);
+    CHECK(extra != NULL);
+    CHECK_EQ(kvq__hpool_mapped(p), 14 * MIB);
+
+    /* freed blocks are handed out again, last freed first, before any new
+     * memory; the other blocks keep their bytes */
+    kvq__free(&a, b[3]);
+    kvq__free(&a, b[5]);
+    CHECK(kvq__alloc(&a, sz) == b[5]);
+    CHECK(kvq__alloc(&a, sz) == b[3]);
+    CHECK_EQ(kvq__hpool_mapped(p), 14 * MIB);
+    int kept = 1;
+    for (size_t i = 0; i < n; i++)
+        if (i != 3 && i != 5)
+            kept &= b[i][0] == (uint8_t)(i + 1) && b[i][sz - 1] == (uint8_t)(i + 1);
+    CHECK(kept);
+
+    /* other sizes go to posix_memalign, 64-byte aligned, freed by free */
+    void *o = kvq__alloc(&a, sz + 64);
+    CHECK(o != NULL);
+    CHECK_EQ((uintptr_t)o % 64, 0);
+    CHECK_EQ(kvq__hpool_in_use(p), n * sz + sz);
+    kvq__free(&a, o);
+
+    /* at most KVQ__HPOOL_CLASSES sizes */
+    int added = 1;
+    for (size_t i = 1; i < KVQ__HPOOL_CLASSES; i++)
+        added &= kvq__hpool_add_size(p, 4096 * i) == 0;
+    CHECK(added);
+    CHECK_EQ(kvq__hpool_add_size(p, 999 * 64), -1);
+    void *s = kvq__alloc(&a, 4096); /* a small class shares nothing with the large one */
+    CHECK(s != NULL);
+    CHECK_EQ(kvq__hpool_mapped(p), 16 * MIB);
+    kvq__free(&a, s);
+
+    for (size_t i = 0; i < n; i++)
+        kvq__free(&a, b[i]);
+    kvq__free(&a, extra);
+    CHECK_EQ(kvq__hpool_in_use(p), 0);
+    kvq__hpool_destroy(p);
+    kvq__hpool_destroy(NULL);
+}
+
+/* The same sequence on a cache with the pool (0) and without (-1). */
+static void test_cache(const char *codec) {
+    const size_t H = 2, QH = 8, D = 64, T = 700, CAP = 512;
+    kvq_cache *c[2];
+    for (int k = 0; k < 2; k++) {
+        kvq_cache_config cfg;
+        kvq_cache_config_init(&cfg);
+        cfg.n_layers = 2;
+        cfg.n_kv_heads = H;
+        cfg.n_q_heads = QH;
+        cfg.head_dim = D;
+        cfg.max_tokens = CAP; /* appends past it evict: blocks freed and reused */
+        cfg.k_codec = cfg.v_codec = codec;
+        cfg.policy = KVQ_POLICY_FIFO;
+        cfg.huge_pages = k ? -1 : 0;
+        CHECK_OK(kvq_cache_create(&c[k], &cfg));
+    }
+    tu_rng r;
+    tu_seed(&r, 11);
+    float *kv = (float *)malloc(2 * 64 * H * D * sizeof(float));
+    float q[8 * 64], out[2][8 * 64];
+    tu_fill_gauss(&r, q, QH * D, 1.0f);
+    int same = 1;
+    uint64_t arena_mid = 0;
+    for (size_t t = 0; t < T; t += 64) {
+        tu_fill_gauss(&r, kv, 2 * 64 * H * D, 1.0f);
+        for (int k = 0; k < 2; k++)
+            for (int l = 0; l < 2; l++)
+                CHECK_OK(kvq_cache_append(c[k], l, kv, kv + 64 * H * D, NULL, 64));
+        int32_t pos = (int32_t)(t + 64);
+        for (int k = 0; k < 2; k++)
+            CHECK_OK(kvq_cache_attend(c[k], 1, q, &pos, 1, out[k], QH * D, NULL, 0));
+        same &= memcmp(out[0], out[1], sizeof out[0]) == 0;
+        kvq_stats s0, s1;
+        kvq_cache_stats(c[0], -1, &s0);
+        kvq_cache_stats(c[1], -1, &s1);
+        CHECK_EQ(s0.stored_bytes, s1.stored_bytes);
+        CHECK_EQ(s1.arena_bytes, 0);
+        CHECK(s0.arena_bytes > 0);
+        if (t + 64 == CAP + 64)
+            arena_mid = s0.arena_bytes;
+        if (t + 64 > CAP + 64) /* at capacity: freed blocks take the new tokens */
+            CHECK_EQ(s0.arena_bytes, arena_mid);
+    }
+    CHECK(same);
+    free(kv);
+    kvq_cache_free(c[0]);
+    kvq_cache_free(c[1]);
+}
+
+static void test_config(void) {
+    kvq_cache_config cfg;
+    kvq_cache_config_init(&cfg);
+    cfg.n_layers = 1;
+    cfg.n_kv_heads = 1;
+    cfg.n_q_heads = 1;
+    cfg.head_dim = 64;
+    cfg.max_tokens = 64;
+    cfg.huge_pages = 1;
+    kvq_cache *c = NULL;
+    CHECK_STATUS(kvq_cache_create(&c, &cfg), KVQ_ERR_INVALID_ARG);
+    CHECK(c == NULL);
+    /* a user allocator: no pool */
+    tu_failalloc fa;
+    kvq_allocator al = tu_failalloc_make(&fa, 0);
+    cfg.allocator = &al;
+    cfg.huge_pages = 0;
+    CHECK_OK(kvq_cache_create(&c, &cfg));
+    float kv[2 * 64];
+    for (int i = 0; i < 128; i++)
+        kv[i] = (float)i / 64.0f;
+    CHECK_OK(kvq_cache_append(c, 0, kv, kv + 64, NULL, 1));
+    kvq_stats s;
+    kvq_cache_stats(c, 0, &s);
+    CHECK_EQ(s.arena_bytes, 0);
+    kvq_cache_free(c);
+    CHECK_EQ(fa.live_bytes, 0);
+}
+
+int main(int argc, char **argv) {
+    tu_init(argc, argv);
+    test_pool();
+    test_cache("f32");
+    test_cache("int4:g=32");
+    test_config();
+    return tu_finish();
+}
