@@ -676,6 +676,10 @@ class TestKVCache(unittest.TestCase):
             if name in ("bits_per_value", "total_bits_per_value", "fragmentation",
                         "peak_stored_bytes", "asymptotic_bits_per_value"):
                 continue
+            if name == "arena_bytes":  # the whole cache's, whatever the layer
+                self.assertTrue(all(p[name] == tot[name] for p in per))
+                self.assertGreater(tot[name], 0)  # the default allocator's regions
+                continue
             self.assertEqual(tot[name], sum(p[name] for p in per), name)
         s0 = per[0]
         vb = kvq.Codec("int8", d).vector_bytes + kvq.Codec("tq3", d).vector_bytes
