@@ -177,7 +177,15 @@ static inline void kvq__codec_prep(const kvq_codec *c, void *qp, const float *q,
  * it line by line as they read their own, which keeps a steady stream of
  * requests one page ahead (pages are separate blocks: the hardware
  * prefetchers lose the stream at each). Kernels may ignore it. */
-extern _Thread_local const uint8_t *kvq__pf_next;
+#if defined(__GNUC__)
+/* initial-exec: one %fs-relative load; in libkvq.so the default model
+ * calls __tls_get_addr on every kernel call (8 bytes of the static TLS
+ * that glibc reserves for libraries loaded later, too) */
+#define KVQ__TLS_IE __attribute__((tls_model("initial-exec")))
+#else
+#define KVQ__TLS_IE
+#endif
+extern _Thread_local const uint8_t *kvq__pf_next KVQ__TLS_IE;
 
 /* Whether (role, P) of codec c uses the tiled layout. */
 static inline int kvq__tiled(const kvq_codec *c, int role, size_t P) {
