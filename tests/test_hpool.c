@@ -10,6 +10,7 @@
 #include "common/common.h"
 #include "testutil.h"
 
+#include <pthread.h>
 #include <stdint.h>
 
 #define MIB ((size_t)1 << 20)
@@ -104,6 +105,68 @@ static void test_pool(void) {
     kvq__hpool_destroy(NULL);
 }
 
+/* Two threads allocate and free blocks of one size at once (get_kv may
+ * read cold pages into blocks on several threads): no block is handed to
+ * both, and each keeps what its thread wrote. */
+typedef struct {
+    kvq_allocator a;
+    size_t sz;
+    uint8_t tag;
+    int bad;
+} thr_arg;
+
+static _Atomic int thr_ready;
+
+static void *thr_run(void *v) {
+    thr_arg *t = (thr_arg *)v;
+    uint8_t *held[8] = {0};
+    thr_ready++; /* start together */
+    while (thr_ready < 2)
+        ;
+    for (int i = 0; i < 200000; i++) {
+        int k = i % 8;
+        if (held[k]) {
+            for (size_t j = 0; j < t->sz; j += 1021)
+                t->bad |= held[k][j] != t->tag;
+            kvq__free(&t->a, held[k]);
+        }
+        held[k] = (uint8_t *)kvq__alloc(&t->a, t->sz);
+        if (!held[k]) {
+            t->bad = 1;
+            break;
+        }
+        for (size_t j = 0; j < t->sz; j += 1021)
+            held[k][j] = t->tag;
+    }
+    for (int k = 0; k < 8; k++)
+        kvq__free(&t->a, held[k]);
+    return NULL;
+}
+
+static void test_threads(void) {
+    kvq__hpool *p;
+    CHECK_OK(kvq__hpool_create(&p));
+    kvq_allocator a;
+    kvq__hpool_allocator(p, &a);
+    const size_t sz = 3 * 4096;
+    CHECK_EQ(kvq__hpool_add_size(p, sz), 0);
+    thr_arg t[2] = {{a, sz, 0x5a, 0}, {a, sz, 0xa5, 0}};
+    pthread_t th;
+    thr_ready = 0;
+    int started = pthread_create(&th, NULL, thr_run, &t[1]) == 0;
+    if (!started)
+        thr_ready = 1; /* this thread alone */
+    thr_run(&t[0]);
+    if (started)
+        pthread_join(th, NULL);
+    CHECK(started);
+    CHECK(!t[0].bad && !t[1].bad);
+    CHECK_EQ(kvq__hpool_in_use(p), 0);
+    /* 16 blocks live at most: one region of 2 MiB */
+    CHECK_EQ(kvq__hpool_mapped(p), 2 * MIB);
+    kvq__hpool_destroy(p);
+}
+
 /* The same sequence on a cache with the pool (0) and without (-1). */
 static void test_cache(const char *codec) {
     const size_t H = 2, QH = 8, D = 64, T = 700, CAP = 512;
@@ -186,6 +249,7 @@ static void test_config(void) {
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_pool();
+    test_threads();
     test_cache("f32");
     test_cache("int4:g=32");
     test_config();

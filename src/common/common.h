@@ -28,8 +28,8 @@ void *kvq__calloc(const kvq_allocator *a, size_t size);
 void kvq__free(const kvq_allocator *a, void *p);
 /* A cache's default allocator (hpool.c): blocks of up to KVQ__HPOOL_CLASSES
  * registered sizes from 2 MiB aligned mappings advised for huge pages, any
- * other size from posix_memalign. Not thread-safe (a cache serializes its
- * allocations). kvq__hpool_add_size: 0, or -1 when the classes are full
+ * other size from posix_memalign. alloc and free may run on several
+ * threads at once; add_size must not run beside them. kvq__hpool_add_size: 0, or -1 when the classes are full
  * (that size then goes to posix_memalign). fail_maps: tests make the next
  * n mappings fail. mapped: bytes of regions (untouched parts commit no
  * memory); in_use: bytes of registered sizes handed out and not freed. */

@@ -27,6 +27,7 @@
 #endif
 #include "common.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -73,11 +74,21 @@ struct kvq__hpool {
     size_t nreg, capreg;
     size_t mapped, handed; /* bytes of regions; bytes of blocks handed out */
     int fail_maps;         /* tests: the next n mappings fail */
+    /* read-only calls of a cache (get_kv reading cold pages) may allocate
+     * blocks on several threads at once */
+    pthread_mutex_t mu;
 };
 
 kvq_status kvq__hpool_create(kvq__hpool **out) {
     *out = (kvq__hpool *)calloc(1, sizeof **out);
-    return *out ? KVQ_OK : KVQ_ERR_NOMEM;
+    if (!*out)
+        return KVQ_ERR_NOMEM;
+    if (pthread_mutex_init(&(*out)->mu, NULL) != 0) {
+        free(*out);
+        *out = NULL;
+        return KVQ_ERR_NOMEM;
+    }
+    return KVQ_OK;
 }
 
 void kvq__hpool_destroy(kvq__hpool *p) {
@@ -95,6 +106,7 @@ void kvq__hpool_destroy(kvq__hpool *p) {
         munmap(p->reg[i].base, p->reg[i].len);
     }
     free(p->reg);
+    pthread_mutex_destroy(&p->mu);
     free(p);
 }
 
@@ -177,18 +189,22 @@ static void *kvq__hp_alloc(void *ctx, size_t size) {
         return posix_memalign(&q, KVQ__ALIGN, size) == 0 ? q : NULL;
     }
     uint8_t *b;
+    pthread_mutex_lock(&p->mu);
     if (c->free_list) {
         b = (uint8_t *)c->free_list;
         KVQ__HP_UNPOISON(b, c->size);
         memcpy(&c->free_list, b, sizeof(void *));
     } else {
-        if ((size_t)(c->end - c->bump) < c->stride && kvq__hp_map(p, c) != 0)
+        if ((size_t)(c->end - c->bump) < c->stride && kvq__hp_map(p, c) != 0) {
+            pthread_mutex_unlock(&p->mu);
             return NULL;
+        }
         b = c->bump;
         c->bump += c->stride;
         KVQ__HP_UNPOISON(b, c->size);
     }
     p->handed += c->size;
+    pthread_mutex_unlock(&p->mu);
     return b;
 }
 
@@ -207,8 +223,10 @@ static const kvq__hp_region *kvq__hp_find(const kvq__hpool *p, const uint8_t *q)
 
 static void kvq__hp_free(void *ctx, void *q) {
     kvq__hpool *p = (kvq__hpool *)ctx;
+    pthread_mutex_lock(&p->mu);
     const kvq__hp_region *r = kvq__hp_find(p, (const uint8_t *)q);
     if (!r) {
+        pthread_mutex_unlock(&p->mu);
         free(q);
         return;
     }
@@ -217,6 +235,7 @@ static void kvq__hp_free(void *ctx, void *q) {
     memcpy(q, &c->free_list, sizeof(void *));
     c->free_list = q;
     KVQ__HP_POISON(q, c->size);
+    pthread_mutex_unlock(&p->mu);
 }
 
 void kvq__hpool_allocator(kvq__hpool *p, kvq_allocator *a) {
