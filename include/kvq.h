@@ -365,7 +365,9 @@ typedef struct kvq_cache_config {
      * faster than over glibc's 4 KiB pages: docs/attend.md); memory is
      * committed as it is touched, so a region holds at most one partly
      * used huge page beyond the blocks in use (stats: arena_bytes);
-     * freed blocks are reused, regions returned by kvq_cache_free.
+     * freed blocks are reused; when no block of a size is left (a codec
+     * switch) its regions but one go back to the OS, the rest at
+     * kvq_cache_free.
      * -1: every block from posix_memalign. */
     int huge_pages;
 } kvq_cache_config;

@@ -99,8 +99,16 @@ static void test_pool(void) {
 
     for (size_t i = 0; i < n; i++)
         kvq__free(&a, b[i]);
+    CHECK_EQ(kvq__hpool_mapped(p), 16 * MIB); /* one block of the size left */
     kvq__free(&a, extra);
     CHECK_EQ(kvq__hpool_in_use(p), 0);
+    /* no block of the size in use: its regions are unmapped but the one
+     * being carved (8 MiB, holding extra), which starts over */
+    CHECK_EQ(kvq__hpool_mapped(p), 8 * MIB + 2 * MIB);
+    uint8_t *again = (uint8_t *)kvq__alloc(&a, sz);
+    CHECK(again == extra);
+    CHECK_EQ(kvq__hpool_mapped(p), 8 * MIB + 2 * MIB);
+    kvq__free(&a, again);
     kvq__hpool_destroy(p);
     kvq__hpool_destroy(NULL);
 }
@@ -217,6 +225,52 @@ static void test_cache(const char *codec) {
     kvq_cache_free(c[1]);
 }
 
+/* A switch of codec frees every block of the old size: the pool unmaps
+ * that size's regions but the one being carved. Against a cache created
+ * with the new codec (which maps just the regions of the new blocks). */
+static void test_switch(void) {
+    const size_t H = 8, D = 128, T = 2048;
+    kvq_cache *c[2];
+    for (int k = 0; k < 2; k++) {
+        kvq_cache_config cfg;
+        kvq_cache_config_init(&cfg);
+        cfg.n_layers = 1;
+        cfg.n_kv_heads = H;
+        cfg.n_q_heads = H;
+        cfg.head_dim = D;
+        cfg.max_tokens = T;
+        cfg.k_codec = "int8";
+        cfg.v_codec = k ? "int4:g=32" : "int8";
+        CHECK_OK(kvq_cache_create(&c[k], &cfg));
+    }
+    tu_rng r;
+    tu_seed(&r, 5);
+    float *kv = (float *)malloc(2 * 256 * H * D * sizeof(float));
+    for (size_t t = 0; t < T; t += 256) {
+        tu_fill_gauss(&r, kv, 2 * 256 * H * D, 1.0f);
+        for (int k = 0; k < 2; k++)
+            CHECK_OK(kvq_cache_append(c[k], 0, kv, kv + 256 * H * D, NULL, 256));
+    }
+    float q[8 * 128], out[8 * 128];
+    tu_fill_gauss(&r, q, H * D, 1.0f);
+    int32_t pos = (int32_t)T;
+    for (int k = 0; k < 2; k++) /* encodes the staged tokens */
+        CHECK_OK(kvq_cache_attend(c[k], 0, q, &pos, 1, out, H * D, NULL, 0));
+    kvq_stats s0, s1, s2;
+    kvq_cache_stats(c[0], -1, &s0);
+    kvq_cache_stats(c[1], -1, &s1);
+    CHECK_OK(kvq_cache_set_precision(c[0], -1, -1, 1, "int4:g=32", NULL));
+    kvq_cache_stats(c[0], -1, &s2);
+    CHECK_EQ(s2.stored_bytes, s1.stored_bytes);
+    /* the old size keeps at most its last region (<= 64 MiB; here the
+     * 8 MiB one of 2 + 4 + 8); without the release s2 = s0 + s1 */
+    CHECK_LE(s2.arena_bytes, s1.arena_bytes + 8 * MIB);
+    CHECK(s2.arena_bytes < s0.arena_bytes + s1.arena_bytes);
+    free(kv);
+    kvq_cache_free(c[0]);
+    kvq_cache_free(c[1]);
+}
+
 static void test_config(void) {
     kvq_cache_config cfg;
     kvq_cache_config_init(&cfg);
@@ -252,6 +306,7 @@ int main(int argc, char **argv) {
     test_threads();
     test_cache("f32");
     test_cache("int4:g=32");
+    test_switch();
     test_config();
     return tu_finish();
 }

@@ -18,7 +18,9 @@
  * what a region holds beyond the blocks handed out is at most the huge
  * page being filled (plus the region's unusable tail, under one block).
  * Freed blocks go to a free list of their size and are handed out again
- * first; regions are unmapped only by kvq__hpool_destroy. The kernel may
+ * first. When no block of a size is in use (a layer switched codec, every
+ * page evicted), that size's regions are unmapped but the one being
+ * carved, which starts over; kvq__hpool_destroy unmaps the rest. The kernel may
  * refuse huge pages (transparent_hugepage=never): the blocks are then
  * still adjacent, in 4 KiB pages.
  */
@@ -63,8 +65,9 @@ typedef struct {
 typedef struct {
     size_t size, stride;
     void *free_list; /* next pointer in a free block's first bytes */
-    uint8_t *bump, *end;
+    uint8_t *bump, *end; /* the region being carved */
     size_t next_len;
+    size_t live; /* blocks handed out and not freed */
 } kvq__hp_class;
 
 struct kvq__hpool {
@@ -204,8 +207,34 @@ static void *kvq__hp_alloc(void *ctx, size_t size) {
         KVQ__HP_UNPOISON(b, c->size);
     }
     p->handed += c->size;
+    c->live++;
     pthread_mutex_unlock(&p->mu);
     return b;
+}
+
+/* Class c has no block in use (a layer switched to another codec, or
+ * every page was evicted): its regions go back to the OS but the one being
+ * carved, which starts over empty (so that a block taken and given back
+ * again and again does not map and unmap a region each time). */
+static void kvq__hp_release(kvq__hpool *p, kvq__hp_class *c) {
+    const size_t ci = (size_t)(c - p->cls);
+    size_t k = 0;
+    for (size_t i = 0; i < p->nreg; i++) {
+        kvq__hp_region r = p->reg[i];
+        if (r.cls == ci && !(c->bump > r.base && c->bump <= r.base + r.len)) {
+            KVQ__HP_UNPOISON(r.base, r.len);
+            munmap(r.base, r.len);
+            p->mapped -= r.len;
+        } else {
+            if (r.cls == ci) { /* the region being carved: empty again */
+                c->bump = r.base;
+                KVQ__HP_POISON(r.base, r.len);
+            }
+            p->reg[k++] = r;
+        }
+    }
+    p->nreg = k;
+    c->free_list = NULL;
 }
 
 /* The region holding q, or NULL. */
@@ -235,6 +264,8 @@ static void kvq__hp_free(void *ctx, void *q) {
     memcpy(q, &c->free_list, sizeof(void *));
     c->free_list = q;
     KVQ__HP_POISON(q, c->size);
+    if (--c->live == 0)
+        kvq__hp_release(p, c);
     pthread_mutex_unlock(&p->mu);
 }
 
