@@ -361,10 +361,11 @@ typedef struct kvq_cache_config {
     double link_latency_ms[2];  /* modeled launch overhead per transfer (0.015 ms) */
     /* Page blocks when allocator (and warm_allocator) is NULL: 0 (default)
      * from 2 MiB aligned regions advised for transparent huge pages, the
-     * blocks of each size back to back (a decode step streams about 10%
+     * blocks of each size back to back (a decode step streams 3-15%
      * faster than over glibc's 4 KiB pages: docs/attend.md); memory is
-     * committed as it is touched, so a region holds at most one partly
-     * used huge page beyond the blocks in use (stats: arena_bytes);
+     * committed as it is touched, so beyond the blocks in use the regions
+     * hold at most one partly used huge page per block size (64 sizes;
+     * more go to posix_memalign) and freed blocks (stats: arena_bytes);
      * freed blocks are reused; when no block of a size is left (a codec
      * switch) its regions but one go back to the OS, the rest at
      * kvq_cache_free.

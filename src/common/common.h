@@ -33,7 +33,7 @@ void kvq__free(const kvq_allocator *a, void *p);
  * (that size then goes to posix_memalign). fail_maps: tests make the next
  * n mappings fail. mapped: bytes of regions (untouched parts commit no
  * memory); in_use: bytes of registered sizes handed out and not freed. */
-#define KVQ__HPOOL_CLASSES 8
+#define KVQ__HPOOL_CLASSES 64 /* block sizes: a layer of its own per-head codecs may have one */
 typedef struct kvq__hpool kvq__hpool;
 kvq_status kvq__hpool_create(kvq__hpool **out);
 void kvq__hpool_destroy(kvq__hpool *p);
