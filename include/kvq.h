@@ -250,7 +250,9 @@ KVQ_API kvq_status kvq_codec_load_file(kvq_codec *codec, const char *path);
  * n_threads worker threads over the KV heads of a layer: n_threads - 1
  * persistent workers started by kvq_cache_create and joined by
  * kvq_cache_free (no thread is created per call; they never call the
- * allocator or any callback). */
+ * allocator or any callback). After an attend the workers poll for the
+ * next one for up to 50 us before they sleep (a wake-up costs 10-50 us on
+ * a busy machine, as much as a step over 1k tokens). */
 typedef struct kvq_cache kvq_cache;
 
 typedef enum {
