@@ -140,8 +140,11 @@ kvq__accum_strip(const int kind, const int NS, float *const *a, const float *con
  * over whole 512-byte (f32) rows, so that the area is read line after
  * line, an order the hardware prefetchers follow (the strips of
  * kvq__accum_strip jump between rows); the second pair of rows re-reads
- * the area from L1. The sums are formed in the same order as by the
- * strips, so the results are the same. */
+ * the area from L1. The first pair prefetches the first half of the next
+ * page's rows and the second pair the rest, so that requests go out while
+ * the second pair works from L1 too (32k streaming about -2% best step,
+ * -5% mean, six alternations). The sums are formed in the same order as
+ * by the strips, so the results are the same. */
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__accum_rows2(const int kind, float *a0, float *a1, const float *w0, const float *w1,
                  const uint8_t *vals, size_t vb, size_t es, size_t c, size_t n, int pf) {
@@ -151,7 +154,9 @@ kvq__accum_rows2(const int kind, float *a0, float *a1, const float *w0, const fl
         x[k] = y[k] = _mm512_setzero_ps();
     for (size_t j = 0; j < n; j++) {
         const uint8_t *v = vals + j * vb + c * es;
-        if (pf && kvq__pf_next) /* the same row of the next page */
+        /* the same row of the next page: pf 1 the first half of the rows,
+         * 2 the second, 3 all */
+        if ((pf & (j < n / 2 ? 1 : 2)) && kvq__pf_next)
             for (size_t o = 0; o < 128 * es; o += 64)
                 _mm_prefetch((const char *)(kvq__pf_next + j * vb + c * es + o), _MM_HINT_T0);
         const __m512 b0 = _mm512_set1_ps(w0[j]), b1 = _mm512_set1_ps(w1[j]);
@@ -183,7 +188,7 @@ kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astrid
             for (size_t col = 0; col < d; col += 128)
                 kvq__accum_rows2(kind, acc + i0 * astride, two ? acc + (i0 + 1) * astride : NULL,
                                  w + i0 * wstride, w + (i0 + two) * wstride, vals, vb, es, col, n,
-                                 i0 == 0);
+                                 nq <= 2 ? 3 : i0 == 0 ? 1 : i0 == 2 ? 2 : 0);
         }
         return;
     }
