@@ -7,6 +7,7 @@
  * attention output bit for bit, the same stored_bytes, arena_bytes that
  * stops growing once evictions free blocks for the appends.
  */
+#include "cache/cache_impl.h"
 #include "common/common.h"
 #include "testutil.h"
 
@@ -271,6 +272,74 @@ static void test_switch(void) {
     kvq_cache_free(c[1]);
 }
 
+/* The pool cannot map a region (out of memory): the append that needs one
+ * fails with KVQ_ERR_NOMEM and leaves the cache as it was; the same append
+ * then succeeds and attention sees every token. */
+static void test_nomem(void) {
+    const size_t H = 8, D = 128;
+    kvq_cache_config cfg;
+    kvq_cache_config_init(&cfg);
+    cfg.n_layers = 1;
+    cfg.n_kv_heads = H;
+    cfg.n_q_heads = H;
+    cfg.head_dim = D;
+    cfg.max_tokens = 4096;
+    cfg.k_codec = cfg.v_codec = "f32";
+    kvq_cache *c;
+    CHECK_OK(kvq_cache_create(&c, &cfg));
+    CHECK(c->hpool != NULL);
+    tu_rng r;
+    tu_seed(&r, 9);
+    /* appends of one page each until one needs a new region, which the
+     * pool cannot map: that append fails and changes nothing */
+    const size_t m = 16, maxp = 64;
+    float *kv = (float *)malloc(2 * maxp * m * H * D * sizeof(float));
+    tu_fill_gauss(&r, kv, 2 * maxp * m * H * D, 1.0f);
+    CHECK_OK(kvq_cache_append(c, 0, kv, kv + m * H * D, NULL, m)); /* maps the first region */
+    kvq__hpool_fail_maps(c->hpool, 1);
+    size_t n = m; /* tokens appended */
+    kvq_status st = KVQ_OK;
+    kvq_stats s0, s1;
+    while (n / m < maxp) {
+        const float *k1 = kv + 2 * n * H * D, *v1 = k1 + m * H * D;
+        kvq_cache_stats(c, -1, &s0);
+        st = kvq_cache_append(c, 0, k1, v1, NULL, m);
+        if (st != KVQ_OK)
+            break;
+        n += m;
+    }
+    CHECK_STATUS(st, KVQ_ERR_NOMEM);
+    CHECK(n >= 15 * m); /* a first region of 2 MiB: at least 15 pages of 128 KiB */
+    kvq_cache_stats(c, -1, &s1);
+    CHECK_EQ(s1.tokens, n);
+    CHECK_EQ(s1.tokens_appended, s0.tokens_appended);
+    CHECK_EQ(s1.stored_bytes, s0.stored_bytes);
+    CHECK_EQ(s1.pages, s0.pages);
+    CHECK_EQ(s1.arena_bytes, s0.arena_bytes);
+    const float *k1 = kv + 2 * n * H * D, *v1 = k1 + m * H * D;
+    CHECK_OK(kvq_cache_append(c, 0, k1, v1, NULL, m)); /* the mapping works again */
+    kvq_cache_stats(c, -1, &s1);
+    CHECK_EQ(s1.tokens, n + m);
+    CHECK(s1.arena_bytes > s0.arena_bytes);
+    /* the same output as a cache without the pool that got the same tokens */
+    float q[8 * 128], out[2][8 * 128];
+    for (size_t i = 0; i < H * D; i++)
+        q[i] = kv[i] * 0.1f;
+    int32_t pos = (int32_t)(n + m);
+    n += m;
+    CHECK_OK(kvq_cache_attend(c, 0, q, &pos, 1, out[0], H * D, NULL, 0));
+    kvq_cache *c2;
+    cfg.huge_pages = -1;
+    CHECK_OK(kvq_cache_create(&c2, &cfg));
+    for (size_t t = 0; t < n; t += m)
+        CHECK_OK(kvq_cache_append(c2, 0, kv + 2 * t * H * D, kv + (2 * t + m) * H * D, NULL, m));
+    CHECK_OK(kvq_cache_attend(c2, 0, q, &pos, 1, out[1], H * D, NULL, 0));
+    CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0);
+    free(kv);
+    kvq_cache_free(c);
+    kvq_cache_free(c2);
+}
+
 static void test_config(void) {
     kvq_cache_config cfg;
     kvq_cache_config_init(&cfg);
@@ -307,6 +376,7 @@ int main(int argc, char **argv) {
     test_cache("f32");
     test_cache("int4:g=32");
     test_switch();
+    test_nomem();
     test_config();
     return tu_finish();
 }
