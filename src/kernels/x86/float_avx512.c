@@ -71,7 +71,7 @@ KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__float_tscore_k(const int kind, const kvq_codec *c, float *out, size_t ostride, const void *qp,
                     size_t nq, const uint8_t *page, size_t P) {
     const float *q = (const float *)qp;
-    const size_t qs = c->tqp_bytes / sizeof(float), d = c->d, es = c->bytes / c->d;
+    const size_t qs = c->tqp_bytes / sizeof(float), d = c->d, es = kind == KVQ__F32 ? 4 : 2; /* a constant per kind */
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         size_t g = KVQ__MIN(4, nq - i0);
         const float *q0 = q + i0 * qs;
@@ -181,7 +181,7 @@ kvq__accum_rows2(const int kind, float *a0, float *a1, const float *w0, const fl
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astride, const float *w,
                    size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
-    const size_t d = c->d, vb = c->bytes, es = c->bytes / c->d;
+    const size_t d = c->d, vb = c->bytes, es = kind == KVQ__F32 ? 4 : 2;
     if (kind == KVQ__F32 && d % 128 == 0) { /* whole rows, 2 weight rows at a time */
         for (size_t i0 = 0; i0 < nq; i0 += 2) {
             const int two = i0 + 1 < nq;
