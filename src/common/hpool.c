@@ -137,7 +137,8 @@ size_t kvq__hpool_in_use(const kvq__hpool *p) { return p ? p->handed : 0; }
 /* A new region for class c (2 MiB aligned, at least one block), recorded
  * in p->reg; 0, or -1 with the pool unchanged. */
 static int kvq__hp_map(kvq__hpool *p, kvq__hp_class *c) {
-    size_t len = KVQ__MAX(c->next_len, (c->stride + KVQ__HP_HUGE - 1) / KVQ__HP_HUGE * KVQ__HP_HUGE);
+    size_t whole = (c->stride + KVQ__HP_HUGE - 1) / KVQ__HP_HUGE * KVQ__HP_HUGE;
+    size_t len = KVQ__MAX(c->next_len, whole);
     if (p->fail_maps > 0) {
         p->fail_maps--;
         return -1;

@@ -71,7 +71,8 @@ KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__float_tscore_k(const int kind, const kvq_codec *c, float *out, size_t ostride, const void *qp,
                     size_t nq, const uint8_t *page, size_t P) {
     const float *q = (const float *)qp;
-    const size_t qs = c->tqp_bytes / sizeof(float), d = c->d, es = kind == KVQ__F32 ? 4 : 2; /* a constant per kind */
+    /* es a constant of the kind: fixed offsets instead of index registers */
+    const size_t qs = c->tqp_bytes / sizeof(float), d = c->d, es = kind == KVQ__F32 ? 4 : 2;
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         size_t g = KVQ__MIN(4, nq - i0);
         const float *q0 = q + i0 * qs;
