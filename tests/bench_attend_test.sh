@@ -62,6 +62,8 @@ bad_opt --codec bench attend --codec int8,,tq3
 bad_opt --baselines bench attend --baselines llama.cpp:q5_1
 bad_opt --bogus bench attend --bogus
 bad_opt --isa bench attend --isa sse9
+bad_opt --huge-pages bench attend --huge-pages maybe
+bad_opt --huge-pages bench attend --huge-pages
 bad_opt --head-dim bench codecs --head-dim 0
 bad_opt --count bench codecs --count 1x
 bad_opt --reps bench codecs --reps 0
@@ -76,6 +78,7 @@ def num(x, k):
     assert v > 0, (x.get("codec"), k, v)
     return v
 assert isinstance(d["cpu"], str) and d["cpu"] and isinstance(d["isa"], str) and d["isa"]
+assert d["huge_pages"] is True and isinstance(d["thp"], str) and d["thp"]
 bw1, bw2 = num(d, "read_gbps_1t"), num(d, "read_gbps_2t")
 assert d["threads"] == 1 and d["thread_counts"] == [1] and d["floor_gbps"] == bw1
 assert num(d, "bandwidth_buffer_bytes") >= 256 << 20
@@ -164,5 +167,15 @@ expect_in "$TMP/out" "read bandwidth" "table header: bandwidth"
 expect_in "$TMP/out" "kvq path" "table header: kernel path"
 expect_in "$TMP/out" "x floor" "table columns"
 expect_in "$TMP/out" "^  int8 *128 " "table int8 row"
+expect_in "$TMP/out" "page blocks: huge-page regions" "table header: page blocks"
+
+# ---- --huge-pages off: the caches on posix_memalign ----
+run 0 "attend huge-pages off" bench attend --context 128 --codec int8 --baselines none --reps 1 \
+    --huge-pages off --json
+check_json "attend huge-pages off" '
+assert d["huge_pages"] is False
+assert [x["codec"] for x in d["results"]] == ["f32", "f16", "int8"]
+assert all(x["step_us"] > 0 and "error" not in x for x in d["results"])
+'
 
 finish
