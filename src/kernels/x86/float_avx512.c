@@ -137,59 +137,70 @@ kvq__accum_strip(const int kind, const int NS, float *const *a, const float *con
     }
 }
 
-/* acc[r][c..c+128) += sum_j w[r][j] v_j[c..] for 2 rows: 16 accumulators
- * over whole 512-byte (f32) rows, so that the area is read line after
- * line, an order the hardware prefetchers follow (the strips of
- * kvq__accum_strip jump between rows); the second pair of rows re-reads
- * the area from L1. The first pair prefetches the first half of the next
- * page's rows and the second pair the rest, so that requests go out while
- * the second pair works from L1 too (32k streaming about -2% best step,
- * -5% mean, six alternations). The sums are formed in the same order as
- * by the strips, so the results are the same. */
+/* acc[r][c..c+128) += sum_j w[r][j] v_j[c..] for NR <= 3 rows: 8 * NR
+ * accumulators over whole 512-byte (f32) rows, so that the area is read
+ * line after line, an order the hardware prefetchers follow (the strips of
+ * kvq__accum_strip jump between rows); a later group of rows re-reads the
+ * area from L1. Each group prefetches its share [pf0, pf1) of the next
+ * page's rows, so that requests also go out while later groups work from
+ * L1. The sums are formed in the same order as by the strips, so the
+ * results are the same. */
 KVQ__T512 static inline __attribute__((always_inline)) void
-kvq__accum_rows2(const int kind, float *a0, float *a1, const float *w0, const float *w1,
-                 const uint8_t *vals, size_t vb, size_t es, size_t c, size_t n, int pf) {
-    __m512 x[8], y[8];
+kvq__accum_rows(const int kind, const int NR, float *const *a, const float *const *w,
+                const uint8_t *vals, size_t vb, size_t es, size_t c, size_t n, size_t pf0,
+                size_t pf1) {
+    __m512 x[3][8];
+#pragma GCC unroll 3
+    for (int r = 0; r < NR; r++)
 #pragma GCC unroll 8
-    for (int k = 0; k < 8; k++)
-        x[k] = y[k] = _mm512_setzero_ps();
+        for (int k = 0; k < 8; k++)
+            x[r][k] = _mm512_setzero_ps();
     for (size_t j = 0; j < n; j++) {
         const uint8_t *v = vals + j * vb + c * es;
-        /* the same row of the next page: pf 1 the first half of the rows,
-         * 2 the second, 3 all */
-        if ((pf & (j < n / 2 ? 1 : 2)) && kvq__pf_next)
+        if (j >= pf0 && j < pf1 && kvq__pf_next) /* the same row of the next page */
             for (size_t o = 0; o < 128 * es; o += 64)
                 _mm_prefetch((const char *)(kvq__pf_next + j * vb + c * es + o), _MM_HINT_T0);
-        const __m512 b0 = _mm512_set1_ps(w0[j]), b1 = _mm512_set1_ps(w1[j]);
+        __m512 b[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < NR; r++)
+            b[r] = _mm512_set1_ps(w[r][j]);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const __m512 vv = kvq__fload16(kind, v + 16 * (size_t)k * es);
-            x[k] = _mm512_fmadd_ps(b0, vv, x[k]);
-            y[k] = _mm512_fmadd_ps(b1, vv, y[k]);
+#pragma GCC unroll 3
+            for (int r = 0; r < NR; r++)
+                x[r][k] = _mm512_fmadd_ps(b[r], vv, x[r][k]);
         }
     }
+#pragma GCC unroll 3
+    for (int r = 0; r < NR; r++)
 #pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        float *p = a0 + c + 16 * k;
-        _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), x[k]));
-        if (a1) {
-            p = a1 + c + 16 * k;
-            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), y[k]));
+        for (int k = 0; k < 8; k++) {
+            float *p = a[r] + c + 16 * k;
+            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), x[r][k]));
         }
-    }
 }
 
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astride, const float *w,
                    size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
     const size_t d = c->d, vb = c->bytes, es = kind == KVQ__F32 ? 4 : 2;
-    if (kind == KVQ__F32 && d % 128 == 0) { /* whole rows, 2 weight rows at a time */
-        for (size_t i0 = 0; i0 < nq; i0 += 2) {
-            const int two = i0 + 1 < nq;
-            for (size_t col = 0; col < d; col += 128)
-                kvq__accum_rows2(kind, acc + i0 * astride, two ? acc + (i0 + 1) * astride : NULL,
-                                 w + i0 * wstride, w + (i0 + two) * wstride, vals, vb, es, col, n,
-                                 nq <= 2 ? 3 : i0 == 0 ? 1 : i0 == 2 ? 2 : 0);
+    if (kind == KVQ__F32 && d % 128 == 0) { /* whole rows, 3 weight rows at a time */
+        for (size_t i0 = 0; i0 < nq;) {
+            const size_t nr = KVQ__MIN(3, nq - i0);
+            float *ar[3] = {acc + i0 * astride, acc + (i0 + 1) * astride, acc + (i0 + 2) * astride};
+            const float *wr[3] = {w + i0 * wstride, w + (i0 + 1) * wstride, w + (i0 + 2) * wstride};
+            /* this group's share of the prefetch: its share of the rows */
+            const size_t pf0 = n * i0 / nq, pf1 = n * (i0 + nr) / nq;
+            for (size_t col = 0; col < d; col += 128) {
+                if (nr == 3)
+                    kvq__accum_rows(kind, 3, ar, wr, vals, vb, es, col, n, pf0, pf1);
+                else if (nr == 2)
+                    kvq__accum_rows(kind, 2, ar, wr, vals, vb, es, col, n, pf0, pf1);
+                else
+                    kvq__accum_rows(kind, 1, ar, wr, vals, vb, es, col, n, pf0, pf1);
+            }
+            i0 += nr;
         }
         return;
     }
