@@ -176,19 +176,27 @@ static void test_threads(void) {
     kvq__hpool_destroy(p);
 }
 
+/* A one-codec cache config of the given shape. */
+static kvq_cache_config hp_cfg(size_t L, size_t H, size_t QH, size_t D, size_t max_tokens,
+                               const char *codec) {
+    kvq_cache_config cfg;
+    kvq_cache_config_init(&cfg);
+    cfg.n_layers = L;
+    cfg.n_kv_heads = H;
+    cfg.n_q_heads = QH;
+    cfg.head_dim = D;
+    cfg.max_tokens = max_tokens;
+    cfg.k_codec = cfg.v_codec = codec;
+    return cfg;
+}
+
 /* The same sequence on a cache with the pool (0) and without (-1). */
 static void test_cache(const char *codec) {
     const size_t H = 2, QH = 8, D = 64, T = 700, CAP = 512;
     kvq_cache *c[2];
     for (int k = 0; k < 2; k++) {
-        kvq_cache_config cfg;
-        kvq_cache_config_init(&cfg);
-        cfg.n_layers = 2;
-        cfg.n_kv_heads = H;
-        cfg.n_q_heads = QH;
-        cfg.head_dim = D;
-        cfg.max_tokens = CAP; /* appends past it evict: blocks freed and reused */
-        cfg.k_codec = cfg.v_codec = codec;
+        /* appends past CAP evict: blocks freed and reused */
+        kvq_cache_config cfg = hp_cfg(2, H, QH, D, CAP, codec);
         cfg.policy = KVQ_POLICY_FIFO;
         cfg.huge_pages = k ? -1 : 0;
         CHECK_OK(kvq_cache_create(&c[k], &cfg));
@@ -233,14 +241,7 @@ static void test_switch(void) {
     const size_t H = 8, D = 128, T = 2048;
     kvq_cache *c[2];
     for (int k = 0; k < 2; k++) {
-        kvq_cache_config cfg;
-        kvq_cache_config_init(&cfg);
-        cfg.n_layers = 1;
-        cfg.n_kv_heads = H;
-        cfg.n_q_heads = H;
-        cfg.head_dim = D;
-        cfg.max_tokens = T;
-        cfg.k_codec = "int8";
+        kvq_cache_config cfg = hp_cfg(1, H, H, D, T, "int8");
         cfg.v_codec = k ? "int4:g=32" : "int8";
         CHECK_OK(kvq_cache_create(&c[k], &cfg));
     }
@@ -277,14 +278,7 @@ static void test_switch(void) {
  * then succeeds and attention sees every token. */
 static void test_nomem(void) {
     const size_t H = 8, D = 128;
-    kvq_cache_config cfg;
-    kvq_cache_config_init(&cfg);
-    cfg.n_layers = 1;
-    cfg.n_kv_heads = H;
-    cfg.n_q_heads = H;
-    cfg.head_dim = D;
-    cfg.max_tokens = 4096;
-    cfg.k_codec = cfg.v_codec = "f32";
+    kvq_cache_config cfg = hp_cfg(1, H, H, D, 4096, "f32");
     kvq_cache *c;
     CHECK_OK(kvq_cache_create(&c, &cfg));
     CHECK(c->hpool != NULL);
@@ -341,13 +335,7 @@ static void test_nomem(void) {
 }
 
 static void test_config(void) {
-    kvq_cache_config cfg;
-    kvq_cache_config_init(&cfg);
-    cfg.n_layers = 1;
-    cfg.n_kv_heads = 1;
-    cfg.n_q_heads = 1;
-    cfg.head_dim = 64;
-    cfg.max_tokens = 64;
+    kvq_cache_config cfg = hp_cfg(1, 1, 1, 64, 64, NULL);
     cfg.huge_pages = 1;
     kvq_cache *c = NULL;
     CHECK_STATUS(kvq_cache_create(&c, &cfg), KVQ_ERR_INVALID_ARG);

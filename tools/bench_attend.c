@@ -381,6 +381,7 @@ typedef struct {
     const float *K, *V, *q; /* [H][ld][d], [QH][d] */
     size_t ld, threads;
     kvq_isa isa;
+    int huge_pages; /* the caches' cfg.huge_pages (--huge-pages) */
     float *chunk_k, *chunk_v; /* [1024][H][d] */
     float *out;               /* [QH][d] */
     kvqb_config cfg;
@@ -388,16 +389,14 @@ typedef struct {
     kvqb_simd simd;
 } ba_env;
 
-static int ba_huge_pages; /* --huge-pages */
-
 static kvq_status ba_cache(kvq_cache **c, const char *codec, size_t max_tokens, size_t threads,
-                           kvq_isa isa, char *msg, size_t msg_size) {
+                           kvq_isa isa, int huge_pages, char *msg, size_t msg_size) {
     kvq_cache_config cfg;
     kvq_cache_config_init(&cfg);
     cfg.n_layers = 1, cfg.n_kv_heads = BA_H, cfg.n_q_heads = BA_QH, cfg.head_dim = BA_D;
     cfg.max_tokens = max_tokens, cfg.k_codec = codec, cfg.v_codec = codec, cfg.n_threads = threads;
     cfg.isa = isa;
-    cfg.huge_pages = ba_huge_pages;
+    cfg.huge_pages = huge_pages;
     cfg.err_msg = msg, cfg.err_msg_size = msg_size;
     msg[0] = 0;
     return kvq_cache_create(c, &cfg);
@@ -410,7 +409,8 @@ static void ba_run_kvq(ba_env *e, const char *codec, size_t ctx, ba_row *r) {
     r->context = ctx;
     r->threads = e->threads;
     kvq_cache *c = NULL;
-    kvq_status st = ba_cache(&c, codec, ctx, e->threads, e->isa, r->msg, sizeof r->msg);
+    kvq_status st = ba_cache(&c, codec, ctx, e->threads, e->isa, e->huge_pages, r->msg,
+                              sizeof r->msg);
     if (st != KVQ_OK) {
         if (!r->msg[0])
             snprintf(r->msg, sizeof r->msg, "%s", kvq_strerror(st));
@@ -517,7 +517,8 @@ static void ba_run_prefill(ba_env *e, const char *codec, size_t N, const float *
         reps_max = 8;
     while ((size_t)reps < reps_max && (reps < 1 || spent < 2.0)) {
         kvq_cache *c = NULL;
-        kvq_status st = ba_cache(&c, codec, N, e->threads, e->isa, r->msg, sizeof r->msg);
+        kvq_status st = ba_cache(&c, codec, N, e->threads, e->isa, e->huge_pages, r->msg,
+                                  sizeof r->msg);
         if (st != KVQ_OK) {
             if (!r->msg[0])
                 snprintf(r->msg, sizeof r->msg, "%s", kvq_strerror(st));
@@ -592,12 +593,11 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         free(o.codec_buf);
         return rc < 0 ? 0 : rc;
     }
-    ba_huge_pages = o.huge_pages;
     /* every codec must make a cache: checked before any work */
     for (size_t k = 0; k < o.ncod; k++) {
         char msg[256];
         kvq_cache *c = NULL;
-        kvq_status st = ba_cache(&c, o.codecs[k], 64, 1, o.isa, msg, sizeof msg);
+        kvq_status st = ba_cache(&c, o.codecs[k], 64, 1, o.isa, o.huge_pages, msg, sizeof msg);
         kvq_cache_free(c);
         if (st != KVQ_OK) {
             fprintf(stderr, "kvq bench attend: --codec '%s'%s%s: %s\n", o.codecs[k],
@@ -616,6 +616,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
     memset(&e, 0, sizeof e);
     e.threads = o.thr[0];
     e.isa = o.isa;
+    e.huge_pages = o.huge_pages;
     e.simd = kvqb_simd_best();
     e.pool = kvqb_pool_create(max_thr > 2 ? (int)max_thr : 2);
     char cpu[128], cpu_detail[256];

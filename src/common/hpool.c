@@ -77,7 +77,7 @@ struct kvq__hpool {
     size_t ncls;
     kvq__hp_region *reg; /* sorted by base */
     size_t nreg, capreg;
-    size_t mapped, handed; /* bytes of regions; bytes of blocks handed out */
+    size_t mapped; /* bytes of regions */
     int fail_maps;         /* tests: the next n mappings fail */
     /* read-only calls of a cache (get_kv reading cold pages) may allocate
      * blocks on several threads at once */
@@ -96,13 +96,21 @@ kvq_status kvq__hpool_create(kvq__hpool **out) {
     return KVQ_OK;
 }
 
+/* Bytes of blocks handed out and not freed. */
+static size_t kvq__hp_live_bytes(const kvq__hpool *p) {
+    size_t n = 0;
+    for (size_t i = 0; i < p->ncls; i++)
+        n += p->cls[i].live * p->cls[i].size;
+    return n;
+}
+
 void kvq__hpool_destroy(kvq__hpool *p) {
     if (!p)
         return;
 #ifdef KVQ__HP_ASAN
     /* LeakSanitizer cannot see blocks inside the regions: report them */
-    if (p->handed) {
-        fprintf(stderr, "kvq: %zu bytes of page blocks were never freed\n", p->handed);
+    if (kvq__hp_live_bytes(p)) {
+        fprintf(stderr, "kvq: %zu bytes of page blocks were never freed\n", kvq__hp_live_bytes(p));
         abort();
     }
 #endif
@@ -134,7 +142,7 @@ int kvq__hpool_add_size(kvq__hpool *p, size_t size) {
 void kvq__hpool_fail_maps(kvq__hpool *p, int n) { p->fail_maps = n; }
 
 size_t kvq__hpool_mapped(const kvq__hpool *p) { return p ? p->mapped : 0; }
-size_t kvq__hpool_in_use(const kvq__hpool *p) { return p ? p->handed : 0; }
+size_t kvq__hpool_in_use(const kvq__hpool *p) { return p ? kvq__hp_live_bytes(p) : 0; }
 
 /* A new region for class c (2 MiB aligned, at least one block), recorded
  * in p->reg; 0, or -1 with the pool unchanged. */
@@ -209,7 +217,6 @@ static void *kvq__hp_alloc(void *ctx, size_t size) {
         c->bump += c->stride;
         KVQ__HP_UNPOISON(b, c->size);
     }
-    p->handed += c->size;
     c->live++;
     pthread_mutex_unlock(&p->mu);
     return b;
@@ -263,7 +270,6 @@ static void kvq__hp_free(void *ctx, void *q) {
         return;
     }
     kvq__hp_class *c = &p->cls[r->cls];
-    p->handed -= c->size;
     memcpy(q, &c->free_list, sizeof(void *));
     c->free_list = q;
     KVQ__HP_POISON(q, c->size);
