@@ -478,6 +478,15 @@ KVQ_API kvq_status kvq_cache_get_kv(const kvq_cache *cache, size_t layer, int kv
 KVQ_API kvq_status kvq_cache_set_precision(kvq_cache *cache, int layer, int kv_head,
                                            int is_value, const char *codec, double *added_nmse);
 
+/* Sets how many attention threads the next attends use: 1 to the cache's
+ * own count (cfg.n_threads, at most n_kv_heads), whose workers stay
+ * started; the others wait for later batches. Output is bit-identical at
+ * every count. Not to be called while an attend of this cache runs.
+ * kvq_cache_get_config still reports the count the cache was created with.
+ * A count outside 1..that count: KVQ_ERR_INVALID_ARG (with a message),
+ * nothing changed. */
+KVQ_API kvq_status kvq_cache_set_threads(kvq_cache *cache, size_t n_threads);
+
 /* Sets the budget (at most max_tokens) and evicts down to it now, new
  * tokens included. Eviction allocates nothing: this never fails for lack of
  * memory. */

@@ -854,6 +854,31 @@ static void test_threads_long(tu_rng *r) {
             }
             fill_cache(c, &s, 0, 1000);
             CHECK_OK(kvq_cache_attend(c, 0, q, &qp, 1, out[t], QH * d, ta[t], H * n));
+            if (t == 2) {
+                /* kvq_cache_set_threads: the same bytes at every count the
+                 * cache has threads for (min(3, H) = 2 here); 0 and 3 are
+                 * refused with a message and change nothing. (The first
+                 * attend encoded the staged tokens: the reference is a
+                 * second one.) */
+                float o1[4 * 32], o2[4 * 32];
+                CHECK_OK(kvq_cache_attend(c, 0, q, &qp, 1, o1, QH * d, NULL, 0));
+                for (size_t k = 1; k <= 2; k++) {
+                    CHECK_OK(kvq_cache_set_threads(c, k));
+                    CHECK_OK(kvq_cache_attend(c, 0, q, &qp, 1, o2, QH * d, NULL, 0));
+                    TU_REPORT(memcmp(o2, o1, sizeof o2) == 0,
+                              "%s/%s: output differs after set_threads(%zu)", pairs[pi][0],
+                              pairs[pi][1], k);
+                }
+                CHECK(kvq_cache_set_threads(c, 0) == KVQ_ERR_INVALID_ARG);
+                CHECK(kvq_cache_set_threads(c, 3) == KVQ_ERR_INVALID_ARG);
+                CHECK(strstr(kvq_cache_last_error(c), "outside 1..2") != NULL);
+                CHECK(kvq_cache_set_threads(NULL, 1) == KVQ_ERR_INVALID_ARG);
+                kvq_cache_config got;
+                CHECK_OK(kvq_cache_get_config(c, &got));
+                CHECK(got.n_threads == 3); /* as created */
+                CHECK_OK(kvq_cache_attend(c, 0, q, &qp, 1, o2, QH * d, NULL, 0));
+                CHECK(memcmp(o2, o1, sizeof o2) == 0);
+            }
             if (t == 0 && pi == 0) {
                 /* float64 reference over the decoded cache */
                 float *K = malloc(n * H * d * sizeof(float)), *V = malloc(n * H * d * sizeof(float));

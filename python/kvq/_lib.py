@@ -248,6 +248,7 @@ _PROTOS = {
     "kvq_cache_set_precision": (c_int, [_P, c_int, c_int, c_int, c_char_p, POINTER(c_double)]),
     "kvq_cache_last_error": (c_char_p, [_P]),
     "kvq_cache_set_budget": (c_int, [_P, _SZ]),
+    "kvq_cache_set_threads": (c_int, [_P, _SZ]),
     "kvq_cache_stats": (c_int, [_P, c_int, POINTER(kvq_stats)]),
     "kvq_cache_stats_json": (c_int, [_P, _P, _SZ, _SZP]),
     "kvq_cache_get_config": (c_int, [_P, POINTER(kvq_cache_config)]),

@@ -11,7 +11,7 @@ the query's position.
 Ownership and threads: the KVCache owns the kvq_cache handle (close() or
 garbage collection frees it) and the err_msg buffer the C cache keeps using
 for later codec errors (set_precision). Mutating calls (append, attend,
-set_precision, set_budget) must not run concurrently on one cache.
+set_precision, set_budget, set_threads) must not run concurrently on one cache.
 """
 
 import ctypes
@@ -453,6 +453,19 @@ class KVCache(_lib.Handle):
             raise KvqShapeError("budget must be positive, got %d" % budget, "KVCache.set_budget")
         st = self.lib.kvq_cache_set_budget(self.handle, budget)
         self._check(st, "kvq_cache_set_budget(%d)" % budget)
+
+    def set_threads(self, n_threads):
+        """Sets how many attention threads the next attends use: 1 to the
+        n_threads the cache was created with (the output is the same at every
+        count)."""
+        n = _index(n_threads, "n_threads", "KVCache.set_threads")
+        if n <= 0:
+            raise KvqShapeError("n_threads must be positive, got %d" % n, "KVCache.set_threads")
+        st = self.lib.kvq_cache_set_threads(self.handle, n)
+        if st:
+            self.lib.check(st, "kvq_cache_set_threads(%d)" % n,
+                           (self.lib.kvq_cache_last_error(self.handle) or b"").decode(
+                               "utf-8", "replace"))
 
     def stats(self, layer=-1):
         """Every kvq_stats field as a dict (layer=-1: total over layers)."""

@@ -533,6 +533,18 @@ class TestKVCache(unittest.TestCase):
             c.append(0, K, V, pos)
             outs.append(c.attend(0, q, qpos))
         np.testing.assert_array_equal(outs[0], outs[1])
+        # set_threads: fewer threads on the same cache, the same result (the
+        # first attend encoded the staged tokens: the reference is a second)
+        ref3 = c.attend(0, q, qpos)
+        c.set_threads(1)
+        np.testing.assert_array_equal(c.attend(0, q, qpos), ref3)
+        c.set_threads(3)
+        np.testing.assert_array_equal(c.attend(0, q, qpos), ref3)
+        with self.assertRaises(kvq.KvqError) as cm:
+            c.set_threads(4)
+        self.assertIn("outside 1..3", str(cm.exception))
+        with self.assertRaises(kvq.KvqShapeError):
+            c.set_threads(0)
 
     def test_channel_layout_and_overrides(self):
         r = rng(13)

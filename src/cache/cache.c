@@ -452,6 +452,7 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
     c->n_threads = cfg->n_threads ? cfg->n_threads : 1;
     if (c->n_threads > c->H)
         c->n_threads = c->H;
+    c->n_active = c->n_threads;
     kvq_status st = KVQ_OK;
     kvq_codec_params fp = {0};
     fp.allocator = &c->alloc;
@@ -600,6 +601,20 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
 
 
 const char *kvq_cache_last_error(const kvq_cache *c) { return c ? c->errbuf : ""; }
+
+kvq_status kvq_cache_set_threads(kvq_cache *c, size_t n) {
+    if (!c)
+        return KVQ_ERR_INVALID_ARG;
+    if (n < 1 || n > c->n_threads) {
+        snprintf(c->errbuf, sizeof c->errbuf,
+                 "n_threads %zu is outside 1..%zu (the threads this cache was created with)", n,
+                 c->n_threads);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    c->errbuf[0] = 0;
+    c->n_active = n;
+    return KVQ_OK;
+}
 
 kvq_status kvq_cache_get_config(const kvq_cache *c, kvq_cache_config *cfg) {
     if (!c || !cfg)

@@ -867,7 +867,7 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     } else {
         jb.n_items = H;
     }
-    jb.n_jobs = KVQ__MIN(c->n_threads, jb.n_items);
+    jb.n_jobs = KVQ__MIN(c->n_active, jb.n_items);
     /* scratch of this call (freed at the end: the cache holds no more than
      * it stores between calls) */
     float *parts = NULL, *rawsc = NULL;

@@ -151,7 +151,8 @@ struct kvq_cache {
     size_t rope_dims;
     kvq__work *work; /* one per thread; work[0].scratch also serves settling */
     kvq__pool *pool; /* n_threads - 1 attention workers, or NULL */
-    size_t n_threads;
+    size_t n_threads;  /* workers + 1 (the work scratch count) */
+    size_t n_active;   /* threads an attend uses (kvq_cache_set_threads) */
     size_t max_qp, max_acc;
     size_t block_pages;                     /* pages per online-softmax block */
     size_t rows_max;                        /* query rows per tile (a multiple of G) */
