@@ -125,6 +125,10 @@ for x in r:
     assert abs(x["floor_us"] - x["bytes_read"] / (bw * 1e3)) <= 1e-4 * x["floor_us"], x
     assert x["x_floor"] > 0 and x["ratio_vs_dense"] > 0
 for a, b in zip(r[:4], r[4:]):
+    # one build per codec, timed at both counts in the same 2 rounds
+    assert a["rounds"] == b["rounds"] == 2 and a["bytes_read"] == b["bytes_read"], (a, b)
+    if a["kind"] == "kvq":
+        assert a["append_ns_per_token"] == b["append_ns_per_token"] > 0, (a, b)
     s = a["step_us"] / b["step_us"]
     assert abs(b["speedup_vs_1t"] - s) <= 1e-4 * s, (a, b)
     assert "speedup_vs_1t" not in a

@@ -7,9 +7,12 @@
  * - the streaming read bandwidth of one thread and of two (and of each
  *   --threads count above 2): a vectorized sum over a buffer of at least 4x
  *   the last-level cache and at least 256 MiB, best of several passes;
- * - per codec and context: step_us (median; the last-level cache is flushed
- *   before every timed step, so the pages come from memory as they do when
- *   a model's other layers ran in between), bytes_read (kvq_cache_stats),
+ * - per codec and context: step_us (median over rounds: each round times
+ *   one step of every codec and baseline of the context at every thread
+ *   count, one after the other, so that the ratios compare the same moments
+ *   of a shared machine; the last-level cache is flushed before every timed
+ *   step, so the pages come from memory as they do when a model's other
+ *   layers ran in between), bytes_read (kvq_cache_stats),
  *   floor_us = bytes_read / the read bandwidth of the thread count used,
  *   x_floor = step_us / floor_us, ratio_vs_f32 (kvq's own f32 cache) and
  *   ratio_vs_dense (the dense f32 baseline);
@@ -39,7 +42,7 @@
 #define BA_H 8
 #define BA_QH 32
 #define BA_D 128
-#define BA_MAX_CONTEXT ((size_t)1 << 18) /* K, V and an f32 cache: 4 GiB */
+#define BA_MAX_CONTEXT ((size_t)1 << 18) /* K, V and a context's caches: ~8 GiB */
 #define BA_MAX_PREFILL ((size_t)1 << 16)
 #define BA_MAX_CTX 32
 #define BA_MAX_CODECS 32
@@ -343,39 +346,14 @@ static void ba_flush_run(void *arg) {
 typedef struct {
     char codec[96];
     int baseline; /* 0: a kvq codec */
+    int kind;     /* a baseline's kvqp_att_kind */
     size_t context, threads;
     double step_us, step_min_us, append_ns, floor_us, x_floor, ratio_f32, ratio_dense, check;
     double speedup_1t; /* the same row at 1 thread over this one (0: none) */
     uint64_t bytes_read;
-    int ok;
+    int ok, rounds; /* rounds: the samples of step_us */
     char msg[200];
 } ba_row;
-
-typedef struct {
-    kvq_cache *c;
-    const float *q;
-    int32_t qpos;
-    float *out;
-    size_t out_cap;
-} ba_kctx;
-
-static int ba_kstep(void *arg) {
-    ba_kctx *x = (ba_kctx *)arg;
-    return kvq_cache_attend(x->c, 0, x->q, &x->qpos, 1, x->out, x->out_cap, NULL, 0) == KVQ_OK ? 0
-                                                                                               : 1;
-}
-
-typedef struct {
-    kvqp_att *a;
-    const float *q;
-    float *out;
-} ba_bctx;
-
-static int ba_bstep(void *arg) {
-    ba_bctx *x = (ba_bctx *)arg;
-    kvqp_att_step(x->a, x->q, x->out);
-    return 0;
-}
 
 typedef struct {
     const float *K, *V, *q; /* [H][ld][d], [QH][d] */
@@ -402,19 +380,40 @@ static kvq_status ba_cache(kvq_cache **c, const char *codec, size_t max_tokens, 
     return kvq_cache_create(c, &cfg);
 }
 
+/* ---- decode rows: subjects built once per context, timed in rounds ----
+ *
+ * A subject is one kvq cache (of one codec) or one baseline, made once per
+ * context with the largest thread count; each row is a subject at one
+ * thread count (kvq_cache_set_threads, kvqp_att_set_threads). A round
+ * times one step of every subject at every thread count, one after the
+ * other, so that the ratios between rows (x floor, vs f32, vs dense, vs 1t)
+ * compare steps taken at the same moments of a shared machine; a row's
+ * step_us is the median of its rounds. */
+typedef struct {
+    kvq_cache *c;  /* a kvq codec, or */
+    kvqp_att *a;   /* a baseline */
+    ba_row *row0;  /* its row at the first thread count (the others follow, one group apart) */
+    double one_s;  /* one step's time in the build (sizes the warm samples) */
+    double *samp;  /* [thread count][round] seconds per step */
+} ba_subj;
+
+static int ba_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* A kvq cache of `codec` holding ctx tokens (built in chunks of 1024, the
- * last BA_TAIL tokens one at a time, timed), then the step. */
-static void ba_run_kvq(ba_env *e, const char *codec, size_t ctx, ba_row *r) {
-    snprintf(r->codec, sizeof r->codec, "%s", codec);
-    r->context = ctx;
-    r->threads = e->threads;
+ * last BA_TAIL tokens one at a time, timed), with threads threads, and its
+ * first step (the bytes it reads). NULL with r->msg on failure. */
+static kvq_cache *ba_build_kvq(ba_env *e, const char *codec, size_t ctx, size_t threads,
+                               ba_row *r, double *one_s) {
     kvq_cache *c = NULL;
-    kvq_status st = ba_cache(&c, codec, ctx, e->threads, e->isa, e->huge_pages, r->msg,
+    kvq_status st = ba_cache(&c, codec, ctx, threads, e->isa, e->huge_pages, r->msg,
                               sizeof r->msg);
     if (st != KVQ_OK) {
         if (!r->msg[0])
             snprintf(r->msg, sizeof r->msg, "%s", kvq_strerror(st));
-        return;
+        return NULL;
     }
     size_t tail = ctx > 2 * BA_TAIL ? BA_TAIL : ctx / 2, pre = ctx - tail;
     for (size_t t = 0; t < pre && st == KVQ_OK; t += 1024) {
@@ -423,42 +422,53 @@ static void ba_run_kvq(ba_env *e, const char *codec, size_t ctx, ba_row *r) {
         ba_gather(e->chunk_v, e->V, e->ld, t, m);
         st = kvq_cache_append(c, 0, e->chunk_k, e->chunk_v, NULL, m);
     }
-    double ta = 0;
+    /* the first single append also encodes the last chunk's staged tokens:
+     * untimed; append_ns is the median of the others (a decode step's
+     * append; a new page block's first touch lands on a few of them) */
+    double ta[BA_TAIL];
+    size_t nta = 0;
     for (size_t t = pre; t < ctx && st == KVQ_OK; t++) {
         ba_gather(e->chunk_k, e->K, e->ld, t, 1);
         ba_gather(e->chunk_v, e->V, e->ld, t, 1);
         double t0 = kvqb_now();
         st = kvq_cache_append(c, 0, e->chunk_k, e->chunk_v, NULL, 1);
-        ta += kvqb_now() - t0;
+        if (t > pre)
+            ta[nta++] = kvqb_now() - t0;
     }
-    if (st != KVQ_OK) {
-        snprintf(r->msg, sizeof r->msg, "append: %s", kvq_strerror(st));
-        kvq_cache_free(c);
-        return;
-    }
-    r->append_ns = tail ? ta / (double)tail * 1e9 : 0;
-    ba_kctx x = {c, e->q, (int32_t)ctx, e->out, BA_QH * BA_D};
+    qsort(ta, nta, sizeof ta[0], ba_cmp_double);
     kvq_stats s0, s1;
     kvq_cache_stats(c, 0, &s0);
-    int rc = ba_kstep(&x);
+    int32_t qpos = (int32_t)ctx;
+    double t0 = kvqb_now();
+    if (st == KVQ_OK)
+        st = kvq_cache_attend(c, 0, e->q, &qpos, 1, e->out, BA_QH * BA_D, NULL, 0);
+    *one_s = kvqb_now() - t0;
     kvq_cache_stats(c, 0, &s1);
-    r->bytes_read = s1.bytes_read - s0.bytes_read;
-    kvqb_stats bs;
-    if (!rc)
-        rc = kvqb_measure(ba_kstep, &x, &e->cfg, &bs);
-    /* verify after timing: the output must be finite */
-    int finite = 1;
-    for (size_t i = 0; i < BA_QH * BA_D; i++)
-        finite &= isfinite(e->out[i]) != 0;
-    if (rc || !finite)
-        snprintf(r->msg, sizeof r->msg, "attention %s",
-                 rc ? "failed" : "produced non-finite output");
-    else {
-        r->step_us = bs.median_s * 1e6;
-        r->step_min_us = bs.min_s * 1e6;
-        r->ok = 1;
+    if (st != KVQ_OK) {
+        snprintf(r->msg, sizeof r->msg, "%s: %s", s1.tokens < ctx ? "append" : "attention",
+                 kvq_strerror(st));
+        kvq_cache_free(c);
+        return NULL;
     }
-    kvq_cache_free(c);
+    r->append_ns = nta ? 0.5 * (ta[(nta - 1) / 2] + ta[nta / 2]) * 1e9 : 0;
+    r->bytes_read = s1.bytes_read - s0.bytes_read;
+    return c;
+}
+
+static kvqp_att *ba_build_base(ba_env *e, kvqp_att_kind kind, size_t ctx, size_t threads,
+                               ba_row *r, double *one_s) {
+    kvqp_att *a = NULL;
+    int rc = kvqp_att_create(&a, kind, e->K, e->V, e->ld, ctx, BA_H, BA_QH, BA_D, e->simd, e->pool,
+                             (int)threads);
+    if (rc) {
+        snprintf(r->msg, sizeof r->msg, "%s", rc == -1 ? "out of memory" : "unsupported shape");
+        return NULL;
+    }
+    r->bytes_read = kvqp_att_bytes(a);
+    double t0 = kvqb_now();
+    kvqp_att_step(a, e->q, e->out);
+    *one_s = kvqb_now() - t0;
+    return a;
 }
 
 /* The relative L2 error a baseline's output may have against its double
@@ -468,32 +478,110 @@ static void ba_run_kvq(ba_env *e, const char *codec, size_t ctx, ba_row *r) {
  * catches any indexing error (those give O(1) errors). */
 #define BA_CHECK_TOL 1e-3
 
-static void ba_run_base(ba_env *e, kvqp_att_kind kind, size_t ctx, ba_row *r) {
-    snprintf(r->codec, sizeof r->codec, "%s", kvqp_att_name(kind));
-    r->baseline = 1;
-    r->context = ctx;
-    r->threads = e->threads;
-    kvqp_att *a = NULL;
-    int rc = kvqp_att_create(&a, kind, e->K, e->V, e->ld, ctx, BA_H, BA_QH, BA_D, e->simd, e->pool,
-                             (int)e->threads);
-    if (rc) {
-        snprintf(r->msg, sizeof r->msg, "%s", rc == -1 ? "out of memory" : "unsupported shape");
-        return;
+/* One sample of subject s at thr threads: the cache flushed (or, warm, one
+ * untimed step), then calls steps timed; seconds per step, or -1 when kvq's
+ * attention failed or gave a non-finite output. */
+static double ba_sample(ba_env *e, ba_subj *s, size_t ctx, size_t thr, long calls) {
+    if (s->c)
+        (void)kvq_cache_set_threads(s->c, thr < BA_H ? thr : BA_H); /* the cache's own cap */
+    else
+        (void)kvqp_att_set_threads(s->a, (int)thr);
+    int32_t qpos = (int32_t)ctx;
+    if (e->cfg.prep)
+        e->cfg.prep(e->cfg.prep_ctx);
+    else if (s->c && kvq_cache_attend(s->c, 0, e->q, &qpos, 1, e->out, BA_QH * BA_D, NULL, 0))
+        return -1;
+    else if (s->a)
+        kvqp_att_step(s->a, e->q, e->out);
+    double t0 = kvqb_now();
+    for (long k = 0; k < calls; k++) {
+        if (s->a)
+            kvqp_att_step(s->a, e->q, e->out);
+        else if (kvq_cache_attend(s->c, 0, e->q, &qpos, 1, e->out, BA_QH * BA_D, NULL, 0))
+            return -1;
     }
-    r->bytes_read = kvqp_att_bytes(a);
-    ba_bctx x = {a, e->q, e->out};
-    kvqb_stats bs;
-    kvqb_measure(ba_bstep, &x, &e->cfg, &bs);
-    r->check = kvqp_att_check(a, e->q, e->out);
-    if (!(r->check <= BA_CHECK_TOL))
-        snprintf(r->msg, sizeof r->msg, "output off its double reference by %.3g (relative L2)",
-                 r->check);
-    else {
-        r->step_us = bs.median_s * 1e6;
-        r->step_min_us = bs.min_s * 1e6;
-        r->ok = 1;
+    double dt = (kvqb_now() - t0) / (double)calls;
+    if (s->c)
+        for (size_t i = 0; i < BA_QH * BA_D; i++)
+            if (!isfinite(e->out[i]))
+                return -1;
+    return dt;
+}
+
+/* The rows of one context at every thread count (nthr groups of ns rows
+ * from sb[0].row0, in subject order): build, rounds, statistics. */
+static void ba_context(ba_env *e, const ba_opts *o, size_t ctx, size_t ns, ba_subj *sb,
+                       size_t nthr) {
+    const size_t max_thr = o->thr[nthr - 1];
+    for (size_t i = 0; i < ns; i++) {
+        ba_subj *s = &sb[i];
+        ba_row *r = s->row0;
+        if (r->baseline)
+            s->a = ba_build_base(e, (kvqp_att_kind)r->kind, ctx, max_thr, r, &s->one_s);
+        else
+            s->c = ba_build_kvq(e, r->codec, ctx, max_thr, r, &s->one_s);
+        for (size_t t = 1; t < nthr; t++) { /* the same build at the other counts */
+            ba_row *rt = r + t * ns;
+            rt->bytes_read = r->bytes_read, rt->append_ns = r->append_ns;
+            memcpy(rt->msg, r->msg, sizeof rt->msg);
+        }
     }
-    kvqp_att_free(a);
+    /* rounds: reps of them (--reps), else 5..9 within budget_s per row */
+    const int rmax = e->cfg.reps, rmin = e->cfg.min_reps;
+    int rounds = 0;
+    const double t_start = kvqb_now(), budget = e->cfg.budget_s * (double)(ns * nthr);
+    while (rounds < rmax && (rounds < rmin || budget <= 0 || kvqb_now() - t_start < budget)) {
+        for (size_t t = 0; t < nthr; t++)
+            for (size_t i = 0; i < ns; i++) {
+                ba_subj *s = &sb[i];
+                if (!s->c && !s->a)
+                    continue;
+                long calls = 1;
+                if (e->cfg.min_sample_s > 0 && s->one_s < e->cfg.min_sample_s)
+                    calls = (long)ceil(e->cfg.min_sample_s / (s->one_s > 1e-9 ? s->one_s : 1e-9));
+                double dt = ba_sample(e, s, ctx, o->thr[t], calls > 1000000 ? 1000000 : calls);
+                if (dt < 0) {
+                    for (size_t u = 0; u < nthr; u++)
+                        snprintf(s->row0[u * ns].msg, sizeof s->row0->msg,
+                                 "attention failed or produced non-finite output (%zu threads)",
+                                 o->thr[t]);
+                    kvq_cache_free(s->c);
+                    s->c = NULL;
+                    continue;
+                }
+                s->samp[t * rmax + rounds] = dt;
+            }
+        rounds++;
+    }
+    for (size_t i = 0; i < ns; i++) {
+        ba_subj *s = &sb[i];
+        double check = 0;
+        if (s->a) { /* the baseline's output against its double reference */
+            kvqp_att_step(s->a, e->q, e->out);
+            check = kvqp_att_check(s->a, e->q, e->out);
+        }
+        for (size_t t = 0; t < nthr; t++) {
+            ba_row *r = s->row0 + t * ns;
+            r->threads = o->thr[t];
+            if (!s->c && !s->a)
+                continue; /* r->msg says why */
+            double *x = s->samp + t * rmax;
+            qsort(x, (size_t)rounds, sizeof *x, ba_cmp_double);
+            r->check = check;
+            if (s->a && !(check <= BA_CHECK_TOL)) {
+                snprintf(r->msg, sizeof r->msg,
+                         "output off its double reference by %.3g (relative L2)", check);
+                continue;
+            }
+            r->step_us = 0.5 * (x[(rounds - 1) / 2] + x[rounds / 2]) * 1e6;
+            r->step_min_us = x[0] * 1e6;
+            r->rounds = rounds;
+            r->ok = 1;
+        }
+        kvq_cache_free(s->c);
+        kvqp_att_free(s->a);
+        s->c = NULL, s->a = NULL;
+    }
 }
 
 /* ---- prefill ---- */
@@ -750,15 +838,18 @@ int kvq_tool_bench_attend(int argc, char **argv) {
                 printf(", %zu threads %.1f GB/s", o.thr[i], bwt[o.thr[i]]);
         printf(
             "\n  floor = bytes read / the read bandwidth of the row's thread count (thr); x floor "
-            "= step / floor; step = median of %d..%d timed steps%s\n",
+            "= step / floor; step = median over %d..%d rounds, each timing one step of every "
+            "row of a context\n  (every codec and baseline at every thread count, one after the "
+            "other: ratios compare the same moments)%s\n",
             e.cfg.min_reps, e.cfg.reps,
-            o.warm ? " (warm: the cache is not flushed)"
-                   : ", the last-level cache flushed before each (untimed)");
+            o.warm ? "; warm: the cache is not flushed (an untimed step first)"
+                   : "; the last-level cache flushed before each step (untimed)");
         if (o.nctx)
             printf("  baselines (same run, written here from public descriptions): dense:f32 [%s], "
                    "llama.cpp:q8_0 [%s], llama.cpp:q4_0 [%s]\n"
                    "  vs f32, vs dense: step over kvq's f32 cache / the dense:f32 baseline at the "
-                   "same thread count; vs 1t: the 1-thread step over this one\n",
+                   "same thread count; vs 1t: the 1-thread step over this one; append ns/t: the median "
+                   "single-token append at the end of the build\n",
                    bpath[0], bpath[1], bpath[2]);
         if (o.nctx)
             printf("\n  %-16s %8s %3s %11s %11s %9s %10s %8s %8s %9s %7s %11s\n", "codec",
@@ -767,59 +858,89 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         fflush(stdout);
     }
 
-    /* 3. decode rows, per context: kvq f32, the dense baseline, the other
-     * codecs, the llama.cpp baselines; printed when the context is done */
+    /* 3. decode rows, per context (ba_context): kvq f32, the dense baseline,
+     * the other codecs, the llama.cpp baselines, each at every thread
+     * count, timed in the same rounds; printed when the context is done */
     size_t nrows = 0;
-    for (size_t gi = 0; gi < o.nctx * o.nthr; gi++) { /* contexts, then thread counts */
-        const size_t ctx = o.ctx[gi / o.nthr];
-        e.threads = o.thr[gi % o.nthr];
-        const double bwn = bwt[e.threads];
+    const size_t ns = o.ncod + KVQP_ATT_KINDS;
+    ba_subj sb[BA_MAX_CODECS + KVQP_ATT_KINDS];
+    double *samp = calloc(ns * o.nthr * (size_t)e.cfg.reps, sizeof(double));
+    if (!samp) {
+        fprintf(stderr, "kvq bench attend: out of memory\n");
+        rc = 1;
+        goto done;
+    }
+    for (size_t ci = 0; ci < o.nctx; ci++) {
+        const size_t ctx = o.ctx[ci];
         ba_row *first = rows + nrows;
-        size_t nr = 0;
-        ba_run_kvq(&e, o.codecs[0], ctx, &first[nr++]);
+        size_t nsub = 0;
+        /* subject order: f32, dense, the other codecs, llama.cpp */
+        int order[BA_MAX_CODECS + KVQP_ATT_KINDS][2]; /* {baseline, index} */
+        order[nsub][0] = 0, order[nsub++][1] = 0;
         if (o.base[KVQP_DENSE_F32])
-            ba_run_base(&e, KVQP_DENSE_F32, ctx, &first[nr++]);
+            order[nsub][0] = 1, order[nsub++][1] = KVQP_DENSE_F32;
         for (size_t k = 1; k < o.ncod; k++)
-            ba_run_kvq(&e, o.codecs[k], ctx, &first[nr++]);
+            order[nsub][0] = 0, order[nsub++][1] = (int)k;
         for (int k = 1; k < KVQP_ATT_KINDS; k++)
             if (o.base[k])
-                ba_run_base(&e, (kvqp_att_kind)k, ctx, &first[nr++]);
-        double f32_us = first[0].ok ? first[0].step_us : 0, dense_us = 0;
-        for (size_t i = 0; i < nr; i++)
-            if (first[i].ok && first[i].baseline && !strcmp(first[i].codec, "dense:f32"))
-                dense_us = first[i].step_us;
-        for (size_t i = 0; i < nr; i++) {
-            ba_row *r = &first[i];
-            if (!r->ok) {
-                rc = 1;
-                continue;
+                order[nsub][0] = 1, order[nsub++][1] = k;
+        for (size_t t = 0; t < o.nthr; t++)
+            for (size_t i = 0; i < nsub; i++) {
+                ba_row *r = &first[t * nsub + i];
+                r->baseline = order[i][0];
+                r->kind = order[i][1];
+                snprintf(r->codec, sizeof r->codec, "%s",
+                         r->baseline ? kvqp_att_name((kvqp_att_kind)r->kind) : o.codecs[r->kind]);
+                r->context = ctx;
+                r->threads = o.thr[t];
             }
-            r->floor_us = (double)r->bytes_read / (bwn * 1e9) * 1e6;
-            r->x_floor = r->floor_us > 0 ? r->step_us / r->floor_us : NAN;
-            r->ratio_f32 = f32_us > 0 ? r->step_us / f32_us : NAN;
-            r->ratio_dense = dense_us > 0 ? r->step_us / dense_us : NAN;
-            /* the same codec and context at 1 thread (measured first) */
-            for (size_t j = 0; j < nrows && o.thr[0] == 1 && r->threads > 1; j++)
-                if (rows[j].ok && rows[j].threads == 1 && rows[j].context == ctx &&
-                    !strcmp(rows[j].codec, r->codec))
-                    r->speedup_1t = rows[j].step_us / r->step_us;
+        for (size_t i = 0; i < nsub; i++) {
+            memset(&sb[i], 0, sizeof sb[i]);
+            sb[i].row0 = &first[i];
+            sb[i].samp = samp + i * o.nthr * (size_t)e.cfg.reps;
         }
-        /* kvq rows first, then the baselines (table and JSON) */
-        ba_row tmp[BA_MAX_CODECS + KVQP_ATT_KINDS];
-        size_t nt = 0;
-        for (int b = 0; b < 2; b++)
-            for (size_t i = 0; i < nr; i++)
-                if (first[i].baseline == b)
-                    tmp[nt++] = first[i];
-        memcpy(first, tmp, nr * sizeof *first);
-        if (!o.json) {
-            for (size_t i = 0; i < nr; i++)
-                ba_print_row(&first[i]);
-            printf("\n");
-            fflush(stdout);
+        ba_context(&e, &o, ctx, nsub, sb, o.nthr);
+        for (size_t t = 0; t < o.nthr; t++) {
+            ba_row *g = first + t * nsub;
+            const double bwn = bwt[o.thr[t]];
+            double f32_us = g[0].ok ? g[0].step_us : 0, dense_us = 0;
+            for (size_t i = 0; i < nsub; i++)
+                if (g[i].ok && g[i].baseline && g[i].kind == KVQP_DENSE_F32)
+                    dense_us = g[i].step_us;
+            for (size_t i = 0; i < nsub; i++) {
+                ba_row *r = &g[i];
+                if (!r->ok) {
+                    rc = 1;
+                    continue;
+                }
+                r->floor_us = (double)r->bytes_read / (bwn * 1e9) * 1e6;
+                r->x_floor = r->floor_us > 0 ? r->step_us / r->floor_us : NAN;
+                r->ratio_f32 = f32_us > 0 ? r->step_us / f32_us : NAN;
+                r->ratio_dense = dense_us > 0 ? r->step_us / dense_us : NAN;
+                /* the same subject at 1 thread (the first group) */
+                if (t > 0 && o.thr[0] == 1 && first[i].ok)
+                    r->speedup_1t = first[i].step_us / r->step_us;
+            }
         }
-        nrows += nr;
+        /* each group: kvq rows first, then the baselines (table and JSON) */
+        for (size_t t = 0; t < o.nthr; t++) {
+            ba_row *g = first + t * nsub, tmp[BA_MAX_CODECS + KVQP_ATT_KINDS];
+            size_t nt = 0;
+            for (int b = 0; b < 2; b++)
+                for (size_t i = 0; i < nsub; i++)
+                    if (g[i].baseline == b)
+                        tmp[nt++] = g[i];
+            memcpy(g, tmp, nsub * sizeof *g);
+            if (!o.json) {
+                for (size_t i = 0; i < nsub; i++)
+                    ba_print_row(&g[i]);
+                printf("\n");
+                fflush(stdout);
+            }
+        }
+        nrows += o.nthr * nsub;
     }
+    free(samp);
 
     /* 4. prefill */
     size_t nprow = 0;
@@ -914,6 +1035,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             }
             ba_jnum("step_us", r->step_us);
             ba_jnum("step_min_us", r->step_min_us);
+            printf(", \"rounds\": %d", r->rounds);
             printf(", \"bytes_read\": %llu", (unsigned long long)r->bytes_read);
             ba_jnum("floor_us", r->floor_us);
             ba_jnum("x_floor", r->x_floor);

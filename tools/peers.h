@@ -82,6 +82,9 @@ int kvqp_att_create(kvqp_att **out, kvqp_att_kind kind, const float *K, const fl
                     size_t T, size_t H, size_t QH, size_t d, kvqb_simd simd, kvqb_pool *pool,
                     int n_threads);
 void kvqp_att_free(kvqp_att *a);
+/* The threads of the next steps: 1 to the n_threads it was created with.
+ * Returns 0, or -2 outside (nothing changed). */
+int kvqp_att_set_threads(kvqp_att *a, int n_threads);
 
 /* Bytes of K and V the step reads: the stored cache. */
 uint64_t kvqp_att_bytes(const kvqp_att *a);

@@ -70,7 +70,7 @@ struct kvqp_att {
     kvqa_scale_fn scale;
     char path_name[48];
     kvqb_pool *pool;
-    int n_threads;
+    int n_threads, n_max; /* the steps' threads; the threads it has scratch for */
     float *scratch[KVQA_MAX_THREADS];
     const float *q; /* the step's arguments */
     float *out;
@@ -853,7 +853,15 @@ int kvqp_att_create(kvqp_att **out, kvqp_att_kind kind, const float *K, const fl
             kvqp_att_free(a);
             return -1;
         }
+    a->n_max = n_threads;
     *out = a;
+    return 0;
+}
+
+int kvqp_att_set_threads(kvqp_att *a, int n_threads) {
+    if (n_threads < 1 || n_threads > a->n_max)
+        return -2;
+    a->n_threads = n_threads;
     return 0;
 }
 
