@@ -147,6 +147,21 @@ void kvqb_cpu_name(char *buf, size_t size) {
     fclose(f);
 }
 
+/* AMD's core generation from the CPUID family and model (AMD's revision
+ * guides): the same "AMD EPYC" name covers all of them in a VM. */
+static const char *kvqb_amd_core(int fam, int mod) {
+    if (fam == 23)
+        return mod < 0x30 ? "Zen/Zen+" : "Zen 2";
+    if (fam == 25)
+        return (mod >= 0x10 && mod < 0x20) || (mod >= 0x60 && mod < 0x80) ||
+                       (mod >= 0xa0 && mod < 0xb0)
+                   ? "Zen 4"
+                   : "Zen 3";
+    if (fam == 26)
+        return "Zen 5";
+    return NULL;
+}
+
 void kvqb_cpu_detail(char *buf, size_t size) {
     static const char *const want[] = {"avx2",      "fma",         "f16c",       "avx512f",
                                        "avx512bw",  "avx512vl",    "avx512_vnni", "avx512vbmi",
@@ -157,7 +172,7 @@ void kvqb_cpu_detail(char *buf, size_t size) {
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f)
         return;
-    char line[4096], fam[32] = "", mod[32] = "";
+    char line[4096], fam[32] = "", mod[32] = "", vendor[32] = "";
     size_t len = 0;
     int flags_done = 0;
     while (fgets(line, sizeof line, f) && !flags_done) {
@@ -165,13 +180,20 @@ void kvqb_cpu_detail(char *buf, size_t size) {
         if (!p)
             continue;
         const char *v = p + 1 + (p[1] == ' ');
-        if (!strncmp(line, "cpu family", 10) && !fam[0])
+        if (!strncmp(line, "vendor_id", 9) && !vendor[0])
+            snprintf(vendor, sizeof vendor, "%.*s", (int)strcspn(v, "\n"), v);
+        else if (!strncmp(line, "cpu family", 10) && !fam[0])
             snprintf(fam, sizeof fam, "%.*s", (int)strcspn(v, "\n"), v);
         else if (!strncmp(line, "model\t", 6) && !mod[0])
             snprintf(mod, sizeof mod, "%.*s", (int)strcspn(v, "\n"), v);
         else if (!strncmp(line, "flags", 5)) {
-            if (fam[0])
+            if (fam[0]) {
                 len += (size_t)snprintf(buf + len, size - len, "family %s model %s", fam, mod);
+                const char *zen = strcmp(vendor, "AuthenticAMD") ? NULL
+                                                                 : kvqb_amd_core(atoi(fam), atoi(mod));
+                if (zen && len < size)
+                    len += (size_t)snprintf(buf + len, size - len, " (%s)", zen);
+            }
             for (size_t k = 0; k < sizeof want / sizeof want[0] && len < size; k++) {
                 char pat[32];
                 size_t n = strlen(want[k]);
