@@ -37,7 +37,6 @@
 
 #define KVQ__F16_MAXF 65504.0f
 #define KVQ__MAX_NG8 (KVQ__MAX_HEAD_DIM / 8 + 8) /* groups of >= 8 values, padded */
-#define KVQ__UNROLL4 _Pragma("GCC unroll 4")
 
 /* ---- small helpers ---- */
 
@@ -46,11 +45,6 @@ static inline float kvq__hmax256(__m256 v) {
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
-}
-static inline uint32_t kvq__ldu32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
 }
 
 /* min(cnt, 8) fp16 values at p into the low lanes (rest zero); reads no further. */
@@ -1291,106 +1285,6 @@ void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
     kvq__tile_prep_tail(c, &p, base, q);
 }
 
-/* Scores of 8 tokens [tb, tb + 8) of a tiled K page for 4 query rows q[r]
- * (rows past nr repeat the last one and are not stored). Integer dots per
- * query block: int8 by |c| * sign(q, c) (the stored byte is c + 128), int4
- * by the two nibble planes, int16 sums of up to 4 lane steps (below
- * 4 * 2 * 2 * 15 * 127 = 30480) before madd. */
-static inline __attribute__((always_inline)) void
-kvq__int_tscore8(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_t ostride,
-                 const uint8_t *const *q, size_t nr, const uint8_t *page, size_t P, size_t tb,
-                 const int BITS, const size_t QB, const int BPG1) {
-    const size_t ng = c->ngroups, qb = QB ? QB : tp->qb, bpg = BPG1 ? 1 : c->group / qb;
-    const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
-    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    const __m256i x80 = _mm256_set1_epi8((char)0x80);
-    __m256 F[4];
-    KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_setzero_ps();
-    for (size_t gi = 0; gi < ng; gi++) {
-        __m256 G[4];
-        if (!BPG1)
-            KVQ__UNROLL4 for (int r = 0; r < 4; r++) G[r] = _mm256_setzero_ps();
-        for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
-            __m256i I[4];
-            if (BITS == 8) {
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
-                for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
-                    __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
-                    __m256i cs = _mm256_xor_si256(u, x80), ab = _mm256_abs_epi8(cs);
-                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                        __m256i qv = _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k));
-                        I[r] = _mm256_add_epi32(
-                            I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ab, _mm256_sign_epi8(qv, cs)), ones));
-                    }
-                }
-            } else {
-                __m256i S[4];
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
-                for (size_t k = b * qb / 8; k < (b + 1) * qb / 8; k++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
-                    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                        __m256i ql = _mm256_set1_epi32((int)kvq__ldu32(q[r] + 8 * k));
-                        __m256i qh = _mm256_set1_epi32((int)kvq__ldu32(q[r] + 8 * k + 4));
-                        S[r] = _mm256_add_epi16(S[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, ql),
-                                                                       _mm256_maddubs_epi16(hi, qh)));
-                    }
-                }
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_madd_epi16(S[r], ones);
-            }
-            KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                const float *beta = (const float *)(const void *)(q[r] + tp->off_beta);
-                G[r] = BPG1 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b))
-                            : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b), G[r]);
-            }
-        }
-        const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * (gi * P + tb))));
-        KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_fmadd_ps(G[r], s, F[r]);
-        if (BITS != 8) {
-            const __m256 m = _mm256_cvtph_ps(
-                _mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * ((ng + gi) * P + tb))));
-            KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                const float *qs = (const float *)(const void *)(q[r] + tp->off_qsum);
-                F[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(qs + gi), F[r]);
-            }
-        }
-    }
-    for (size_t r = 0; r < nr; r++)
-        _mm256_storeu_ps(out + r * ostride + tb, F[r]);
-}
-
-static inline __attribute__((always_inline)) void
-kvq__int_tscore_body(const kvq_codec *c, float *out, size_t ostride, const void *qp, size_t nq,
-                     const uint8_t *page, size_t P, const int BITS) {
-    kvq__tile_plan tp;
-    kvq__tile_plan_make(c, &tp);
-    const size_t qs = c->tqp_bytes;
-    for (size_t i0 = 0; i0 < nq; i0 += 4) {
-        const size_t nr = KVQ__MIN(4, nq - i0);
-        const uint8_t *q[4];
-        for (size_t r = 0; r < 4; r++)
-            q[r] = (const uint8_t *)qp + (i0 + KVQ__MIN(r, nr - 1)) * qs;
-        if (tp.qb == 32 && c->group == 32) /* int4:g=32, int8:g=32 */
-            for (size_t tb = 0; tb < P; tb += 8)
-                kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 32, 1);
-        else if (tp.qb == 32)
-            for (size_t tb = 0; tb < P; tb += 8)
-                kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 32, 0);
-        else
-            for (size_t tb = 0; tb < P; tb += 8)
-                kvq__int_tscore8(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 0, 0);
-    }
-}
-
-static void kvq__int_tscore8_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
-                                  size_t nq, const uint8_t *page, size_t P) {
-    kvq__int_tscore_body(c, out, ostride, qp, nq, page, P, 8);
-}
-static void kvq__int_tscore4_avx2(const kvq_codec *c, float *out, size_t ostride, const void *qp,
-                                  size_t nq, const uint8_t *page, size_t P) {
-    kvq__int_tscore_body(c, out, ostride, qp, nq, page, P, 4);
-}
-
 KVQ__HRED8X8(kvq__hsum8x8, _mm256_add_ps)
 
 /* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for a
@@ -1410,12 +1304,12 @@ KVQ__HRED8X8(kvq__hsum8x8, _mm256_add_ps)
 static inline __attribute__((always_inline)) unsigned
 kvq__int_wquant4_body(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t nrt,
                       const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                      float *al, float *msum, const size_t NT, const int ASYM) {
+                      float *al, float *msum, const float W, const size_t NT, const int ASYM) {
     const size_t ng = c->ngroups, n = NT ? 16 * NT : nrt;
     const int asym = ASYM;
     const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(FLT_MAX);
     const __m256 tiny = _mm256_set1_ps(KVQ__TILE_TINY);
-    const __m256 lW = _mm256_set1_ps(asym ? 255.0f : 127.0f), eight = _mm256_set1_ps(8.0f);
+    const __m256 lW = _mm256_set1_ps(W), eight = _mm256_set1_ps(8.0f);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     _Alignas(32) float sf[2][KVQ__TILE_RUN], hf[2][KVQ__TILE_RUN], iv[8], av[8], mv[8];
     unsigned ok = 0;
@@ -1498,169 +1392,25 @@ kvq__int_wquant4_body(const kvq_codec *c, const uint8_t *const *sb, size_t P, si
 }
 
 /* kvq__int_wquant4_body with the run's length (64 tokens: runs of 4 pages
- * of 16) and the codec's symmetry known at compile time where it can. */
-static unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *sb, size_t P,
-                                      size_t n, const float *const *w,
-                                      uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                                      float *al, float *msum) {
+ * of 16) and the codec's symmetry known at compile time where it can; W =
+ * 255, or 127 for int8 weights taken by maddubs (int_tile.h). */
+unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
+                               const float *const *w,
+                               uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al,
+                               float *msum, float W) {
     if (n == 64)
-        return c->bits == 8 ? kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, 4, 0)
-                            : kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, 4, 1);
-    return kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, 0, c->bits != 8);
+        return c->bits == 8 ? kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, W, 4, 0)
+                            : kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, W, 4, 1);
+    return kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, W, 0, c->bits != 8);
 }
 
-static const float kvq__int_zeros[KVQ__TILE_RUN];
-
-/* One run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN) whose blocks of 16
- * tokens start at cb[j] (each in its own page: taccum_run) for 4 weight
- * rows, 8 dimensions at a time: int32 sums of maddubs(wq u8, code s8), then
- * acc += alpha * sum (+ msum for int4) once for the run, for the rows with
- * a[r] set. int8: wq 0..127, pairs below 2 * 127 * 127, int32 sums of the
- * run below 64 * 127 * 127. int4: wq 0..255 times c - 8 (-8..7); an int16
- * lane of S sums, per block j of 16 tokens, 2 halves b (8 tokens) x 2
- * maddubs (lo, hi nibbles) x 2 tokens (one pair), and S takes 2 blocks
- * (j0, j0 + 1) before madd to int32: 16 products, |S| <= 16 * 255 * 8 =
- * 32640 < 32767 (no maddubs saturation: 2 * 255 * 8); int32 sums of the
- * run below 64 * 255 * 8. */
-static inline __attribute__((always_inline)) void
-kvq__int_taccum_run(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t nrt,
-                    const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
-                    const float *ms, const int BITS, const size_t NN, const size_t GG) {
-    const size_t d = c->d, g = GG ? GG : c->group, ng = c->ngroups, n = NN ? NN : nrt;
-    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    for (size_t dc = 0, gi = 0, left = g; dc < d; dc += 8) {
-        __m256i I[4];
-        KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
-        if (BITS == 8) {
-            for (size_t j = 0; j < n / 16; j++) {
-                const uint8_t *cp = cb[j] + dc * 4;
-                const uint8_t *wj = wq[0] + gi * n + 16 * j;
-                KVQ__UNROLL4 for (size_t b = 0; b < 4; b++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
-                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                        __m256i wv = _mm256_set1_epi32((int)kvq__ldu32(wj + (size_t)r * sizeof wq[0] + 4 * b));
-                        I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, v), ones));
-                    }
-                }
-            }
-        } else {
-            const __m256i e8 = _mm256_set1_epi8(8);
-            for (size_t j0 = 0; j0 < n / 16; j0 += 2) { /* 16 tokens per int16 lane of S */
-                __m256i S[4];
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
-                for (size_t j = j0; j < j0 + 2 && j < n / 16; j++) {
-                    const uint8_t *cp = cb[j] + dc * 4;
-                    const uint8_t *wj = wq[0] + gi * n + 16 * j;
-                    KVQ__UNROLL4 for (size_t b = 0; b < 2; b++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
-                        /* the codes as c - 8 (s8) */
-                        __m256i lo = _mm256_sub_epi8(_mm256_and_si256(v, m4), e8);
-                        __m256i hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), e8);
-                        KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                            const uint8_t *wp = wj + (size_t)r * sizeof wq[0] + 8 * b;
-                            __m256i wl = _mm256_set1_epi32((int)kvq__ldu32(wp));
-                            __m256i wh = _mm256_set1_epi32((int)kvq__ldu32(wp + 4));
-                            S[r] = _mm256_add_epi16(S[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, lo),
-                                                                           _mm256_maddubs_epi16(wh, hi)));
-                        }
-                    }
-                }
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] =
-                    _mm256_add_epi32(I[r], _mm256_madd_epi16(S[r], ones));
-            }
-        }
-        KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-            if (!a[r])
-                continue;
-            const size_t k = (size_t)r * ng + gi;
-            __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(al + k),
-                                       _mm256_loadu_ps(a[r] + dc));
-            if (BITS != 8)
-                x = _mm256_add_ps(x, _mm256_broadcast_ss(ms + k));
-            _mm256_storeu_ps(a[r] + dc, x);
-        }
-        if ((left -= 8) == 0) {
-            gi++;
-            left = g;
-        }
-    }
-}
-
-/* One run of n tokens (see kvq__int_run_blocks) for every row, by 4: one
- * rounding of the weights (row i's at w + i * wstride, contiguous), one
- * integer sum over the run, one conversion into acc. */
-static inline __attribute__((always_inline)) void
-kvq__int_taccum_run1(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                     size_t wstride, size_t nq, const uint8_t *const *pages, size_t P, size_t t0,
-                     size_t n, const int BITS) {
-    _Alignas(32) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
-    _Alignas(32) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 8], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
-    const uint8_t *sb[KVQ__TILE_RUN / 16], *cb[KVQ__TILE_RUN / 16];
-    kvq__int_run_blocks(c, pages, P, t0, n, sb, cb);
-    for (size_t i0 = 0; i0 < nq; i0 += 4) {
-        const size_t nr = KVQ__MIN(4, nq - i0);
-        float *a[4] = {NULL, NULL, NULL, NULL};
-        const float *wr[4];
-        for (size_t r = 0; r < 4; r++)
-            wr[r] = r < nr ? w + (i0 + r) * wstride : kvq__int_zeros;
-        const unsigned ok = kvq__int_wquant4_avx2(c, sb, P, n, wr, wq, al, ms);
-        kvq__tile_run_rows(c, ok, nr, acc + i0 * astride, astride, wr, wq, pages, P, t0, n, a);
-        const uint8_t(*wc)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
-            (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
-        if (n == KVQ__TILE_RUN && c->group == 32) /* runs of 4 pages of 16, int4:g=32 */
-            kvq__int_taccum_run(c, a, cb, n, wc, al, ms, BITS, KVQ__TILE_RUN, 32);
-        else if (n == KVQ__TILE_RUN)
-            kvq__int_taccum_run(c, a, cb, n, wc, al, ms, BITS, KVQ__TILE_RUN, 0);
-        else
-            kvq__int_taccum_run(c, a, cb, n, wc, al, ms, BITS, 0, 0);
-    }
-}
-
-/* taccum: one page, runs of up to KVQ__TILE_RUN tokens within it. */
-static inline __attribute__((always_inline)) void
-kvq__int_taccum_body(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                     size_t wstride, size_t nq, const uint8_t *page, size_t P, const int BITS) {
-    for (size_t t0 = 0; t0 < P; t0 += KVQ__TILE_RUN)
-        kvq__int_taccum_run1(c, acc, astride, w + t0, wstride, nq, &page, P, t0,
-                             KVQ__MIN(KVQ__TILE_RUN, P - t0), BITS);
-}
-
-static void kvq__int_taccum8_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                                  size_t wstride, size_t nq, const uint8_t *page, size_t P) {
-    kvq__int_taccum_body(c, acc, astride, w, wstride, nq, page, P, 8);
-}
-static void kvq__int_taccum4_avx2(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                                  size_t wstride, size_t nq, const uint8_t *page, size_t P) {
-    kvq__int_taccum_body(c, acc, astride, w, wstride, nq, page, P, 4);
-}
-
-/* taccum_run: runs of whole pages, KVQ__TILE_RUN / P of them (P <= 64),
- * else page by page as taccum. */
-static inline __attribute__((always_inline)) void
-kvq__int_taccum_pages(const kvq_codec *c, float *acc, size_t astride, const float *w,
-                      size_t wstride, size_t nq, const uint8_t *const *pages, size_t np, size_t P,
-                      const int BITS) {
-    if (P > KVQ__TILE_RUN) {
-        for (size_t i = 0; i < np; i++)
-            (BITS == 8 ? kvq__int_taccum8_avx2 : kvq__int_taccum4_avx2)(c, acc, astride, w + i * P,
-                                                                         wstride, nq, pages[i], P);
-        return;
-    }
-    const size_t R = KVQ__TILE_RUN / P;
-    for (size_t i = 0; i < np; i += R)
-        kvq__int_taccum_run1(c, acc, astride, w + i * P, wstride, nq, pages + i, P, 0,
-                             KVQ__MIN(R, np - i) * P, BITS);
-}
-static void kvq__int_taccum_run8_avx2(const kvq_codec *c, float *acc, size_t astride,
-                                      const float *w, size_t wstride, size_t nq,
-                                      const uint8_t *const *pages, size_t np, size_t P) {
-    kvq__int_taccum_pages(c, acc, astride, w, wstride, nq, pages, np, P, 8);
-}
-static void kvq__int_taccum_run4_avx2(const kvq_codec *c, float *acc, size_t astride,
-                                      const float *w, size_t wstride, size_t nq,
-                                      const uint8_t *const *pages, size_t np, size_t P) {
-    kvq__int_taccum_pages(c, acc, astride, w, wstride, nq, pages, np, P, 4);
-}
+#define KVQ__VNNI 0
+#define KVQ__TGT
+#define KVQ__FN(name) name##_avx2
+#include "int_avx2_body.h"
+#undef KVQ__VNNI
+#undef KVQ__TGT
+#undef KVQ__FN
 
 void kvq__int_avx2_select(kvq_codec *c) {
     if (kvq__tile_ok(c)) {

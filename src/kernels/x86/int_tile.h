@@ -48,6 +48,12 @@ static inline int kvq__tile_ok(const kvq_codec *c) {
 
 /* int_avx2.c, also the AVX-512 path's: the prepared query of tscore. */
 void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q);
+/* int_avx2.c, also int_avxvnni.c's: a run's weights of 4 rows rounded to
+ * bytes 0..W (W = 255, or 127 for int8 weights that maddubs takes). */
+unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
+                               const float *const *w,
+                               uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al,
+                               float *msum, float W);
 
 /* The scalar tail of tprep: block scales from the block maxima, the int8
  * bias and the float group sums (qq already written). */

@@ -6,6 +6,17 @@
 #define KVQ_SIMD_AVX2_H
 
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KVQ__UNROLL4 _Pragma("GCC unroll 4")
+
+/* 4 bytes at p (any alignment) as one 32-bit value. */
+static inline uint32_t kvq__ldu32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 static inline float kvq__hsum256(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
