@@ -236,11 +236,12 @@ $(BUILD)/tests/test_fuzz_replay: tests/test_fuzz_replay.c $(wildcard fuzz/*.c fu
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Isrc -Itools -o $@ $< $(TEST_HELP) $(FUZZ_REPLAY_TOOL_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
 
-# The AVX-512 kernel files built through SIMDe (simd_avx512.h): their
-# selectors get a _simde suffix and are linked into the tiled-kernel tests,
-# so that every machine compiles and checks the AVX-512 sources against the
-# scalar reference (natively too where the CPU has AVX-512).
-SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,src/kernels/x86/%_avx512.c,float int tq vmath))
+# The AVX-512 and AVX-VNNI kernel files built through SIMDe (simd_avx512.h,
+# int_avxvnni.c): their selectors get a _simde suffix and are linked into
+# the tiled-kernel tests, so that every machine compiles and checks those
+# sources against the scalar reference (natively too where the CPU has them).
+SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,src/kernels/x86/%_avx512.c,float int tq vmath)) \
+                 src/kernels/x86/int_avxvnni.c
 SIMDE_OBJ     := $(SIMDE_KERNELS:src/kernels/x86/%.c=$(BUILD)/simde/%.o)
 $(SIMDE_OBJ): $(BUILD)/simde/%.o: src/kernels/x86/%.c
 	@mkdir -p $(dir $@)

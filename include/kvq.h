@@ -110,7 +110,10 @@ typedef enum {
     KVQ_ISA_AUTO = 0,   /* the best path this CPU supports */
     KVQ_ISA_SCALAR = 1, /* the plain C reference */
     KVQ_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
-    KVQ_ISA_AVX512 = 3  /* AVX-512 F/BW/VL/DQ (+ VNNI, VBMI kernels where the CPU has them) */
+    KVQ_ISA_AVX512 = 3, /* AVX-512 F/BW/VL/DQ (+ VNNI, VBMI kernels where the CPU has them) */
+    KVQ_ISA_AVXVNNI = 4 /* AVX2 + FMA + F16C + AVX-VNNI (vpdpbusd on 256 bits: Intel Alder Lake
+                           and later without AVX-512, Zen 5): the AVX2 path with int8/int4
+                           attention kernels on vpdpbusd; auto picks it where AVX-512 is absent */
 } kvq_isa;
 
 KVQ_API kvq_isa kvq_cpu_best_isa(void);

@@ -738,7 +738,9 @@ static size_t make_chunking(size_t *ch, size_t n, int kind, tu_rng *r) {
     return k;
 }
 
-static const char *isa_name(kvq_isa i) { return i == KVQ_ISA_SCALAR ? "scalar" : "auto"; }
+static const char *isa_name(kvq_isa i) {
+    return i == KVQ_ISA_SCALAR ? "scalar" : i == KVQ_ISA_AVXVNNI ? "avxvnni" : "auto";
+}
 
 static void describe(const cdesc *c, char *buf, size_t cap) {
     snprintf(buf, cap, "k=%s%s%s%s v=%s%s%s d=%zu P=%zu R=%zu%s%s%s n=%zu %s", c->kc,
@@ -860,7 +862,8 @@ done:
 }
 
 static void test_matrix(int have_real) {
-    const kvq_isa S = KVQ_ISA_SCALAR, A = KVQ_ISA_AUTO;
+    /* V: the AVX-VNNI path (int8/int4 kernels of their own), where the CPU has it */
+    const kvq_isa S = KVQ_ISA_SCALAR, A = KVQ_ISA_AUTO, V = KVQ_ISA_AVXVNNI;
     /* kc, vc, chan, kov, kov_h, vov, vov_h, d, P, R, prerope, center, real, n, isa */
     const cdesc cfgs[] = {
         {"f32", "f32", 0, NULL, 0, NULL, 0, 64, 16, 0, 0, 0, 0, 90, A},
@@ -887,6 +890,8 @@ static void test_matrix(int have_real) {
         {"f32", "f16", 0, "int4", 1, "int8", 1, 64, 16, 5, 0, 0, 0, 90, A},
         {"f16", "bf16", 0, NULL, 0, NULL, 0, 8, 32, 40, 0, 0, 0, 120, A},
         {"tq3", "int2:g=4", 0, NULL, 0, NULL, 0, 8, 7, 5, 1, 1, 0, 90, S},
+        {"int8", "int4", 0, NULL, 0, NULL, 0, 64, 16, 5, 0, 0, 0, 110, V},
+        {"int4:g=32", "int8:g=16", 0, NULL, 0, NULL, 0, 64, 32, 1, 1, 1, 0, 120, V},
         /* stories260K (head_dim 8, 4 KV heads, 8 query heads) */
         {"int4", "int4", 0, NULL, 0, NULL, 0, 8, 16, 0, 0, 0, 1, 200, S},
         {"int3", "f32", 1, NULL, 0, NULL, 0, 8, 32, 0, 1, 0, 1, 200, A},
@@ -898,7 +903,7 @@ static void test_matrix(int have_real) {
     size_t nc = sizeof cfgs / sizeof cfgs[0];
     for (uint64_t rep = 0; rep < 2; rep++) /* two seeds each */
         for (size_t i = 0; i < nc; i++) {
-            if (cfgs[i].real && !have_real)
+            if ((cfgs[i].real && !have_real) || !kvq_cpu_supports(cfgs[i].isa))
                 continue;
             run_config(&cfgs[i], base_seed + 1000 * rep + i);
         }

@@ -190,6 +190,14 @@ static void test_errors(void) {
     /* the best path is one the CPU supports, AVX-512 only with AVX2 */
     CHECK(kvq_cpu_supports(kvq_cpu_best_isa()));
     CHECK(!kvq_cpu_supports(KVQ_ISA_AVX512) || kvq_cpu_supports(KVQ_ISA_AVX2));
+    CHECK(!kvq_cpu_supports(KVQ_ISA_AVXVNNI) || kvq_cpu_supports(KVQ_ISA_AVX2));
+    CHECK(strcmp(kvq_isa_name(KVQ_ISA_AVXVNNI), "avxvnni") == 0);
+    /* auto: AVX-512, else AVX-VNNI, else AVX2 */
+    CHECK(kvq_cpu_best_isa() == (kvq_cpu_supports(KVQ_ISA_AVX512)    ? KVQ_ISA_AVX512
+                                 : kvq_cpu_supports(KVQ_ISA_AVXVNNI) ? KVQ_ISA_AVXVNNI
+                                 : kvq_cpu_supports(KVQ_ISA_AVX2)    ? KVQ_ISA_AVX2
+                                                                     : KVQ_ISA_SCALAR));
+    CHECK(strcmp(kvq_isa_name((kvq_isa)5), "unknown") == 0 && !kvq_cpu_supports((kvq_isa)5));
 }
 
 static void expect_create(const char *spec, size_t d, kvq_status want) {
@@ -723,11 +731,11 @@ done:
 
 static void test_fused_check(void) {
     const char *specs[] = {"int8", "int8:g=32", "int4", "int4:g=32", "int4:g=8", "int2:g=32"};
-    kvq_isa isas[3] = {KVQ_ISA_SCALAR, KVQ_ISA_AVX2, KVQ_ISA_AVX512};
+    kvq_isa isas[4] = {KVQ_ISA_SCALAR, KVQ_ISA_AVX2, KVQ_ISA_AVX512, KVQ_ISA_AVXVNNI};
     tu_rng rng;
     tu_seed(&rng, 20261201);
     for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++)
-        for (int ii = 0; ii < 3; ii++)
+        for (int ii = 0; ii < 4; ii++)
             if (kvq_cpu_supports(isas[ii]))
                 check_fused_encode(specs[si], isas[ii], &rng);
 }

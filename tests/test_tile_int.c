@@ -7,9 +7,10 @@
  * - tput/tget: every slot round-trips bit for bit, and the bytes sit where
  *   the layout restated in this file (from docs/format.md) puts them;
  * - tscore and taccum of every path against the reference (tget the rows,
- *   then ref.prep + ref.score / ref.accum): AVX2, AVX-512 natively where the
- *   CPU has it (VNNI when present, and the BW variant), and the AVX-512
- *   source built through SIMDe (both variants) on every AVX2 machine. The
+ *   then ref.prep + ref.score / ref.accum): AVX2, AVX-VNNI and AVX-512
+ *   natively where the CPU has them (VNNI when present, and the BW
+ *   variant), and the AVX-VNNI and AVX-512 sources built through SIMDe
+ *   (both AVX-512 variants) on every AVX2 machine. The
  *   bounds are the ones int.c documents, computed here in double from the
  *   stored codes:
  *     score  |err| <= sum_b e_b sum_{t in b} s_g(t) |c_t| + (d + 16) eps T,
@@ -215,6 +216,15 @@ static size_t make_paths(const char *spec, size_t d, tpath *p) {
         return 0;
     snprintf(p[n].name, sizeof p[n].name, "avx2");
     p[n++].c = mk(spec, d, KVQ_ISA_AVX2);
+    if (kvq_cpu_supports(KVQ_ISA_AVXVNNI)) {
+        snprintf(p[n].name, sizeof p[n].name, "avxvnni");
+        p[n++].c = mk(spec, d, KVQ_ISA_AVXVNNI);
+    }
+    snprintf(p[n].name, sizeof p[n].name, "simde-avxvnni");
+    p[n].c = mk(spec, d, KVQ_ISA_AVX2);
+    if (p[n].c)
+        kvq__int_avxvnni_select_simde(p[n].c);
+    n++;
     if (kvq_cpu_supports(KVQ_ISA_AVX512)) {
         unsigned f = kvq__cpu_avx512_features();
         snprintf(p[n].name, sizeof p[n].name, "avx512%s", (f & KVQ__X512_VNNI) ? "-vnni" : "");
@@ -243,12 +253,15 @@ static size_t make_paths(const char *spec, size_t d, tpath *p) {
 /* The step of a path's rounded weights (int.c, "taccum"): W = 255, or 127
  * for int8 on AVX2 and on the AVX-512 BW kernel (maddubs pairs); *off: the
  * int4 codes taken as c - 8 (every path, W = 255). The AVX-512 paths keep
- * AVX2's taccum when g % 16 != 0. */
+ * AVX2's taccum when g % 16 != 0; the AVX-VNNI paths (avxvnni,
+ * simde-avxvnni) have their own for every g. */
 static double path_w(const char *name, int bits, size_t g, int *off) {
-    const int avx512 = (strncmp(name, "avx512", 6) == 0 || strncmp(name, "simde", 5) == 0) && g % 16 == 0;
-    const int vnni = strstr(name, "vnni") != NULL;
+    const int avxvnni = strstr(name, "avxvnni") != NULL;
+    const int avx512 = !avxvnni && (strncmp(name, "avx512", 6) == 0 || strncmp(name, "simde", 5) == 0) &&
+                       g % 16 == 0;
+    const int vnni = avxvnni || (avx512 && strstr(name, "vnni") != NULL);
     *off = bits == 4;
-    return bits == 8 && !(avx512 && vnni) ? 127.0 : 255.0;
+    return bits == 8 && !vnni ? 127.0 : 255.0;
 }
 
 /* The accumulation bound (int.c) of path `name` per row i < nq and
@@ -962,9 +975,9 @@ int main(int argc, char **argv) {
         bench(64u << 10);
         return 0;
     }
-    printf("test_tile_int: seed %llu, avx2 %d, avx512 %d (features %u)\n", (unsigned long long)seed,
-           kvq_cpu_supports(KVQ_ISA_AVX2), kvq_cpu_supports(KVQ_ISA_AVX512),
-           kvq__cpu_avx512_features());
+    printf("test_tile_int: seed %llu, avx2 %d, avxvnni %d, avx512 %d (features %u)\n",
+           (unsigned long long)seed, kvq_cpu_supports(KVQ_ISA_AVX2), kvq_cpu_supports(KVQ_ISA_AVXVNNI),
+           kvq_cpu_supports(KVQ_ISA_AVX512), kvq__cpu_avx512_features());
     test_which_tiled();
     test_encode();
     test_kernels();

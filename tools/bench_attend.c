@@ -73,7 +73,7 @@ static void ba_usage(FILE *f) {
         f,
         "usage: kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
         "                        [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
-        "                        [--isa scalar|avx2|avx512|auto] [--huge-pages on|off] [--json]\n"
+        "                        [--isa scalar|avx2|avxvnni|avx512|auto] [--huge-pages on|off] [--json]\n"
         "  --context LIST   context lengths, comma-separated, each 1..%zu\n"
         "                   (default %s); none: no decode rows\n"
         "  --codec LIST     kvq codecs for K and V (default %s);\n"
@@ -153,10 +153,12 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
                     o->isa = KVQ_ISA_AVX2;
                 else if (!strcmp(v, "avx512"))
                     o->isa = KVQ_ISA_AVX512;
+                else if (!strcmp(v, "avxvnni"))
+                    o->isa = KVQ_ISA_AVXVNNI;
                 else if (!strcmp(v, "auto"))
                     o->isa = KVQ_ISA_AUTO;
                 else
-                    return ba_bad("%s must be scalar, avx2, avx512 or auto, got '%s'", a, v);
+                    return ba_bad("%s must be scalar, avx2, avxvnni, avx512 or auto, got '%s'", a, v);
             } else if (!strcmp(a, "--huge-pages")) {
                 if (!strcmp(v, "on"))
                     o->huge_pages = 0;

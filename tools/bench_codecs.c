@@ -110,7 +110,7 @@ static void bc_usage(FILE *f) {
         f,
         "usage: kvq bench codecs [--head-dim N] [--count N] [--data gauss|outlier|FILE.npy]\n"
         "                        [--codec LIST] [--seed N] [--reps N]\n"
-        "                        [--isa scalar|avx2|avx512|auto] [--json | --csv]\n"
+        "                        [--isa scalar|avx2|avxvnni|avx512|auto] [--json | --csv]\n"
         "  --head-dim N  values per vector, 1..1024 (default %d; a .npy file sets it)\n"
         "  --count N     vectors (default %d; a .npy file: all of its rows)\n"
         "  --data D      gauss: N(0,1) values; outlier: N(0,1) with 4 fixed channels\n"
@@ -197,10 +197,12 @@ static int bc_parse(int argc, char **argv, bc_opts *o) {
                 o->isa = KVQ_ISA_AVX2;
             else if (strcmp(v, "avx512") == 0)
                 o->isa = KVQ_ISA_AVX512;
+            else if (strcmp(v, "avxvnni") == 0)
+                o->isa = KVQ_ISA_AVXVNNI;
             else if (strcmp(v, "auto") == 0)
                 o->isa = KVQ_ISA_AUTO;
             else {
-                fprintf(stderr, "kvq bench codecs: --isa must be scalar, avx2, avx512 or auto, got '%s'\n",
+                fprintf(stderr, "kvq bench codecs: --isa must be scalar, avx2, avxvnni, avx512 or auto, got '%s'\n",
                         v);
                 return 2;
             }

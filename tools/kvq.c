@@ -58,13 +58,13 @@ static const kvq_command kvq_commands[] = {
      "the codecs with their bits per value"},
     {"bench codecs",
      "kvq bench codecs [--head-dim N] [--count N] [--data gauss|outlier|FILE.npy]\n"
-     "                 [--codec LIST] [--seed N] [--reps N] [--isa scalar|avx2|avx512|auto]\n"
+     "                 [--codec LIST] [--seed N] [--reps N] [--isa scalar|avx2|avxvnni|avx512|auto]\n"
      "                 [--json | --csv]",
      "encode, decode and score throughput and error of codecs, beside memcpy"},
     {"bench attend",
      "kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
      "                 [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
-     "                 [--isa scalar|avx2|avx512|auto] [--huge-pages on|off] [--json]",
+     "                 [--isa scalar|avx2|avxvnni|avx512|auto] [--huge-pages on|off] [--json]",
      "one decode step (and a prefill) over compressed caches against the memory-bandwidth "
      "floor, kvq's f32 cache, a dense f32 attention and llama.cpp's quantized path"},
     {"version", "kvq version", "the library's version"},
@@ -75,7 +75,7 @@ static const kvq_command kvq_commands[] = {
     "cache options (generate, eval): --k-codec C --v-codec C --k-layout token|channel\n"         \
     "  --k-prerope --alloc FILE --k-center --policy none|window|fifo|utility --budget N\n"       \
     "  --budget-ratio R --window N --sinks N --page N --recent N --threads N\n"                  \
-    "  --prefix-store file:DIR|redis://HOST:PORT --isa auto|scalar|avx2|avx512\n"
+    "  --prefix-store file:DIR|redis://HOST:PORT --isa auto|scalar|avx2|avxvnni|avx512\n"
 
 static void usage(FILE *f) {
     fprintf(f, "kvq %s - compressed KV cache for LLM inference\n\n", kvq_version_string());

@@ -202,7 +202,7 @@ class kvq_model_info(Structure):
     ]
 
 
-ISA = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+ISA = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "avxvnni": 4}
 POLICY = {"none": 0, "window": 1, "fifo": 2, "utility": 3}
 LAYOUT = {"token": 0, "channel": 1}
 

@@ -215,7 +215,7 @@ kvq_status kvq_codec_create(kvq_codec **out, const char *spec, size_t head_dim,
     kvq_isa isa = params ? params->isa : KVQ_ISA_AUTO;
     if (isa == KVQ_ISA_AUTO)
         isa = kvq_cpu_best_isa();
-    if ((int)isa < KVQ_ISA_AUTO || isa > KVQ_ISA_AVX512) {
+    if ((int)isa < KVQ_ISA_AUTO || isa > KVQ_ISA_AVXVNNI) {
         kvq__errf(err, err_size, "unknown isa %d", (int)isa);
         return KVQ_ERR_INVALID_ARG;
     }

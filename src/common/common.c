@@ -194,7 +194,7 @@ double kvq__rng_gauss(kvq__rng *r) {
 
 /* ---- CPU detection ---- */
 static pthread_once_t kvq__cpu_once = PTHREAD_ONCE_INIT;
-static int kvq__avx2_ok, kvq__avx512_ok, kvq__sse42_ok;
+static int kvq__avx2_ok, kvq__avx512_ok, kvq__sse42_ok, kvq__avxvnni_ok;
 static unsigned kvq__x512_feat;
 
 #ifdef KVQ__X86
@@ -221,6 +221,9 @@ static void kvq__cpu_detect(void) {
         return;
     int avx2 = (b >> 5) & 1;
     kvq__avx2_ok = avx2 && fma && f16c;
+    unsigned a1, b1, c1, d1; /* leaf 7 subleaf 1: EAX bit 4 is AVX-VNNI (VEX vpdpbusd) */
+    kvq__avxvnni_ok = kvq__avx2_ok && a >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) &&
+                      ((a1 >> 4) & 1);
     int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
     kvq__avx512_ok = kvq__avx2_ok && f && dq && bw && vl && (xcr0 & 0xe6) == 0xe6;
     if (kvq__avx512_ok)
@@ -231,6 +234,10 @@ static void kvq__cpu_detect(void) {
 int kvq__cpu_has_avx2(void) {
     pthread_once(&kvq__cpu_once, kvq__cpu_detect);
     return kvq__avx2_ok;
+}
+int kvq__cpu_has_avxvnni(void) {
+    pthread_once(&kvq__cpu_once, kvq__cpu_detect);
+    return kvq__avxvnni_ok;
 }
 int kvq__cpu_has_avx512(void) {
     pthread_once(&kvq__cpu_once, kvq__cpu_detect);
@@ -251,12 +258,17 @@ int kvq_cpu_supports(kvq_isa isa) {
         return kvq__cpu_has_avx2();
     case KVQ_ISA_AVX512:
         return kvq__cpu_has_avx512();
+    case KVQ_ISA_AVXVNNI:
+        return kvq__cpu_has_avxvnni();
     }
     return 0;
 }
 
 kvq_isa kvq_cpu_best_isa(void) {
-    return kvq__cpu_has_avx512() ? KVQ_ISA_AVX512 : kvq__cpu_has_avx2() ? KVQ_ISA_AVX2 : KVQ_ISA_SCALAR;
+    return kvq__cpu_has_avx512()    ? KVQ_ISA_AVX512
+           : kvq__cpu_has_avxvnni() ? KVQ_ISA_AVXVNNI
+           : kvq__cpu_has_avx2()    ? KVQ_ISA_AVX2
+                                    : KVQ_ISA_SCALAR;
 }
 
 const char *kvq_isa_name(kvq_isa isa) {
@@ -269,6 +281,8 @@ const char *kvq_isa_name(kvq_isa isa) {
         return "avx2";
     case KVQ_ISA_AVX512:
         return "avx512";
+    case KVQ_ISA_AVXVNNI:
+        return "avxvnni";
     }
     return "unknown";
 }

@@ -161,6 +161,7 @@ int kvq__all_finite(const float *x, size_t n);
 /* ---- CPU ---- */
 int kvq__cpu_has_avx2(void);   /* AVX2 + FMA + F16C, OS-enabled */
 int kvq__cpu_has_avx512(void); /* F + BW + VL + DQ, OS-enabled */
+int kvq__cpu_has_avxvnni(void); /* AVX2 + AVX-VNNI (CPUID 7.1 EAX bit 4) */
 /* AVX-512 extensions beside F/BW/VL/DQ (0 without AVX-512) */
 #define KVQ__X512_VNNI 1u /* vpdpbusd */
 #define KVQ__X512_VBMI 2u /* vpermb */

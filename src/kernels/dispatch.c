@@ -7,7 +7,7 @@
 #include "kernels.h"
 
 void kvq__kernels_select(kvq_codec *c) {
-    if (c->isa != KVQ_ISA_AVX2 && c->isa != KVQ_ISA_AVX512)
+    if (c->isa != KVQ_ISA_AVX2 && c->isa != KVQ_ISA_AVXVNNI && c->isa != KVQ_ISA_AVX512)
         return;
 #if defined(__x86_64__)
     switch (c->family) {
@@ -25,6 +25,8 @@ void kvq__kernels_select(kvq_codec *c) {
         kvq__nuq_avx2_select(c);
         break;
     }
+    if (c->isa == KVQ_ISA_AVXVNNI && c->family == KVQ__FAM_INT)
+        kvq__int_avxvnni_select(c);
     if (c->isa != KVQ_ISA_AVX512)
         return;
     unsigned feat = kvq__cpu_avx512_features();

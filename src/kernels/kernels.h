@@ -21,6 +21,8 @@ void kvq__nuq_avx2_select(kvq_codec *c);
 void kvq__float_avx512_select(kvq_codec *c, unsigned feat);
 void kvq__float_avx512_select_simde(kvq_codec *c, unsigned feat);
 void kvq__int_avx512_select(kvq_codec *c, unsigned feat);
+void kvq__int_avxvnni_select(kvq_codec *c);
+void kvq__int_avxvnni_select_simde(kvq_codec *c);
 void kvq__int_avx512_select_simde(kvq_codec *c, unsigned feat);
 void kvq__tq_avx512_select(kvq_codec *c, unsigned feat);
 void kvq__tq_avx512_select_simde(kvq_codec *c, unsigned feat);

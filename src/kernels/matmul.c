@@ -45,7 +45,9 @@ kvq__matmul_fn kvq__matmul_select(kvq_isa isa) {
 #if defined(__x86_64__)
     if ((isa == KVQ_ISA_AUTO || isa == KVQ_ISA_AVX512) && kvq__cpu_has_avx512())
         return kvq__matmul_avx512;
-    if ((isa == KVQ_ISA_AUTO || isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVX512) && kvq__cpu_has_avx2())
+    if ((isa == KVQ_ISA_AUTO || isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVXVNNI ||
+         isa == KVQ_ISA_AVX512) &&
+        kvq__cpu_has_avx2())
         return kvq__matmul_avx2;
 #endif
     (void)isa;

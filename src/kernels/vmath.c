@@ -36,7 +36,8 @@ kvq__softmax_fn kvq__page_softmax_select(kvq_isa isa) {
 #if defined(__x86_64__)
     if (isa == KVQ_ISA_AVX512 && kvq__cpu_has_avx512())
         return kvq__page_softmax_avx512;
-    if ((isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVX512) && kvq__cpu_has_avx2())
+    if ((isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVXVNNI || isa == KVQ_ISA_AVX512) &&
+        kvq__cpu_has_avx2())
         return kvq__page_softmax_avx2;
 #endif
     (void)isa;

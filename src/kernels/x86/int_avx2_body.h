@@ -3,7 +3,9 @@
  * (tscore, taccum, taccum_run; layouts and bounds: src/codec/int.c),
  * included twice, as int_avx512_body.h is: by int_avx2.c with KVQ__VNNI 0
  * (maddubs + madd) and by int_avxvnni.c with KVQ__VNNI 1 (AVX-VNNI's
- * vpdpbusd on 256 bits, KVQ__DPB256). KVQ__TGT is the functions' target,
+ * vpdpbusd on 256 bits, KVQ__DPB256; int8 only: for int4, maddubs sums up
+ * to 4 steps in int16 and takes as many products per op as vpdpbusd, so
+ * the VNNI copy has no int4 kernels). KVQ__TGT is the functions' target,
  * KVQ__FN names each copy. Needs kvq__ldu32 and KVQ__UNROLL4 (simd_avx2.h)
  * and int_tile.h. No include guard on purpose.
  */
@@ -20,9 +22,9 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
                  const int BITS, const size_t QB, const int BPG1) {
     const size_t ng = c->ngroups, qb = QB ? QB : tp->qb, bpg = BPG1 ? 1 : c->group / qb;
     const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
-    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
 #if !KVQ__VNNI
-    const __m256i ones = _mm256_set1_epi16(1), x80 = _mm256_set1_epi8((char)0x80);
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
 #endif
     __m256 F[4];
     KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_setzero_ps();
@@ -33,14 +35,22 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
         for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
             __m256i I[4];
             if (BITS == 8) {
-#if KVQ__VNNI /* the stored bytes (c + 128) as they are; the bias -128 sum qq starts the sum */
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++)
+#if KVQ__VNNI /* the stored bytes (c + 128) as they are; the bias -128 sum qq starts the sum;
+                 two chains a row (even and odd steps: vpdpbusd's latency) */
+                __m256i J[4];
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
                     I[r] = _mm256_set1_epi32(((const int32_t *)(const void *)(q[r] + tp->off_bias))[b]);
-                for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
-                    __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
-                    KVQ__UNROLL4 for (int r = 0; r < 4; r++)
-                        I[r] = KVQ__DPB256(I[r], u, _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k)));
+                    J[r] = _mm256_setzero_si256();
                 }
+                for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k += 2) { /* qb / 4 is even */
+                    __m256i u0 = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
+                    __m256i u1 = _mm256_loadu_si256((const __m256i *)(const void *)(page + ((k + 1) * P + tb) * 4));
+                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                        I[r] = KVQ__DPB256(I[r], u0, _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k)));
+                        J[r] = KVQ__DPB256(J[r], u1, _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k + 4)));
+                    }
+                }
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_add_epi32(I[r], J[r]);
 #else
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
                 for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
@@ -54,19 +64,6 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
                 }
 #endif
             } else {
-#if KVQ__VNNI /* the high nibbles in place, 16 times their value: J >> 4 below */
-                __m256i J[4];
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = J[r] = _mm256_setzero_si256();
-                for (size_t k = b * qb / 8; k < (b + 1) * qb / 8; k++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
-                    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_andnot_si256(m4, v);
-                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                        I[r] = KVQ__DPB256(I[r], lo, _mm256_set1_epi32((int)kvq__ldu32(q[r] + 8 * k)));
-                        J[r] = KVQ__DPB256(J[r], hi, _mm256_set1_epi32((int)kvq__ldu32(q[r] + 8 * k + 4)));
-                    }
-                }
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_add_epi32(I[r], _mm256_srai_epi32(J[r], 4));
-#else
                 __m256i S[4];
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
                 for (size_t k = b * qb / 8; k < (b + 1) * qb / 8; k++) {
@@ -80,7 +77,6 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
                     }
                 }
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_madd_epi16(S[r], ones);
-#endif
             }
             KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
                 const float *beta = (const float *)(const void *)(q[r] + tp->off_beta);
@@ -130,13 +126,65 @@ KVQ__TGT static void KVQ__FN(kvq__int_tscore8)(const kvq_codec *c, float *out, s
                                   size_t nq, const uint8_t *page, size_t P) {
     KVQ__FN(kvq__int_tscore_body)(c, out, ostride, qp, nq, page, P, 8);
 }
+#if !KVQ__VNNI /* int4: maddubs sums 4 steps in int16, as many products per op as vpdpbusd */
 KVQ__TGT static void KVQ__FN(kvq__int_tscore4)(const kvq_codec *c, float *out, size_t ostride, const void *qp,
                                   size_t nq, const uint8_t *page, size_t P) {
     KVQ__FN(kvq__int_tscore_body)(c, out, ostride, qp, nq, page, P, 4);
 }
+#endif
 
 static const float KVQ__FN(kvq__int_zeros)[KVQ__TILE_RUN];
 
+#if KVQ__VNNI
+/* One run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN) whose blocks of 16
+ * tokens start at cb[j] (each in its own page: taccum_run) for 4 weight
+ * rows of int8 values (BITS 8 only), 16 dimensions at a time: int32 sums of
+ * vpdpbusd(wq u8 0..255, code s8), 8 chains (4 rows x 2 chunks of 8
+ * dimensions, each weight broadcast taken by both chunks where they share a
+ * group), then acc += alpha * sum once for the run, for the rows with a[r]
+ * set. int32 sums of the run below 64 * 255 * 127. */
+KVQ__TGT static inline __attribute__((always_inline)) void
+KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t nrt,
+                             const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
+                             const float *ms, const int BITS, const size_t NN, const size_t GG) {
+    const size_t d = c->d, g = GG ? GG : c->group, ng = c->ngroups, n = NN ? NN : nrt;
+    (void)BITS, (void)ms; /* int8: no minimum term */
+    for (size_t dc = 0; dc < d; dc += 16) {
+        const int two = dc + 16 <= d; /* d % 8 == 0 */
+        const size_t g0 = dc / g, g1 = two ? (dc + 8) / g : g0;
+        __m256i I[4][2];
+        KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r][0] = I[r][1] = _mm256_setzero_si256();
+        for (size_t j = 0; j < n / 16; j++) {
+            const uint8_t *cp = cb[j] + dc * 4;
+            {
+                KVQ__UNROLL4 for (size_t b = 0; b < 4; b++) {
+                    const __m256i v0 = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
+                    const __m256i v1 =
+                        two ? _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4 + 32)) : v0;
+                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                        const uint8_t *wp = wq[r] + 16 * j + 4 * b;
+                        const __m256i w0 = _mm256_set1_epi32((int)kvq__ldu32(wp + g0 * n));
+                        const __m256i w1 = g1 == g0 ? w0 : _mm256_set1_epi32((int)kvq__ldu32(wp + g1 * n));
+                        I[r][0] = KVQ__DPB256(I[r][0], w0, v0);
+                        I[r][1] = KVQ__DPB256(I[r][1], w1, v1);
+                    }
+                }
+            }
+        }
+        KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+            if (!a[r])
+                continue;
+            for (int z = 0; z < 1 + two; z++) {
+                const size_t k = (size_t)r * ng + (z ? g1 : g0);
+                float *ap = a[r] + dc + 8 * (size_t)z;
+                __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r][z]), _mm256_broadcast_ss(al + k),
+                                           _mm256_loadu_ps(ap));
+                _mm256_storeu_ps(ap, x);
+            }
+        }
+    }
+}
+#else
 /* One run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN) whose blocks of 16
  * tokens start at cb[j] (each in its own page: taccum_run) for 4 weight
  * rows, 8 dimensions at a time: int32 sums of maddubs(wq u8, code s8) (with
@@ -154,10 +202,7 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
                     const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
                     const float *ms, const int BITS, const size_t NN, const size_t GG) {
     const size_t d = c->d, g = GG ? GG : c->group, ng = c->ngroups, n = NN ? NN : nrt;
-    const __m256i m4 = _mm256_set1_epi8(15);
-#if !KVQ__VNNI
-    const __m256i ones = _mm256_set1_epi16(1);
-#endif
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     for (size_t dc = 0, gi = 0, left = g; dc < d; dc += 8) {
         __m256i I[4];
         KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
@@ -169,21 +214,15 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
                     __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
                     KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
                         __m256i wv = _mm256_set1_epi32((int)kvq__ldu32(wj + (size_t)r * sizeof wq[0] + 4 * b));
-#if KVQ__VNNI
-                        I[r] = KVQ__DPB256(I[r], wv, v);
-#else
                         I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, v), ones));
-#endif
                     }
                 }
             }
         } else {
             const __m256i e8 = _mm256_set1_epi8(8);
             for (size_t j0 = 0; j0 < n / 16; j0 += 2) { /* 16 tokens per int16 lane of S */
-#if !KVQ__VNNI
                 __m256i S[4];
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
-#endif
                 for (size_t j = j0; j < j0 + 2 && j < n / 16; j++) {
                     const uint8_t *cp = cb[j] + dc * 4;
                     const uint8_t *wj = wq[0] + gi * n + 16 * j;
@@ -196,19 +235,13 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
                             const uint8_t *wp = wj + (size_t)r * sizeof wq[0] + 8 * b;
                             __m256i wl = _mm256_set1_epi32((int)kvq__ldu32(wp));
                             __m256i wh = _mm256_set1_epi32((int)kvq__ldu32(wp + 4));
-#if KVQ__VNNI
-                            I[r] = KVQ__DPB256(KVQ__DPB256(I[r], wl, lo), wh, hi);
-#else
                             S[r] = _mm256_add_epi16(S[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, lo),
                                                                            _mm256_maddubs_epi16(wh, hi)));
-#endif
                         }
                     }
                 }
-#if !KVQ__VNNI
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] =
                     _mm256_add_epi32(I[r], _mm256_madd_epi16(S[r], ones));
-#endif
             }
         }
         KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
@@ -227,6 +260,7 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
         }
     }
 }
+#endif
 
 /* One run of n tokens (see kvq__int_run_blocks) for every row, by 4: one
  * rounding of the weights (row i's at w + i * wstride, contiguous), one
@@ -271,10 +305,12 @@ KVQ__TGT static void KVQ__FN(kvq__int_taccum8)(const kvq_codec *c, float *acc, s
                                   size_t wstride, size_t nq, const uint8_t *page, size_t P) {
     KVQ__FN(kvq__int_taccum_body)(c, acc, astride, w, wstride, nq, page, P, 8);
 }
+#if !KVQ__VNNI
 KVQ__TGT static void KVQ__FN(kvq__int_taccum4)(const kvq_codec *c, float *acc, size_t astride, const float *w,
                                   size_t wstride, size_t nq, const uint8_t *page, size_t P) {
     KVQ__FN(kvq__int_taccum_body)(c, acc, astride, w, wstride, nq, page, P, 4);
 }
+#endif
 
 /* taccum_run: runs of whole pages, KVQ__TILE_RUN / P of them (P <= 64),
  * else page by page as taccum. */
@@ -284,8 +320,12 @@ KVQ__FN(kvq__int_taccum_pages)(const kvq_codec *c, float *acc, size_t astride, c
                       const int BITS) {
     if (P > KVQ__TILE_RUN) {
         for (size_t i = 0; i < np; i++)
+#if KVQ__VNNI
+            KVQ__FN(kvq__int_taccum8)(c, acc, astride, w + i * P, wstride, nq, pages[i], P);
+#else
             (BITS == 8 ? KVQ__FN(kvq__int_taccum8) : KVQ__FN(kvq__int_taccum4))(c, acc, astride, w + i * P,
                                                                          wstride, nq, pages[i], P);
+#endif
         return;
     }
     const size_t R = KVQ__TILE_RUN / P;
@@ -298,8 +338,10 @@ KVQ__TGT static void KVQ__FN(kvq__int_taccum_run8)(const kvq_codec *c, float *ac
                                       const uint8_t *const *pages, size_t np, size_t P) {
     KVQ__FN(kvq__int_taccum_pages)(c, acc, astride, w, wstride, nq, pages, np, P, 8);
 }
+#if !KVQ__VNNI
 KVQ__TGT static void KVQ__FN(kvq__int_taccum_run4)(const kvq_codec *c, float *acc, size_t astride,
                                       const float *w, size_t wstride, size_t nq,
                                       const uint8_t *const *pages, size_t np, size_t P) {
     KVQ__FN(kvq__int_taccum_pages)(c, acc, astride, w, wstride, nq, pages, np, P, 4);
 }
+#endif
