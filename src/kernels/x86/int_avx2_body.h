@@ -10,12 +10,12 @@
  * and int_tile.h. No include guard on purpose.
  */
 
+#if !KVQ__VNNI
 /* Scores of 8 tokens [tb, tb + 8) of a tiled K page for 4 query rows q[r]
  * (rows past nr repeat the last one and are not stored). Integer dots per
  * query block: int8 by |c| * sign(q, c) (the stored byte is c + 128), int4
  * by the two nibble planes, int16 sums of up to 4 lane steps (below
- * 4 * 2 * 2 * 15 * 127 = 30480) before madd; with VNNI vpdpbusd takes the
- * stored bytes (u8) times the query codes (s8) into int32 directly. */
+ * 4 * 2 * 2 * 15 * 127 = 30480) before madd. */
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_t ostride,
                  const uint8_t *const *q, size_t nr, const uint8_t *page, size_t P, size_t tb,
@@ -23,9 +23,7 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
     const size_t ng = c->ngroups, qb = QB ? QB : tp->qb, bpg = BPG1 ? 1 : c->group / qb;
     const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-#if !KVQ__VNNI
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
-#endif
     __m256 F[4];
     KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_setzero_ps();
     for (size_t gi = 0; gi < ng; gi++) {
@@ -35,23 +33,6 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
         for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
             __m256i I[4];
             if (BITS == 8) {
-#if KVQ__VNNI /* the stored bytes (c + 128) as they are; the bias -128 sum qq starts the sum;
-                 two chains a row (even and odd steps: vpdpbusd's latency) */
-                __m256i J[4];
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                    I[r] = _mm256_set1_epi32(((const int32_t *)(const void *)(q[r] + tp->off_bias))[b]);
-                    J[r] = _mm256_setzero_si256();
-                }
-                for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k += 2) { /* qb / 4 is even */
-                    __m256i u0 = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
-                    __m256i u1 = _mm256_loadu_si256((const __m256i *)(const void *)(page + ((k + 1) * P + tb) * 4));
-                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                        I[r] = KVQ__DPB256(I[r], u0, _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k)));
-                        J[r] = KVQ__DPB256(J[r], u1, _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k + 4)));
-                    }
-                }
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_add_epi32(I[r], J[r]);
-#else
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
                 for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
                     __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
@@ -62,7 +43,6 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
                             I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ab, _mm256_sign_epi8(qv, cs)), ones));
                     }
                 }
-#endif
             } else {
                 __m256i S[4];
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
@@ -99,6 +79,61 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
         _mm256_storeu_ps(out + r * ostride + tb, F[r]);
 }
 
+#else
+/* int8 keys: the scores of 16 tokens [tb, tb + 16) for 4 query rows q[r]
+ * (rows past nr repeat the last and are not stored), each query broadcast
+ * feeding both halves of 8 tokens: 8 vpdpbusd chains taking the stored
+ * bytes (c + 128, u8) times the query codes (s8), the block's bias -128 sum
+ * qq first; the float steps are kvq__int_tscore_8tok's, in the same order. */
+KVQ__TGT static inline __attribute__((always_inline)) void
+KVQ__FN(kvq__int_tscore_16tok)(const kvq_codec *c, const kvq__tile_plan *tp, float *out,
+                               size_t ostride, const uint8_t *const *q, size_t nr,
+                               const uint8_t *page, size_t P, size_t tb, const size_t QB,
+                               const int BPG1) {
+    const size_t ng = c->ngroups, qb = QB ? QB : tp->qb, bpg = BPG1 ? 1 : c->group / qb;
+    const uint8_t *sp = page + c->d * P;
+    __m256 F[4][2];
+    KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r][0] = F[r][1] = _mm256_setzero_ps();
+    for (size_t gi = 0; gi < ng; gi++) {
+        __m256 G[4][2];
+        if (!BPG1)
+            KVQ__UNROLL4 for (int r = 0; r < 4; r++) G[r][0] = G[r][1] = _mm256_setzero_ps();
+        for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
+            __m256i I[4][2];
+            KVQ__UNROLL4 for (int r = 0; r < 4; r++)
+                I[r][0] = I[r][1] = _mm256_set1_epi32(((const int32_t *)(const void *)(q[r] + tp->off_bias))[b]);
+            for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
+                const uint8_t *kp = page + (k * P + tb) * 4;
+                const __m256i u0 = _mm256_loadu_si256((const __m256i *)(const void *)kp);
+                const __m256i u1 = _mm256_loadu_si256((const __m256i *)(const void *)(kp + 32));
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                    const __m256i qv = _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k));
+                    I[r][0] = KVQ__DPB256(I[r][0], u0, qv);
+                    I[r][1] = KVQ__DPB256(I[r][1], u1, qv);
+                }
+            }
+            KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                const __m256 be = _mm256_broadcast_ss((const float *)(const void *)(q[r] + tp->off_beta) + b);
+                for (int z = 0; z < 2; z++)
+                    G[r][z] = BPG1 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I[r][z]), be)
+                                   : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r][z]), be, G[r][z]);
+            }
+        }
+        const uint8_t *sg = sp + 2 * (gi * P + tb);
+        const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)sg));
+        const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sg + 16)));
+        KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+            F[r][0] = _mm256_fmadd_ps(G[r][0], s0, F[r][0]);
+            F[r][1] = _mm256_fmadd_ps(G[r][1], s1, F[r][1]);
+        }
+    }
+    for (size_t r = 0; r < nr; r++) {
+        _mm256_storeu_ps(out + r * ostride + tb, F[r][0]);
+        _mm256_storeu_ps(out + r * ostride + tb + 8, F[r][1]);
+    }
+}
+#endif
+
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__int_tscore_body)(const kvq_codec *c, float *out, size_t ostride, const void *qp, size_t nq,
                      const uint8_t *page, size_t P, const int BITS) {
@@ -110,6 +145,18 @@ KVQ__FN(kvq__int_tscore_body)(const kvq_codec *c, float *out, size_t ostride, co
         const uint8_t *q[4];
         for (size_t r = 0; r < 4; r++)
             q[r] = (const uint8_t *)qp + (i0 + KVQ__MIN(r, nr - 1)) * qs;
+#if KVQ__VNNI /* int8 only here; P % 16 == 0 */
+        if (tp.qb == 32 && c->group == 32)
+            for (size_t tb = 0; tb < P; tb += 16)
+                KVQ__FN(kvq__int_tscore_16tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, 32, 1);
+        else if (tp.qb == 32)
+            for (size_t tb = 0; tb < P; tb += 16)
+                KVQ__FN(kvq__int_tscore_16tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, 32, 0);
+        else
+            for (size_t tb = 0; tb < P; tb += 16)
+                KVQ__FN(kvq__int_tscore_16tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, 0, 0);
+        (void)BITS;
+#else
         if (tp.qb == 32 && c->group == 32) /* int4:g=32, int8:g=32 */
             for (size_t tb = 0; tb < P; tb += 8)
                 KVQ__FN(kvq__int_tscore_8tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 32, 1);
@@ -119,6 +166,7 @@ KVQ__FN(kvq__int_tscore_body)(const kvq_codec *c, float *out, size_t ostride, co
         else
             for (size_t tb = 0; tb < P; tb += 8)
                 KVQ__FN(kvq__int_tscore_8tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 0, 0);
+#endif
     }
 }
 
