@@ -62,6 +62,9 @@ bad_opt --codec bench attend --codec int8,,tq3
 bad_opt --baselines bench attend --baselines llama.cpp:q5_1
 bad_opt --bogus bench attend --bogus
 bad_opt --isa bench attend --isa sse9
+bad_opt --isa bench attend --isa avx2,
+bad_opt --isa bench attend --isa avx2,,scalar
+bad_opt --isa bench attend --isa scalar,avx2,scalar,sse9
 bad_opt --huge-pages bench attend --huge-pages maybe
 bad_opt --huge-pages bench attend --huge-pages
 bad_opt --head-dim bench codecs --head-dim 0
@@ -135,6 +138,31 @@ for a, b in zip(r[:4], r[4:]):
 # ratios against the f32 / dense rows of the same thread count
 assert r[4]["ratio_vs_f32"] == 1 and r[7]["ratio_vs_dense"] == 1
 '
+
+# ---- two kernel paths in one run: every codec on each, in the same rounds ----
+run 0 "attend json isa scalar,auto" bench attend --context 256 --codec int8 --isa scalar,auto,scalar \
+    --baselines dense:f32 --reps 2 --json
+check_json "attend isa scalar,auto" '
+best = d["isas"][1]
+assert d["isa"] == "scalar" and d["isa_forced"] is True and len(d["isas"]) == 2, d["isas"]
+assert best in ("scalar", "avx2", "avxvnni", "avx512")
+r = d["results"]
+kvq = [(x["codec"], x["isa"]) for x in r if x["kind"] == "kvq"]
+assert kvq == [(c, p) for p in d["isas"] for c in ("f32", "f16", "int8")], kvq
+assert [x["codec"] for x in r if x["kind"] == "baseline"] == ["dense:f32"]
+f32 = {x["isa"]: x for x in r if x["codec"] == "f32"}
+for x in r:
+    assert x["rounds"] == 2 and "error" not in x, x
+    ref = f32[x.get("isa", "scalar")]
+    assert abs(x["ratio_vs_f32"] - x["step_us"] / ref["step_us"]) <= 1e-4 * x["ratio_vs_f32"], x
+# the same bytes read on either path
+by = {}
+for x in r:
+    by.setdefault(x["codec"], set()).add(x["bytes_read"])
+assert all(len(v) == 1 for v in by.values()), by
+'
+run 0 "attend table isa" bench attend --context 128 --codec int8 --isa scalar,auto --baselines none --reps 1
+expect_in "$TMP/out" "int8@scalar" "the table names each row's path"
 
 # ---- prefill only ----
 run 0 "attend prefill" bench attend --context none --prefill 48 --codec int8 --baselines none --json

@@ -47,6 +47,7 @@
 #define BA_MAX_CTX 32
 #define BA_MAX_CODECS 32
 #define BA_MAX_THR 4 /* thread counts in one run */
+#define BA_MAX_ISA 4 /* kernel paths in one run */
 #define BA_TAIL 64   /* single-token appends timed at the end of a build */
 #define BA_BW_MIN ((size_t)256 << 20)
 #define BA_BW_ROUNDS_MIN 5  /* bandwidth: rounds of one pass per thread count, */
@@ -64,7 +65,10 @@ typedef struct {
     size_t thr[BA_MAX_THR], nthr, prefill, reps;
     int json, warm;
     int huge_pages; /* the caches' kvq_cache_config.huge_pages: 0 on, -1 off */
-    kvq_isa isa;
+    kvq_isa isa;                /* the first of isas */
+    int isa_given;              /* --isa named the paths (else: auto) */
+    kvq_isa isas[BA_MAX_ISA];   /* --isa, in the order given, AUTO resolved */
+    size_t nisa;
     char *codec_buf;
 } ba_opts;
 
@@ -73,7 +77,7 @@ static void ba_usage(FILE *f) {
         f,
         "usage: kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
         "                        [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
-        "                        [--isa scalar|avx2|avxvnni|avx512|auto] [--huge-pages on|off] [--json]\n"
+        "                        [--isa LIST] [--huge-pages on|off] [--json]\n"
         "  --context LIST   context lengths, comma-separated, each 1..%zu\n"
         "                   (default %s); none: no decode rows\n"
         "  --codec LIST     kvq codecs for K and V (default %s);\n"
@@ -87,8 +91,11 @@ static void ba_usage(FILE *f) {
         "                   their N queries per codec, against f32 (default 0: none)\n"
         "  --reps N         1..1000 timed steps per row (default 5..9 within 0.5 s)\n"
         "  --warm           do not flush the last-level cache before each timed step\n"
-        "  --isa P          kvq's kernel path (cfg.isa; default auto: the best one); the\n"
-        "                   baselines always use the best SIMD level of this CPU\n"
+        "  --isa LIST       kvq's kernel paths (cfg.isa) of scalar, avx2, avxvnni, avx512\n"
+        "                   and auto (the best one, the default), up to 4: every codec on\n"
+        "                   each, in the same rounds (rows int8@avx2 ...; JSON isa), vs f32\n"
+        "                   against the same path's f32; the baselines always use the best\n"
+        "                   SIMD level of this CPU; the prefill uses the first path\n"
         "  --huge-pages on|off  the caches' page blocks in huge-page regions (cfg.huge_pages\n"
         "                   0, the default) or from posix_memalign (-1); the bandwidth test,\n"
         "                   the flush and the dense baseline always use huge pages where\n"
@@ -122,7 +129,7 @@ static int ba_add_codec(ba_opts *o, char *spec) {
 /* Returns 0 to go on, -1 after --help, or the exit status. */
 static int ba_parse(int argc, char **argv, ba_opts *o) {
     const char *ctx_list = BA_DEFAULT_CONTEXTS, *codec_list = BA_DEFAULT_CODECS, *base_list = "all";
-    const char *thr_list = "1";
+    const char *thr_list = "1", *isa_list = "auto";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -146,20 +153,9 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
                 codec_list = v;
             else if (!strcmp(a, "--baselines"))
                 base_list = v;
-            else if (!strcmp(a, "--isa")) {
-                if (!strcmp(v, "scalar"))
-                    o->isa = KVQ_ISA_SCALAR;
-                else if (!strcmp(v, "avx2"))
-                    o->isa = KVQ_ISA_AVX2;
-                else if (!strcmp(v, "avx512"))
-                    o->isa = KVQ_ISA_AVX512;
-                else if (!strcmp(v, "avxvnni"))
-                    o->isa = KVQ_ISA_AVXVNNI;
-                else if (!strcmp(v, "auto"))
-                    o->isa = KVQ_ISA_AUTO;
-                else
-                    return ba_bad("%s must be scalar, avx2, avxvnni, avx512 or auto, got '%s'", a, v);
-            } else if (!strcmp(a, "--huge-pages")) {
+            else if (!strcmp(a, "--isa"))
+                isa_list = v, o->isa_given = 1;
+            else if (!strcmp(a, "--huge-pages")) {
                 if (!strcmp(v, "on"))
                     o->huge_pages = 0;
                 else if (!strcmp(v, "off"))
@@ -204,6 +200,40 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
         if (bad)
             return ba_bad("%s takes integers in 1..64 separated by commas, got '%s'", "--threads",
                           thr_list);
+    }
+    /* kernel paths: each of scalar, avx2, avxvnni, avx512, auto (the best),
+     * in the order given, without repeats */
+    {
+        static const char *const names[] = {"auto", "scalar", "avx2", "avx512", "avxvnni"};
+        size_t n = strlen(isa_list);
+        int bad = !n || isa_list[0] == ',' || isa_list[n - 1] == ',' || strstr(isa_list, ",,");
+        char *buf = bad ? NULL : strdup(isa_list), *save = NULL;
+        for (char *tok = buf ? strtok_r(buf, ",", &save) : NULL; tok && !bad;
+             tok = strtok_r(NULL, ",", &save)) {
+            int k = 0;
+            while (k < 5 && strcmp(tok, names[k]))
+                k++;
+            bad = k == 5;
+            kvq_isa isa = k == 0 ? kvq_cpu_best_isa() : (kvq_isa)k;
+            size_t i = 0;
+            while (!bad && i < o->nisa && o->isas[i] != isa)
+                i++;
+            if (bad || i < o->nisa)
+                continue;
+            if (o->nisa == BA_MAX_ISA) {
+                fprintf(stderr, "kvq bench attend: --isa: at most %d paths, got '%s'\n", BA_MAX_ISA,
+                        isa_list);
+                free(buf);
+                return 2;
+            }
+            o->isas[o->nisa++] = isa;
+        }
+        free(buf);
+        if (bad)
+            return ba_bad("%s takes scalar, avx2, avxvnni, avx512 or auto separated by commas, got "
+                          "'%s'",
+                          "--isa", isa_list);
+        o->isa = o->isas[0];
     }
     /* contexts */
     if (strcmp(ctx_list, "none") != 0) {
@@ -348,7 +378,8 @@ static void ba_flush_run(void *arg) {
 typedef struct {
     char codec[96];
     int baseline; /* 0: a kvq codec */
-    int kind;     /* a baseline's kvqp_att_kind */
+    int kind;     /* a baseline's kvqp_att_kind; a codec's index in o.codecs */
+    kvq_isa isa;  /* a kvq codec's kernel path */
     size_t context, threads;
     double step_us, step_min_us, append_ns, floor_us, x_floor, ratio_f32, ratio_dense, check;
     double speedup_1t; /* the same row at 1 thread over this one (0: none) */
@@ -410,7 +441,7 @@ static int ba_cmp_double(const void *a, const void *b) {
 static kvq_cache *ba_build_kvq(ba_env *e, const char *codec, size_t ctx, size_t threads,
                                ba_row *r, double *one_s) {
     kvq_cache *c = NULL;
-    kvq_status st = ba_cache(&c, codec, ctx, threads, e->isa, e->huge_pages, r->msg,
+    kvq_status st = ba_cache(&c, codec, ctx, threads, r->isa, e->huge_pages, r->msg,
                               sizeof r->msg);
     if (st != KVQ_OK) {
         if (!r->msg[0])
@@ -653,9 +684,13 @@ static void ba_run_prefill(ba_env *e, const char *codec, size_t N, const float *
 }
 
 /* ---- output ---- */
-static void ba_print_row(const ba_row *r) {
+/* One row of the table; with several paths, kvq's rows say theirs (int8@avx2). */
+static void ba_print_row(const ba_row *r, int show_isa) {
+    char name[128];
+    snprintf(name, sizeof name, "%s%s%s", r->codec, show_isa && !r->baseline ? "@" : "",
+             show_isa && !r->baseline ? kvq_isa_name(r->isa) : "");
     if (!r->ok) {
-        printf("  %-16s %8zu %3zu  error: %s\n", r->codec, r->context, r->threads, r->msg);
+        printf("  %-20s %8zu %3zu  error: %s\n", name, r->context, r->threads, r->msg);
         return;
     }
     char app[32] = "-", dense[32] = "-", sp[32] = "-";
@@ -665,7 +700,7 @@ static void ba_print_row(const ba_row *r) {
         snprintf(dense, sizeof dense, "%.3fx", r->ratio_dense);
     if (r->speedup_1t > 0)
         snprintf(sp, sizeof sp, "%.2fx", r->speedup_1t);
-    printf("  %-16s %8zu %3zu %11.1f %11.1f %9.2f %10.1f %7.2fx %7.3fx %9s %7s %11s\n", r->codec,
+    printf("  %-20s %8zu %3zu %11.1f %11.1f %9.2f %10.1f %7.2fx %7.3fx %9s %7s %11s\n", name,
            r->context, r->threads, r->step_us, r->step_min_us, r->bytes_read / 1048576.0,
            r->floor_us, r->x_floor, r->ratio_f32, dense, sp, app);
 }
@@ -683,20 +718,20 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         free(o.codec_buf);
         return rc < 0 ? 0 : rc;
     }
-    /* every codec must make a cache: checked before any work */
-    for (size_t k = 0; k < o.ncod; k++) {
-        char msg[256];
-        kvq_cache *c = NULL;
-        kvq_status st = ba_cache(&c, o.codecs[k], 64, 1, o.isa, o.huge_pages, msg, sizeof msg);
-        kvq_cache_free(c);
-        if (st != KVQ_OK) {
-            fprintf(stderr, "kvq bench attend: --codec '%s'%s%s: %s\n", o.codecs[k],
-                    o.isa ? " with --isa " : "", o.isa ? kvq_isa_name(o.isa) : "",
-                    msg[0] ? msg : kvq_strerror(st));
-            free(o.codec_buf);
-            return st == KVQ_ERR_NOMEM ? 1 : 2;
+    /* every codec must make a cache on every path: checked before any work */
+    for (size_t ii = 0; ii < o.nisa; ii++)
+        for (size_t k = 0; k < o.ncod; k++) {
+            char msg[256];
+            kvq_cache *c = NULL;
+            kvq_status st = ba_cache(&c, o.codecs[k], 64, 1, o.isas[ii], o.huge_pages, msg, sizeof msg);
+            kvq_cache_free(c);
+            if (st != KVQ_OK) {
+                fprintf(stderr, "kvq bench attend: --codec '%s' with --isa %s: %s\n", o.codecs[k],
+                        kvq_isa_name(o.isas[ii]), msg[0] ? msg : kvq_strerror(st));
+                free(o.codec_buf);
+                return st == KVQ_ERR_NOMEM ? 1 : 2;
+            }
         }
-    }
     const size_t max_thr = o.thr[o.nthr - 1];
     char thr_str[64] = "";
     for (size_t i = 0; i < o.nthr; i++)
@@ -721,7 +756,11 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         thp[strcspn(thp, "\n")] = 0;
         fclose(tf);
     }
-    const char *kvq_path = kvq_isa_name(o.isa == KVQ_ISA_AUTO ? kvq_cpu_best_isa() : o.isa);
+    const char *kvq_path = kvq_isa_name(o.isa);
+    char paths[64] = "";
+    for (size_t i = 0; i < o.nisa; i++)
+        snprintf(paths + strlen(paths), sizeof paths - strlen(paths), "%s%s", i ? "," : "",
+                 kvq_isa_name(o.isas[i]));
 
     /* 1. read bandwidth */
     size_t llc = kvqb_llc_bytes(), llc_eff = llc ? llc : (size_t)32 << 20;
@@ -769,7 +808,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
     float *ck = ba_alloc(1024 * HD * sizeof(float)), *cv = ba_alloc(1024 * HD * sizeof(float));
     size_t flush_bytes = 3 * llc_eff > ((size_t)64 << 20) ? 3 * llc_eff : (size_t)64 << 20;
     ba_flush fl = {o.warm ? NULL : ba_alloc(flush_bytes), flush_bytes / sizeof(float), e.simd, 0};
-    ba_row *rows = calloc(o.nctx * o.nthr * (o.ncod + KVQP_ATT_KINDS) + 1, sizeof *rows);
+    ba_row *rows = calloc(o.nctx * o.nthr * (o.nisa * o.ncod + KVQP_ATT_KINDS) + 1, sizeof *rows);
     ba_prow *prows = calloc(o.nthr * o.ncod + 1, sizeof *prows);
     if (!K || !V || !q || !out || !ck || !cv || (!o.warm && !fl.buf) || !rows || !prows) {
         fprintf(stderr, "kvq bench attend: out of memory for %zu tokens\n", maxT);
@@ -825,7 +864,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
                BA_H, BA_QH, BA_D);
         printf("  cpu %s (%s)\n  kvq path %s%s | threads %s (kvq cache n_threads; baselines too: "
                "dense:f32 split over KV heads, llama.cpp over query heads)\n",
-               cpu, cpu_detail, kvq_path, o.isa == KVQ_ISA_AUTO ? " (auto)" : " (forced)", thr_str);
+               cpu, cpu_detail, paths, o.isa_given ? " (--isa)" : " (auto)", thr_str);
         printf("  page blocks: %s | transparent huge pages: %s\n",
                o.huge_pages == 0 ? "huge-page regions (--huge-pages on)"
                                  : "posix_memalign (--huge-pages off)",
@@ -854,7 +893,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
                    "single-token append at the end of the build\n",
                    bpath[0], bpath[1], bpath[2]);
         if (o.nctx)
-            printf("\n  %-16s %8s %3s %11s %11s %9s %10s %8s %8s %9s %7s %11s\n", "codec",
+            printf("\n  %-20s %8s %3s %11s %11s %9s %10s %8s %8s %9s %7s %11s\n", "codec",
                    "context", "thr", "step_us", "min_us", "MiB read", "floor_us", "x floor",
                    "vs f32", "vs dense", "vs 1t", "append ns/t");
         fflush(stdout);
@@ -864,8 +903,8 @@ int kvq_tool_bench_attend(int argc, char **argv) {
      * the other codecs, the llama.cpp baselines, each at every thread
      * count, timed in the same rounds; printed when the context is done */
     size_t nrows = 0;
-    const size_t ns = o.ncod + KVQP_ATT_KINDS;
-    ba_subj sb[BA_MAX_CODECS + KVQP_ATT_KINDS];
+    const size_t ns = o.nisa * o.ncod + KVQP_ATT_KINDS;
+    ba_subj sb[BA_MAX_ISA * BA_MAX_CODECS + KVQP_ATT_KINDS];
     double *samp = calloc(ns * o.nthr * (size_t)e.cfg.reps, sizeof(double));
     if (!samp) {
         fprintf(stderr, "kvq bench attend: out of memory\n");
@@ -876,21 +915,24 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         const size_t ctx = o.ctx[ci];
         ba_row *first = rows + nrows;
         size_t nsub = 0;
-        /* subject order: f32, dense, the other codecs, llama.cpp */
-        int order[BA_MAX_CODECS + KVQP_ATT_KINDS][2]; /* {baseline, index} */
-        order[nsub][0] = 0, order[nsub++][1] = 0;
-        if (o.base[KVQP_DENSE_F32])
-            order[nsub][0] = 1, order[nsub++][1] = KVQP_DENSE_F32;
-        for (size_t k = 1; k < o.ncod; k++)
-            order[nsub][0] = 0, order[nsub++][1] = (int)k;
+        /* subject order: per path f32 (then, after the first, dense) and the
+         * other codecs; then llama.cpp */
+        int order[BA_MAX_ISA * BA_MAX_CODECS + KVQP_ATT_KINDS][3]; /* {baseline, index, path} */
+        for (size_t ii = 0; ii < o.nisa; ii++)
+            for (size_t k = 0; k < o.ncod; k++) {
+                order[nsub][0] = 0, order[nsub][1] = (int)k, order[nsub++][2] = (int)ii;
+                if (ii == 0 && k == 0 && o.base[KVQP_DENSE_F32])
+                    order[nsub][0] = 1, order[nsub][1] = KVQP_DENSE_F32, order[nsub++][2] = 0;
+            }
         for (int k = 1; k < KVQP_ATT_KINDS; k++)
             if (o.base[k])
-                order[nsub][0] = 1, order[nsub++][1] = k;
+                order[nsub][0] = 1, order[nsub][1] = k, order[nsub++][2] = 0;
         for (size_t t = 0; t < o.nthr; t++)
             for (size_t i = 0; i < nsub; i++) {
                 ba_row *r = &first[t * nsub + i];
                 r->baseline = order[i][0];
                 r->kind = order[i][1];
+                r->isa = o.isas[order[i][2]];
                 snprintf(r->codec, sizeof r->codec, "%s",
                          r->baseline ? kvqp_att_name((kvqp_att_kind)r->kind) : o.codecs[r->kind]);
                 r->context = ctx;
@@ -905,7 +947,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         for (size_t t = 0; t < o.nthr; t++) {
             ba_row *g = first + t * nsub;
             const double bwn = bwt[o.thr[t]];
-            double f32_us = g[0].ok ? g[0].step_us : 0, dense_us = 0;
+            double dense_us = 0;
             for (size_t i = 0; i < nsub; i++)
                 if (g[i].ok && g[i].baseline && g[i].kind == KVQP_DENSE_F32)
                     dense_us = g[i].step_us;
@@ -917,6 +959,12 @@ int kvq_tool_bench_attend(int argc, char **argv) {
                 }
                 r->floor_us = (double)r->bytes_read / (bwn * 1e9) * 1e6;
                 r->x_floor = r->floor_us > 0 ? r->step_us / r->floor_us : NAN;
+                /* against kvq's f32 cache on the same path (baselines: the first) */
+                double f32_us = 0;
+                for (size_t j = 0; j < nsub; j++)
+                    if (!g[j].baseline && g[j].kind == 0 && g[j].ok &&
+                        (r->baseline ? g[j].isa == o.isas[0] : g[j].isa == r->isa))
+                        f32_us = g[j].step_us;
                 r->ratio_f32 = f32_us > 0 ? r->step_us / f32_us : NAN;
                 r->ratio_dense = dense_us > 0 ? r->step_us / dense_us : NAN;
                 /* the same subject at 1 thread (the first group) */
@@ -926,7 +974,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         }
         /* each group: kvq rows first, then the baselines (table and JSON) */
         for (size_t t = 0; t < o.nthr; t++) {
-            ba_row *g = first + t * nsub, tmp[BA_MAX_CODECS + KVQP_ATT_KINDS];
+            ba_row *g = first + t * nsub, tmp[BA_MAX_ISA * BA_MAX_CODECS + KVQP_ATT_KINDS];
             size_t nt = 0;
             for (int b = 0; b < 2; b++)
                 for (size_t i = 0; i < nsub; i++)
@@ -935,7 +983,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             memcpy(g, tmp, nsub * sizeof *g);
             if (!o.json) {
                 for (size_t i = 0; i < nsub; i++)
-                    ba_print_row(&g[i]);
+                    ba_print_row(&g[i], o.nisa > 1);
                 printf("\n");
                 fflush(stdout);
             }
@@ -998,7 +1046,10 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         kvqb_json_str(stdout, cpu_detail);
         printf(", \"isa\": ");
         kvqb_json_str(stdout, kvq_path);
-        printf(", \"isa_forced\": %s", o.isa == KVQ_ISA_AUTO ? "false" : "true");
+        printf(", \"isa_forced\": %s, \"isas\": [", o.isa_given ? "true" : "false");
+        for (size_t i = 0; i < o.nisa; i++)
+            printf("%s\"%s\"", i ? ", " : "", kvq_isa_name(o.isas[i]));
+        printf("]");
         printf(", \"huge_pages\": %s, \"thp\": ", o.huge_pages == 0 ? "true" : "false");
         kvqb_json_str(stdout, thp);
         printf(", \"bench_simd\": ");
@@ -1029,6 +1080,8 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             kvqb_json_str(stdout, r->codec);
             printf(", \"kind\": \"%s\", \"context\": %zu, \"threads\": %zu",
                    r->baseline ? "baseline" : "kvq", r->context, r->threads);
+            if (!r->baseline)
+                printf(", \"isa\": \"%s\"", kvq_isa_name(r->isa));
             if (!r->ok) {
                 printf(", \"error\": ");
                 kvqb_json_str(stdout, r->msg);

@@ -64,7 +64,7 @@ static const kvq_command kvq_commands[] = {
     {"bench attend",
      "kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
      "                 [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
-     "                 [--isa scalar|avx2|avxvnni|avx512|auto] [--huge-pages on|off] [--json]",
+     "                 [--isa LIST] [--huge-pages on|off] [--json]",
      "one decode step (and a prefill) over compressed caches against the memory-bandwidth "
      "floor, kvq's f32 cache, a dense f32 attention and llama.cpp's quantized path"},
     {"version", "kvq version", "the library's version"},
