@@ -187,9 +187,9 @@ p = d["peers"]
 for c, peer in (("int8", "q8_0"), ("int4:g=32", "q4_0")):
     x = r[c]
     assert x["ggml_peer"] == peer, x
-    ratio = x["encode_gbps"] / p[peer + "_quantize_gbps"]
-    assert abs(x["encode_vs_ggml"] - ratio) <= 1e-4 * ratio, (x, ratio)
-    assert x["encode_hot_vs_ggml"] > 0
+    # paired rounds: kvq and ggml each timed once a round, back to back
+    assert x["ggml_pair_rounds"] == 15 and p[peer + "_quantize_gbps"] > 0, x
+    assert 0 < x["encode_vs_ggml"] < 100 and 0 < x["encode_hot_vs_ggml"] < 100, x
 assert "encode_vs_ggml" not in r["tq3"]
 '
 
