@@ -430,11 +430,6 @@ typedef struct {
     double *samp;  /* [thread count][round] seconds per step */
 } ba_subj;
 
-static int ba_cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* A kvq cache of `codec` holding ctx tokens (built in chunks of 1024, the
  * last BA_TAIL tokens one at a time, timed), with threads threads, and its
  * first step (the bytes it reads). NULL with r->msg on failure. */
@@ -468,7 +463,7 @@ static kvq_cache *ba_build_kvq(ba_env *e, const char *codec, size_t ctx, size_t 
         if (t > pre)
             ta[nta++] = kvqb_now() - t0;
     }
-    qsort(ta, nta, sizeof ta[0], ba_cmp_double);
+    const double ta_med = kvqb_median(ta, nta);
     kvq_stats s0, s1;
     kvq_cache_stats(c, 0, &s0);
     int32_t qpos = (int32_t)ctx;
@@ -483,7 +478,7 @@ static kvq_cache *ba_build_kvq(ba_env *e, const char *codec, size_t ctx, size_t 
         kvq_cache_free(c);
         return NULL;
     }
-    r->append_ns = nta ? 0.5 * (ta[(nta - 1) / 2] + ta[nta / 2]) * 1e9 : 0;
+    r->append_ns = ta_med * 1e9;
     r->bytes_read = s1.bytes_read - s0.bytes_read;
     return c;
 }
@@ -599,14 +594,14 @@ static void ba_context(ba_env *e, const ba_opts *o, size_t ctx, size_t ns, ba_su
             if (!s->c && !s->a)
                 continue; /* r->msg says why */
             double *x = s->samp + t * rmax;
-            qsort(x, (size_t)rounds, sizeof *x, ba_cmp_double);
+            const double med = kvqb_median(x, (size_t)rounds); /* sorts x */
             r->check = check;
             if (s->a && !(check <= BA_CHECK_TOL)) {
                 snprintf(r->msg, sizeof r->msg,
                          "output off its double reference by %.3g (relative L2)", check);
                 continue;
             }
-            r->step_us = 0.5 * (x[(rounds - 1) / 2] + x[rounds / 2]) * 1e6;
+            r->step_us = med * 1e6;
             r->step_min_us = x[0] * 1e6;
             r->rounds = rounds;
             r->ok = 1;

@@ -350,11 +350,6 @@ static int bc_ggml_peer(const char *spec) {
     return 0;
 }
 
-static int bc_cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* kvq's encode speed over ggml's quantizer (g) from rounds that time one
  * pass of each back to back, in alternating order, so that both see the
  * same moments of a shared machine: the median of the rounds' ratios (0 on
@@ -375,8 +370,7 @@ static double bc_paired(bc_ctx *k, bc_ctx *g) {
         }
         ratio[i] = tk > 0 ? tg / tk : 0;
     }
-    qsort(ratio, BC_PAIR_ROUNDS, sizeof ratio[0], bc_cmp_double);
-    return ratio[BC_PAIR_ROUNDS / 2];
+    return kvqb_median(ratio, BC_PAIR_ROUNDS);
 }
 
 static kvq_codec *bc_create(const char *spec, size_t d, kvq_isa isa, kvq_status *st, char *msg,

@@ -91,12 +91,18 @@ int kvqb_measure(int (*fn)(void *ctx), void *ctx, const kvqb_config *cfg, kvqb_s
         }
         samples[r] = (kvqb_now() - t0) / (double)calls;
     }
-    qsort(samples, (size_t)reps, sizeof samples[0], kvqb_cmp_double);
+    st->median_s = kvqb_median(samples, (size_t)reps);
     st->reps = reps;
     st->calls = calls;
     st->min_s = samples[0];
-    st->median_s = reps % 2 ? samples[reps / 2] : 0.5 * (samples[reps / 2 - 1] + samples[reps / 2]);
     return 0;
+}
+
+double kvqb_median(double *x, size_t n) {
+    if (!n)
+        return 0;
+    qsort(x, n, sizeof x[0], kvqb_cmp_double);
+    return 0.5 * (x[(n - 1) / 2] + x[n / 2]);
 }
 
 double kvqb_rate(double items, double seconds) { return seconds > 0 ? items / seconds : 0.0; }

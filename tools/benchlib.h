@@ -44,6 +44,10 @@ typedef struct kvqb_stats {
     long calls;      /* calls per sample */
 } kvqb_stats;
 
+/* Sorts x[0..n) in place and returns its median (the two middle values'
+ * mean for even n; 0 when n is 0). */
+double kvqb_median(double *x, size_t n);
+
 /* Measures fn(ctx). fn returns 0 on success; the first non-zero return ends
  * the measurement and is returned (st is then unspecified). */
 int kvqb_measure(int (*fn)(void *ctx), void *ctx, const kvqb_config *cfg, kvqb_stats *st);
