@@ -133,6 +133,8 @@ typedef struct {
     size_t part_floats;
     int decode; /* one query token, every head's rows in one tile: items are chunks of pages
                    worked page-major for every head (kvq__decode_pages) */
+    int shared_rows; /* decode with several jobs: the query rows prepared once, in work[0]
+                        (kvq__attn_setup), and read by every job */
 } kvq__attn_call;
 
 /* Scores of the keys of page p for head h into sc (stride ss) for the nr
@@ -749,6 +751,19 @@ static int32_t kvq__decode_setup(const kvq__attn_call *jb, kvq__work *w) {
     return jb->qpos[0];
 }
 
+/* Phase 0 (decode with several jobs): job j prepares the rows of heads j,
+ * j + n_jobs, ... into work[0], which every job then reads (the rows are
+ * read-only during the step): the query rounding or rotation is paid once,
+ * not once a thread (in-process A/B at 4k, two threads, in cache: tq3
+ * 3-4% faster, int8 1-2%). */
+static void kvq__attn_setup(void *arg, size_t j) {
+    const kvq__attn_call *jb = (const kvq__attn_call *)arg;
+    for (size_t h = j; h < jb->c->H; h += jb->n_jobs) {
+        kvq__work wh = kvq__head_rows(jb->c, &jb->c->work[0], h);
+        kvq__tile_setup(jb, &wh, h, 0, 1);
+    }
+}
+
 /* Phase 1: each job takes the next item until none is left (a job that
  * starts late, or whose thread is descheduled, does fewer); what an item
  * computes does not depend on the job that takes it, so the output is the
@@ -760,7 +775,14 @@ static void kvq__attn_items(void *arg, size_t j) {
     const size_t G = c->G, tile = c->rows_max / G, slots = jb->ly->slots_cap;
     if (jb->decode) {
         /* item = chunk of pages, every head; parts hold QH rows */
-        int32_t qmax = kvq__decode_setup(jb, w);
+        kvq__work wv = *w; /* this job's scratch, the rows of work[0] when shared */
+        const kvq__work *w0 = &c->work[0];
+        int32_t qmax = jb->qpos[0];
+        if (jb->shared_rows) {
+            wv.qs = w0->qs, wv.cdot = w0->cdot, wv.rqp = w0->rqp;
+            wv.qpk = w0->qpk, wv.qpf = w0->qpf, wv.qpw = w0->qpw, wv.qtk = w0->qtk, wv.qtw = w0->qtw;
+        } else
+            qmax = kvq__decode_setup(jb, &wv);
         const size_t QH = c->QH;
         for (size_t it; (it = atomic_fetch_add(jb->next, 1)) < jb->n_items;) {
             size_t p0 = it * jb->chunk_pages, p1 = KVQ__MIN(p0 + jb->chunk_pages, jb->ly->n_pages);
@@ -772,12 +794,13 @@ static void kvq__attn_items(void *arg, size_t j) {
                 ps[h].accw = all.accw + h * G * c->max_acc;
                 ps[h].accs = all.accs + h * G * c->d;
             }
-            kvq__decode_pages(jb, w, qmax, p0, p1, ps, jb->rawsc);
+            kvq__decode_pages(jb, &wv, qmax, p0, p1, ps, jb->rawsc);
             int any = 0;
             for (size_t h = 0; h < c->H; h++)
                 any |= ps[h].any_pend;
             jb->parts[it * jb->part_floats + jb->part_floats - 1] = (float)any;
         }
+        w->bytes_read = wv.bytes_read;
         return;
     }
     for (size_t it; (it = atomic_fetch_add(jb->next, 1)) < jb->n_items;) {
@@ -920,6 +943,9 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     atomic_size_t next_item;
     atomic_init(&next_item, 0);
     jb.next = &next_item;
+    jb.shared_rows = jb.decode && jb.n_jobs > 1;
+    if (jb.shared_rows)
+        kvq__pool_run(c->pool, kvq__attn_setup, &jb, jb.n_jobs);
     kvq__pool_run(c->pool, kvq__attn_items, &jb, jb.n_jobs);
     if (jb.n_chunks)
         kvq__pool_run(c->pool, kvq__attn_folds, &jb, KVQ__MIN(jb.n_jobs, H));
