@@ -543,10 +543,11 @@ static int kvq__page_fast(const kvq_cache *c, const kvq__layer *ly, size_t p, in
  * area read next instead: the run's first values while they read its last
  * keys, the next run's first keys while they read its last values (before,
  * the same area of the next run, read a whole phase later and evicted from
- * L1 by then: f16 32k flushed 3-6% faster, f32 1-3%, in-process A/B). ps[h] holds the state of head h's G rows
- * (ps[h].m = ps[0].m + h * G, and l alike); the rows of every head were
- * prepared in w by kvq__decode_setup. Any other page, and heads with keys
- * in the channel layout, go through kvq__attend_pages. */
+ * L1 by then: f16 32k flushed 3-6% faster, f32 1-3%, in-process A/B).
+ * ps[h] holds the state of head h's G rows (ps[h].m = ps[0].m + h * G, and
+ * l alike); the rows of every head were prepared in w (kvq__decode_setup,
+ * or kvq__attn_setup's rows of work[0]). Any other page, and heads with
+ * keys in the channel layout, go through kvq__attend_pages. */
 #define KVQ__RUN_TOKENS 64
 #define KVQ__RUN_MAX 64 /* pages of a run (P = 1) */
 
