@@ -468,7 +468,7 @@ static void bc_run_codec(const bc_env *e, bc_row *r) {
         bc_ctx gx = {BC_OP_GGML, NULL, e, NULL, NULL, NULL, NULL, gblk, peer};
         x.op = BC_OP_ENCODE;
         r->vs_ggml = bc_paired(&x, &gx);
-        x.op = gx.op = BC_OP_ENCODE_HOT;
+        x.op = BC_OP_ENCODE_HOT;
         gx.op = BC_OP_GGML_HOT;
         r->vs_ggml_hot = bc_paired(&x, &gx);
         free(gblk);

@@ -742,14 +742,13 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
     }
 }
 
-/* Prepares the query rows of every KV head of a decode step in w, head h's
- * in its kvq__head_rows view, with its own codecs. */
-static int32_t kvq__decode_setup(const kvq__attn_call *jb, kvq__work *w) {
-    for (size_t h = 0; h < jb->c->H; h++) {
+/* Prepares the query rows of KV heads h0, h0 + step, ... of a decode step
+ * in w, head h's in its kvq__head_rows view, with its own codecs. */
+static void kvq__decode_setup(const kvq__attn_call *jb, kvq__work *w, size_t h0, size_t step) {
+    for (size_t h = h0; h < jb->c->H; h += step) {
         kvq__work wh = kvq__head_rows(jb->c, w, h);
         kvq__tile_setup(jb, &wh, h, 0, 1);
     }
-    return jb->qpos[0];
 }
 
 /* Phase 0 (decode with several jobs): job j prepares the rows of heads j,
@@ -759,10 +758,7 @@ static int32_t kvq__decode_setup(const kvq__attn_call *jb, kvq__work *w) {
  * 3-4% faster, int8 1-2%). */
 static void kvq__attn_setup(void *arg, size_t j) {
     const kvq__attn_call *jb = (const kvq__attn_call *)arg;
-    for (size_t h = j; h < jb->c->H; h += jb->n_jobs) {
-        kvq__work wh = kvq__head_rows(jb->c, &jb->c->work[0], h);
-        kvq__tile_setup(jb, &wh, h, 0, 1);
-    }
+    kvq__decode_setup(jb, &jb->c->work[0], j, jb->n_jobs);
 }
 
 /* Phase 1: each job takes the next item until none is left (a job that
@@ -778,12 +774,12 @@ static void kvq__attn_items(void *arg, size_t j) {
         /* item = chunk of pages, every head; parts hold QH rows */
         kvq__work wv = *w; /* this job's scratch, the rows of work[0] when shared */
         const kvq__work *w0 = &c->work[0];
-        int32_t qmax = jb->qpos[0];
+        const int32_t qmax = jb->qpos[0]; /* one query token */
         if (jb->shared_rows) {
             wv.qs = w0->qs, wv.cdot = w0->cdot, wv.rqp = w0->rqp;
             wv.qpk = w0->qpk, wv.qpf = w0->qpf, wv.qpw = w0->qpw, wv.qtk = w0->qtk, wv.qtw = w0->qtw;
         } else
-            qmax = kvq__decode_setup(jb, &wv);
+            kvq__decode_setup(jb, &wv, 0, 1);
         const size_t QH = c->QH;
         for (size_t it; (it = atomic_fetch_add(jb->next, 1)) < jb->n_items;) {
             size_t p0 = it * jb->chunk_pages, p1 = KVQ__MIN(p0 + jb->chunk_pages, jb->ly->n_pages);
