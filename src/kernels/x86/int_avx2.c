@@ -250,7 +250,7 @@ kvq__int_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *ra
                 hi[k] = kvq__maxbits(a0, a1);
             } else {
                 __m256 v = _mm256_loadu_ps(xg), lo0 = v, hi0 = v, lo1 = v, hi1 = v;
-                __m256 z0 = _mm256_fmadd_ps(v, zero, nf), z1 = zero;
+                __m256 z0 = _mm256_mul_ps(v, zero), z1 = zero;
                 size_t t = 8;
                 for (; t + 16 <= g; t += 16) {
                     __m256 v0 = _mm256_loadu_ps(xg + t), v1 = _mm256_loadu_ps(xg + t + 8);
@@ -269,7 +269,9 @@ kvq__int_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *ra
                 }
                 lo[k] = _mm256_min_ps(lo0, lo1);
                 hi[k] = _mm256_max_ps(hi0, hi1);
-                nf = _mm256_add_ps(z0, z1);
+                /* OR keeps a NaN (all-ones exponent, nonzero mantissa) and
+                 * keeps the groups' chains apart (no latency chain) */
+                nf = _mm256_or_ps(nf, _mm256_add_ps(z0, z1));
             }
         }
         if (BITS == 8) {
