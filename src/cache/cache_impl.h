@@ -130,9 +130,10 @@ typedef struct kvq__work {
 typedef struct kvq__pool kvq__pool;
 kvq_status kvq__pool_create(kvq__pool **out, const kvq_allocator *a, size_t n);
 void kvq__pool_free(kvq__pool *p, const kvq_allocator *a);
-/* Runs fn(arg, 0..n_jobs-1): job 0 on the calling thread, the others on
- * the workers (or the caller when there are fewer workers); returns when
- * every job is done. */
+/* Runs fn(arg, 0..n_jobs-1), each job once, on whichever thread claims it
+ * (the caller claims too, so one thread may run several jobs one after the
+ * other: a job must never wait for another); returns when every job is
+ * done. */
 void kvq__pool_run(kvq__pool *p, void (*fn)(void *arg, size_t job), void *arg, size_t n_jobs);
 
 struct kvq_cache {
