@@ -163,7 +163,7 @@ check: all
 	@sh tests/check_summary.sh $(CHECK_LOGS) $(CHECK_SUITES)
 
 # ThreadSanitizer over the tests that run attention on worker threads.
-TSAN_TESTS := test_cache test_tier test_hpool
+TSAN_TESTS := test_cache test_tier test_hpool test_pool
 check-tsan tsan:
 	$(MAKE) BUILD=build-tsan TSAN=1 $(TSAN_TESTS:%=build-tsan/tests/%)
 	@for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
