@@ -234,6 +234,9 @@ typedef struct {
     const float *w;      /* nmeas attention-like weights (positive, sum 1) */
     kvq_isa isa;
     kvqb_config cfg;
+    const float *flush; /* paired streaming rounds: read before each pass (NULL: none) */
+    size_t flush_n;
+    kvqb_simd simd;
 } bc_env;
 
 typedef enum { BC_ROW_OK, BC_ROW_SKIPPED, BC_ROW_ERROR } bc_row_state;
@@ -353,16 +356,25 @@ static int bc_ggml_peer(const char *spec) {
 /* kvq's encode speed over ggml's quantizer (g) from rounds that time one
  * pass of each back to back, in alternating order, so that both see the
  * same moments of a shared machine: the median of the rounds' ratios (0 on
- * a failed encode). */
+ * a failed encode). With flush, each pass starts with the last-level cache
+ * flushed (an untimed read of e->flush), so that both read their input
+ * from memory: the measured half (16 MiB by default) fits in a 32 MiB
+ * cache, and without the flush each pass found part of it left there by
+ * the other (the ratio moved with the order of the passes: 0.83-1.16 for
+ * the same AVX-512 int8 build in session 9). */
 #define BC_PAIR_ROUNDS 15
-static double bc_paired(bc_ctx *k, bc_ctx *g) {
+static volatile float bc_flush_sink;
+static double bc_paired(bc_ctx *k, bc_ctx *g, int flush) {
     double ratio[BC_PAIR_ROUNDS];
+    const bc_env *e = k->e;
     if (bc_run_op(k) || bc_run_op(g)) /* warm-up */
         return 0;
     for (int i = 0; i < BC_PAIR_ROUNDS; i++) {
         double tk = 0, tg = 0;
         for (int j = 0; j < 2; j++) {
             bc_ctx *x = (i + j) % 2 ? g : k;
+            if (flush && e->flush)
+                bc_flush_sink += kvqb_sum(e->flush, e->flush_n, e->simd);
             double t0 = kvqb_now();
             if (bc_run_op(x))
                 return 0;
@@ -467,10 +479,10 @@ static void bc_run_codec(const bc_env *e, bc_row *r) {
     if (gblk) {
         bc_ctx gx = {BC_OP_GGML, NULL, e, NULL, NULL, NULL, NULL, gblk, peer};
         x.op = BC_OP_ENCODE;
-        r->vs_ggml = bc_paired(&x, &gx);
+        r->vs_ggml = bc_paired(&x, &gx, 1);
         x.op = BC_OP_ENCODE_HOT;
         gx.op = BC_OP_GGML_HOT;
-        r->vs_ggml_hot = bc_paired(&x, &gx);
+        r->vs_ggml_hot = bc_paired(&x, &gx, 0);
         free(gblk);
     }
     /* (the hot loop rewrote block 0 of enc with the same bytes) */
@@ -919,6 +931,16 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
         e.cfg.min_reps = e.cfg.reps = o.reps;
         e.cfg.budget_s = 0;
     }
+    /* the flush of the paired streaming rounds: 3x the last-level cache,
+     * at least 64 MiB, written once so that its pages exist */
+    const size_t llc = kvqb_llc_bytes() ? kvqb_llc_bytes() : (size_t)32 << 20;
+    e.flush_n = (3 * llc > ((size_t)64 << 20) ? 3 * llc : (size_t)64 << 20) / sizeof(float);
+    float *flush = (float *)malloc(e.flush_n * sizeof(float));
+    if (flush)
+        for (size_t i = 0; i < e.flush_n; i++)
+            flush[i] = (float)(i & 7);
+    e.flush = flush;
+    e.simd = kvqb_simd_best();
     const size_t n = e.nmeas;
     float *q = (float *)malloc(BC_NQ_ERR * d * sizeof(float));
     double *exact = (double *)malloc(BC_NQ_ERR * n * sizeof(double));
@@ -930,6 +952,7 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
         free(exact);
         free(w);
         free(mdst);
+        free(flush);
         free(data);
         free(list);
         return 1;
@@ -1014,6 +1037,7 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
     free(exact);
     free(w);
     free(mdst);
+    free(flush);
     free(data);
     free(list);
     return failed ? 1 : 0;

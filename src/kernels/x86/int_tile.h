@@ -140,17 +140,23 @@ static inline void kvq__tile_run_rows(const kvq_codec *c, unsigned ok, size_t nr
 #define KVQ__CHK_L1 (64 * 1024) /* most input bytes taken in two passes */
 
 /* The encoders' reduction passes read a batch's groups side by side, an
- * order the hardware prefetchers follow poorly: each prefetches the batch
- * KVQ__ENC_PF ahead of the current one (its first vector j, at x), if any,
- * when the input is over KVQ__CHK_L1 bytes. A smaller one was most likely
- * just written (a token's K or V), so in cache, where the prefetches only
- * take load slots (11% of a hot AVX2 int4:g=32 encode). */
-#define KVQ__ENC_PF 2
+ * order the hardware prefetchers follow poorly (without the prefetch a
+ * streaming encode runs at half speed): each prefetches the batch about
+ * KVQ__ENC_PF_BYTES of input ahead of the current one (its first vector j,
+ * at x), if any, when the input is over KVQ__CHK_L1 bytes. A smaller one
+ * was most likely just written (a token's K or V), so in cache, where the
+ * prefetches only take load slots (11% of a hot AVX2 int4:g=32 encode).
+ * The distance in bytes, not batches (whose size goes from 1 KiB, AVX2
+ * int4:g=32, to 8 KiB, AVX-512 int8): two batches ahead before session 9,
+ * against which 8 KiB measured AVX-512 int8 +7..16%, AVX2 int4:g=32
+ * +3..7%, AVX-512 int4:g=32 +0..4% (streaming, flushed, in-process A/B). */
+#define KVQ__ENC_PF_BYTES 8192
 static inline __attribute__((always_inline)) void
 kvq__enc_prefetch(const float *x, size_t j, size_t batch, size_t n, size_t d) {
-    if (n * d > KVQ__CHK_L1 / sizeof(float) && j + (KVQ__ENC_PF + 1) * batch <= n)
+    const size_t bb = batch * d * sizeof(float), dist = bb >= KVQ__ENC_PF_BYTES ? 1 : KVQ__ENC_PF_BYTES / bb;
+    if (n * d > KVQ__CHK_L1 / sizeof(float) && j + (dist + 1) * batch <= n)
         for (size_t t = 0; t < batch * d; t += 16)
-            __builtin_prefetch(x + KVQ__ENC_PF * batch * d + t, 0, 3);
+            __builtin_prefetch(x + dist * batch * d + t, 0, 3);
 }
 
 /* ---- the checked encode (codec_impl.h, encode_chk) of both files ----
