@@ -125,7 +125,8 @@ static void bc_usage(FILE *f) {
         "Codecs that need fitting are fitted on the first half of the vectors; every metric is\n"
         "measured on the second half. int codecs' encode speed is compared with ggml's q8_0 / q4_0\n"
         "quantizers on the same input (encode_vs_ggml, encode_hot_vs_ggml: the median of 15\n"
-        "rounds that time one pass of each back to back, kvq's speed over ggml's).\n"
+        "rounds that time one pass of each back to back, kvq's speed over ggml's; the streaming\n"
+        "rounds flush the last-level cache before each pass).\n"
         "Exit status: 0 ok, 1 a codec failed at run time, 2 usage.\n",
         BC_DEFAULT_HEAD_DIM, BC_DEFAULT_COUNT, BC_DEFAULT_CODECS);
 }
@@ -602,7 +603,8 @@ static void bc_print_vs_ggml(const bc_row *rows, size_t nrows, const kvqp_result
             continue;
         if (!any)
             printf("\nencode vs ggml (same input; the ratio is the median of %d rounds that time "
-                   "one pass of each back to back; >= 1: kvq encodes at least as fast):\n",
+                   "one pass of each back to back, the streaming ones each after a flush of the last-level "
+                   "cache; >= 1: kvq encodes at least as fast):\n",
                    BC_PAIR_ROUNDS);
         any = 1;
         int p = bc_ggml_peer(r->spec);
