@@ -603,8 +603,8 @@ static void bc_print_vs_ggml(const bc_row *rows, size_t nrows, const kvqp_result
             continue;
         if (!any)
             printf("\nencode vs ggml (same input; the ratio is the median of %d rounds that time "
-                   "one pass of each back to back, the streaming ones each after a flush of the last-level "
-                   "cache; >= 1: kvq encodes at least as fast):\n",
+                   "one pass of each back to back, the streaming ones each after a flush of the "
+                   "last-level cache; >= 1: kvq encodes at least as fast):\n",
                    BC_PAIR_ROUNDS);
         any = 1;
         int p = bc_ggml_peer(r->spec);

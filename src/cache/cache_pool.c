@@ -84,7 +84,8 @@ static int kvq__spin_until(kvq__pool *p, int caller, uint32_t gen, size_t n) {
 static void kvq__pool_work(kvq__pool *p, uint32_t gen, int caller) {
     uint64_t cl = atomic_load_explicit(&p->claim, memory_order_acquire);
     for (;;) {
-        const size_t n_jobs = (size_t)(cl >> 16) & KVQ__POOL_MAX_JOBS, j = (size_t)cl & KVQ__POOL_MAX_JOBS;
+        const size_t n_jobs = (size_t)(cl >> 16) & KVQ__POOL_MAX_JOBS;
+        const size_t j = (size_t)cl & KVQ__POOL_MAX_JOBS;
         if (KVQ__POOL_GEN(cl) != gen || j >= n_jobs)
             return;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &cl, cl + 1, memory_order_acq_rel,

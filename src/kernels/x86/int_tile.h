@@ -153,7 +153,8 @@ static inline void kvq__tile_run_rows(const kvq_codec *c, unsigned ok, size_t nr
 #define KVQ__ENC_PF_BYTES 8192
 static inline __attribute__((always_inline)) void
 kvq__enc_prefetch(const float *x, size_t j, size_t batch, size_t n, size_t d) {
-    const size_t bb = batch * d * sizeof(float), dist = bb >= KVQ__ENC_PF_BYTES ? 1 : KVQ__ENC_PF_BYTES / bb;
+    const size_t bb = batch * d * sizeof(float);
+    const size_t dist = bb >= KVQ__ENC_PF_BYTES ? 1 : KVQ__ENC_PF_BYTES / bb;
     if (n * d > KVQ__CHK_L1 / sizeof(float) && j + (dist + 1) * batch <= n)
         for (size_t t = 0; t < batch * d; t += 16)
             __builtin_prefetch(x + dist * batch * d + t, 0, 3);
