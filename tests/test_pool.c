@@ -25,8 +25,6 @@ typedef struct {
     _Atomic int batch;        /* the batch a job belongs to */
     int expect_batch;
     _Atomic int bad_batch;    /* a job saw another batch's number */
-    pthread_t caller;
-    _Atomic int on_caller;    /* jobs the caller ran */
     size_t spin_us;           /* busy work per job */
 } ctx_t;
 
@@ -40,8 +38,6 @@ static void job(void *arg, size_t j) {
     atomic_fetch_add(&x->inside, 1);
     if (atomic_load(&x->batch) != x->expect_batch)
         atomic_store(&x->bad_batch, 1);
-    if (pthread_equal(pthread_self(), x->caller))
-        atomic_fetch_add(&x->on_caller, 1);
     if (x->spin_us) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -85,7 +81,6 @@ static void test_pool_runs(size_t workers) {
     CHECK_OK(kvq__pool_create(&p, a, workers));
     CHECK(p != NULL);
     ctx_t x = {0};
-    x.caller = pthread_self();
     int b = 0;
     /* back to back (workers polling), jobs fewer than, as many as and
      * more than the threads */
