@@ -299,7 +299,7 @@ expect_in "$TMP/err" "--k-codec bogus: unknown codec" "eval --k-codec bogus name
 run 2 "eval --v-codec int4:g=32 (head_dim 8)" $E2 --v-codec int4:g=32
 expect_in "$TMP/err" "--v-codec int4:g=32: .*does not divide head_dim 8" "eval group rule"
 run 2 "eval --isa bogus" $E2 --isa bogus
-expect_in "$TMP/err" "--isa must be auto, scalar, avx2 or avx512, got 'bogus'" "eval --isa message"
+expect_in "$TMP/err" "--isa must be auto, scalar, avx2, avxvnni or avx512, got 'bogus'" "eval --isa message"
 run 0 "eval --isa scalar" $E2 --isa scalar --k-codec int8 --v-codec int8
 run 2 "eval --policy lru" $E2 --policy lru
 expect_in "$TMP/err" "--policy must be none, window, fifo or utility, got 'lru'" "eval --policy message"

@@ -28,6 +28,7 @@
  * time (its row says why, the others still run), 2 usage.
  */
 #include "benchlib.h"
+#include "cliargs.h"
 #include "kvq.h"
 #include "peers.h"
 #include "tool.h"
@@ -204,19 +205,17 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
     /* kernel paths: each of scalar, avx2, avxvnni, avx512, auto (the best),
      * in the order given, without repeats */
     {
-        static const char *const names[] = {"auto", "scalar", "avx2", "avx512", "avxvnni"};
         /* auto is one of the others: at most 4 distinct paths, all of which fit */
-        _Static_assert(BA_MAX_ISA >= sizeof names / sizeof names[0] - 1, "BA_MAX_ISA");
+        _Static_assert(BA_MAX_ISA >= KVQ_ISA_AVXVNNI, "BA_MAX_ISA");
         size_t n = strlen(isa_list);
         int bad = !n || isa_list[0] == ',' || isa_list[n - 1] == ',' || strstr(isa_list, ",,");
         char *buf = bad ? NULL : strdup(isa_list), *save = NULL;
         for (char *tok = buf ? strtok_r(buf, ",", &save) : NULL; tok && !bad;
              tok = strtok_r(NULL, ",", &save)) {
-            int k = 0;
-            while (k < 5 && strcmp(tok, names[k]))
-                k++;
-            bad = k == 5;
-            kvq_isa isa = k == 0 ? kvq_cpu_best_isa() : (kvq_isa)k;
+            kvq_isa isa = KVQ_ISA_AUTO;
+            bad = !kvqt_parse_isa(tok, &isa);
+            if (isa == KVQ_ISA_AUTO)
+                isa = kvq_cpu_best_isa();
             size_t i = 0;
             while (!bad && i < o->nisa && o->isas[i] != isa)
                 i++;
@@ -796,7 +795,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
     float *q = ba_alloc(BA_QH * BA_D * sizeof(float)),
           *out = ba_alloc(BA_QH * BA_D * sizeof(float));
     float *ck = ba_alloc(1024 * HD * sizeof(float)), *cv = ba_alloc(1024 * HD * sizeof(float));
-    size_t flush_bytes = 3 * llc_eff > ((size_t)64 << 20) ? 3 * llc_eff : (size_t)64 << 20;
+    size_t flush_bytes = kvqb_flush_bytes();
     ba_flush fl = {o.warm ? NULL : ba_alloc(flush_bytes), flush_bytes / sizeof(float), e.simd, 0};
     ba_row *rows = calloc(o.nctx * o.nthr * (o.nisa * o.ncod + KVQP_ATT_KINDS) + 1, sizeof *rows);
     ba_prow *prows = calloc(o.nthr * o.ncod + 1, sizeof *prows);

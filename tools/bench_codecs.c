@@ -19,6 +19,7 @@
 #include "kvq.h"
 
 #include "benchlib.h"
+#include "cliargs.h"
 #include "npy.h"
 #include "peers.h"
 #include "tool.h"
@@ -194,18 +195,10 @@ static int bc_parse(int argc, char **argv, bc_opts *o) {
             }
             o->reps = (int)r;
         } else if (strcmp(a, "--isa") == 0) {
-            if (strcmp(v, "scalar") == 0)
-                o->isa = KVQ_ISA_SCALAR;
-            else if (strcmp(v, "avx2") == 0)
-                o->isa = KVQ_ISA_AVX2;
-            else if (strcmp(v, "avx512") == 0)
-                o->isa = KVQ_ISA_AVX512;
-            else if (strcmp(v, "avxvnni") == 0)
-                o->isa = KVQ_ISA_AVXVNNI;
-            else if (strcmp(v, "auto") == 0)
-                o->isa = KVQ_ISA_AUTO;
-            else {
-                fprintf(stderr, "kvq bench codecs: --isa must be scalar, avx2, avxvnni, avx512 or auto, got '%s'\n",
+            if (!kvqt_parse_isa(v, &o->isa)) {
+                fprintf(stderr,
+                        "kvq bench codecs: --isa must be scalar, avx2, avxvnni, avx512 or auto, "
+                        "got '%s'\n",
                         v);
                 return 2;
             }
@@ -933,11 +926,13 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
         e.cfg.min_reps = e.cfg.reps = o.reps;
         e.cfg.budget_s = 0;
     }
-    /* the flush of the paired streaming rounds: 3x the last-level cache,
-     * at least 64 MiB, written once so that its pages exist */
-    const size_t llc = kvqb_llc_bytes() ? kvqb_llc_bytes() : (size_t)32 << 20;
-    e.flush_n = (3 * llc > ((size_t)64 << 20) ? 3 * llc : (size_t)64 << 20) / sizeof(float);
-    float *flush = (float *)malloc(e.flush_n * sizeof(float));
+    /* the flush of the paired streaming rounds (only when a codec has a
+     * ggml peer), written once so that its pages exist */
+    int paired = 0;
+    for (size_t i = 0; i < nrows; i++)
+        paired |= rows[i].state != BC_ROW_SKIPPED && bc_ggml_peer(rows[i].spec) != 0;
+    e.flush_n = paired ? kvqb_flush_bytes() / sizeof(float) : 0;
+    float *flush = paired ? (float *)malloc(e.flush_n * sizeof(float)) : NULL;
     if (flush)
         for (size_t i = 0; i < e.flush_n; i++)
             flush[i] = (float)(i & 7);
@@ -948,7 +943,7 @@ int kvq_tool_bench_codecs(int argc, char **argv) {
     double *exact = (double *)malloc(BC_NQ_ERR * n * sizeof(double));
     float *w = (float *)malloc(n * sizeof(float));
     void *mdst = malloc(n * d * sizeof(float));
-    if (!q || !exact || !w || !mdst) {
+    if (!q || !exact || !w || !mdst || (paired && !flush)) {
         fprintf(stderr, "kvq bench codecs: out of memory\n");
         free(q);
         free(exact);

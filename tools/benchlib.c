@@ -276,6 +276,11 @@ size_t kvqb_llc_bytes(void) {
     return best;
 }
 
+size_t kvqb_flush_bytes(void) {
+    const size_t llc = kvqb_llc_bytes(), eff = llc ? llc : (size_t)32 << 20;
+    return 3 * eff > ((size_t)64 << 20) ? 3 * eff : (size_t)64 << 20;
+}
+
 /* ---- SIMD level ---- */
 kvqb_simd kvqb_simd_best(void) {
 #ifdef KVQB_X86

@@ -76,6 +76,10 @@ int kvqb_parse_size(const char *s, size_t lo, size_t hi, size_t *out);
  * does not say. */
 size_t kvqb_llc_bytes(void);
 
+/* Bytes of a buffer whose read evicts the last-level cache: 3x its size
+ * (32 MiB when sysfs does not say), at least 64 MiB. */
+size_t kvqb_flush_bytes(void);
+
 /* The SIMD level of the benchmark's own kernels (the read-bandwidth sum and
  * the peer baselines), chosen at run time: AVX-512 F when the CPU and OS
  * have it, else AVX2 + FMA + F16C, else portable C. */

@@ -113,17 +113,15 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
     } else if (!strcmp(a, "--recent")) {
         return kvqt_arg_size(cmd, a, v, 0, M, &o->recent) ? -1 : 1;
     } else if (!strcmp(a, "--isa")) {
-        static const char *names[] = {"auto", "scalar", "avx2", "avx512", "avxvnni"};
-        for (int k = 0; k < 5; k++)
-            if (!strcmp(v, names[k])) {
-                o->isa = (kvq_isa)k;
-                if (!kvq_cpu_supports(o->isa)) {
-                    fprintf(stderr, "kvq %s: --isa %s: this CPU does not have it\n", cmd, v);
-                    return -1;
-                }
-                return 1;
+        if (kvqt_parse_isa(v, &o->isa)) {
+            if (!kvq_cpu_supports(o->isa)) {
+                fprintf(stderr, "kvq %s: --isa %s: this CPU does not have it\n", cmd, v);
+                return -1;
             }
-        fprintf(stderr, "kvq %s: --isa must be auto, scalar, avx2 or avx512, got '%s'\n", cmd, v);
+            return 1;
+        }
+        fprintf(stderr, "kvq %s: --isa must be auto, scalar, avx2, avxvnni or avx512, got '%s'\n",
+                cmd, v);
         return -1;
     }
     return 1;

@@ -16,6 +16,8 @@
 #ifndef KVQ_CLIARGS_H
 #define KVQ_CLIARGS_H
 
+#include "kvq.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -33,6 +35,10 @@
 
 /* 1 when a is --help or -h. */
 int kvqt_is_help(const char *a);
+
+/* The kernel path named s, one of kvq_isa_name's names (auto, scalar,
+ * avx2, avx512, avxvnni): 1 and *out, or 0. */
+int kvqt_parse_isa(const char *s, kvq_isa *out);
 
 /* Prints "kvq CMD: <message>" and the line that points at --help to
  * stderr; returns KVQT_EXIT_USAGE. */
