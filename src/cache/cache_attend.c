@@ -18,8 +18,9 @@
  * head and merged in chunk order: guided, each a quarter of the pages left
  * but at least KVQ__CHUNK_MIN (the last takes what remains at the 64th),
  * so that they get smaller towards the end, where a thread that is done
- * waits for the others' last chunk. Each chunk costs about 10 us (its
- * state's cold accumulators, its fold), which rules out many small ones.
+ * waits for the others' last chunk. Each chunk has a cost (its state,
+ * cold at first, and its fold; before its first run was prefetched, see
+ * kvq__decode_pages, about 10 us in all), which rules out many small ones.
  * Against 16 equal chunks (in-process A/B, two threads): 4k tokens -7..9%,
  * 16k and 32k -2..5%; one thread even. */
 #define KVQ__MAX_CHUNKS 64
