@@ -24,15 +24,6 @@ int kvqt_usage_error(const char *cmd, const char *fmt, ...) {
     return KVQT_EXIT_USAGE;
 }
 
-int kvqt_parse_isa(const char *s, kvq_isa *out) {
-    for (int k = KVQ_ISA_AUTO; k <= KVQ_ISA_AVXVNNI; k++)
-        if (!strcmp(s, kvq_isa_name((kvq_isa)k))) {
-            *out = (kvq_isa)k;
-            return 1;
-        }
-    return 0;
-}
-
 int kvqt_usage_hint(const char *cmd) {
     fprintf(stderr, "(kvq %s --help prints the usage)\n", cmd);
     return KVQT_EXIT_USAGE;

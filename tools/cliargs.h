@@ -37,8 +37,16 @@
 int kvqt_is_help(const char *a);
 
 /* The kernel path named s, one of kvq_isa_name's names (auto, scalar,
- * avx2, avx512, avxvnni): 1 and *out, or 0. */
-int kvqt_parse_isa(const char *s, kvq_isa *out);
+ * avx2, avx512, avxvnni): 1 and *out, or 0. Inline, as kvqt_arg_size, for
+ * the objects that take cacheopts.c without this file (fuzz, replay). */
+static inline int kvqt_parse_isa(const char *s, kvq_isa *out) {
+    for (int k = KVQ_ISA_AUTO; k <= KVQ_ISA_AVXVNNI; k++)
+        if (!strcmp(s, kvq_isa_name((kvq_isa)k))) {
+            *out = (kvq_isa)k;
+            return 1;
+        }
+    return 0;
+}
 
 /* Prints "kvq CMD: <message>" and the line that points at --help to
  * stderr; returns KVQT_EXIT_USAGE. */
