@@ -94,7 +94,8 @@ f32, dense = r[0], r[3]
 for x in r:
     assert x["context"] == 256 and x["threads"] == 1 and "error" not in x, x
     assert "speedup_vs_1t" not in x
-    for k in ("step_us", "bytes_read", "floor_us", "x_floor", "ratio_vs_f32", "ratio_vs_dense"):
+    for k in ("step_us", "bytes_read", "floor_us", "x_floor", "ratio_vs_f32", "ratio_vs_dense",
+              "round_gbps", "x_floor_round"):
         num(x, k)
     assert x["kind"] == ("baseline" if x["codec"] in ("dense:f32", "llama.cpp:q8_0", "llama.cpp:q4_0") else "kvq")
     # the identities, to the 6 significant digits the JSON carries
@@ -114,6 +115,15 @@ assert r[4]["bytes_read"] == n // 32 * 34 and r[5]["bytes_read"] == n // 32 * 18
 assert r[2]["bytes_read"] < f32["bytes_read"] / 3
 '
 
+# ---- one round: x_floor_round is the step over bytes / that round's bandwidth ----
+run 0 "attend json one round" bench attend --context 256 --codec int8 --baselines none --reps 1 --json
+check_json "attend one round" '
+for x in d["results"]:
+    assert x["rounds"] == 1 and x["round_gbps"] > 0, x
+    want = x["step_us"] * x["round_gbps"] * 1e3 / x["bytes_read"]
+    assert abs(x["x_floor_round"] - want) <= 1e-4 * want, x
+'
+
 # ---- one and two threads in one run: each floor uses its own bandwidth ----
 run 0 "attend json threads 2,1" bench attend --context 256 --codec int8 --threads 2,1 \
     --baselines dense:f32 --reps 2 --json
@@ -127,6 +137,7 @@ for x in r:
     bw = d["read_gbps_%dt" % x["threads"]]
     assert abs(x["floor_us"] - x["bytes_read"] / (bw * 1e3)) <= 1e-4 * x["floor_us"], x
     assert x["x_floor"] > 0 and x["ratio_vs_dense"] > 0
+    assert x["round_gbps"] > 0 and x["x_floor_round"] > 0, x
 for a, b in zip(r[:4], r[4:]):
     # one build per codec, timed at both counts in the same 2 rounds
     assert a["rounds"] == b["rounds"] == 2 and a["bytes_read"] == b["bytes_read"], (a, b)

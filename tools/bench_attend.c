@@ -15,7 +15,12 @@
  *   layers ran in between), bytes_read (kvq_cache_stats),
  *   floor_us = bytes_read / the read bandwidth of the thread count used,
  *   x_floor = step_us / floor_us, ratio_vs_f32 (kvq's own f32 cache) and
- *   ratio_vs_dense (the dense f32 baseline);
+ *   ratio_vs_dense (the dense f32 baseline); and, since each round also
+ *   reads the bandwidth buffer once per thread count, round_gbps (the
+ *   median of those passes) and x_floor_round (the median over rounds of
+ *   step / (bytes / that round's bandwidth): the step against the memory
+ *   of the same moment, where x_floor sets the median step against the
+ *   best pass of a shared machine's bandwidth test);
  * - baselines (peers_attend.c): dense:f32 (a competent f32 attention without
  *   pages) and llama.cpp:q8_0 / llama.cpp:q4_0 (ggml's CPU flash-attention
  *   path over a quantized KV cache), with the same fields;
@@ -54,6 +59,7 @@
 #define BA_BW_ROUNDS_MIN 5  /* bandwidth: rounds of one pass per thread count, */
 #define BA_BW_ROUNDS_MAX 60 /* as many as fit in BA_BW_SECONDS */
 #define BA_BW_SECONDS 1.0
+#define BA_MAX_ROUNDS 1000 /* --reps */
 #define BA_DEFAULT_CONTEXTS "1024,4096,16384,32768"
 #define BA_DEFAULT_CODECS "int8,int4:g=32,tq3,tq4"
 
@@ -168,7 +174,7 @@ static int ba_parse(int argc, char **argv, ba_opts *o) {
             else if (!strcmp(a, "--prefill")) {
                 if (!kvqb_parse_size(v, 0, BA_MAX_PREFILL, &o->prefill))
                     return ba_bad("%s must be an integer in 0..65536, got '%s'", a, v);
-            } else if (!kvqb_parse_size(v, 1, 1000, &o->reps))
+            } else if (!kvqb_parse_size(v, 1, BA_MAX_ROUNDS, &o->reps))
                 return ba_bad("%s must be an integer in 1..1000, got '%s'", a, v);
         }
     }
@@ -376,6 +382,7 @@ typedef struct {
     kvq_isa isa;  /* a kvq codec's kernel path */
     size_t context, threads;
     double step_us, step_min_us, append_ns, floor_us, x_floor, ratio_f32, ratio_dense, check;
+    double round_gbps, x_floor_round; /* the rounds' own bandwidth passes (ba_context) */
     double speedup_1t; /* the same row at 1 thread over this one (0: none) */
     uint64_t bytes_read;
     int ok, rounds; /* rounds: the samples of step_us */
@@ -392,6 +399,8 @@ typedef struct {
     kvqb_config cfg;
     kvqb_pool *pool;
     kvqb_simd simd;
+    const float *bw; /* the bandwidth buffer: one pass per thread count in every round */
+    size_t bw_bytes;
 } ba_env;
 
 static kvq_status ba_cache(kvq_cache **c, const char *codec, size_t max_tokens, size_t threads,
@@ -423,6 +432,19 @@ typedef struct {
     double one_s;  /* one step's time in the build (sizes the warm samples) */
     double *samp;  /* [thread count][round] seconds per step */
 } ba_subj;
+
+/* The median over rounds of step / (bytes / that round's bandwidth): each
+ * step against the memory of the same moment (a shared machine's
+ * bandwidth moves between rounds; x_floor sets the median step against the
+ * best pass of the bandwidth test). */
+static double ba_x_round(const double *step_s, const double *gbps, int rounds, uint64_t bytes) {
+    double x[BA_MAX_ROUNDS];
+    int n = 0;
+    for (int i = 0; i < rounds; i++)
+        if (gbps[i] > 0 && bytes > 0)
+            x[n++] = step_s[i] / ((double)bytes / (gbps[i] * 1e9));
+    return n ? kvqb_median(x, (size_t)n) : NAN;
+}
 
 /* A kvq cache of `codec` holding ctx tokens (built in chunks of 1024, the
  * last BA_TAIL tokens one at a time, timed), with threads threads, and its
@@ -535,6 +557,7 @@ static double ba_sample(ba_env *e, ba_subj *s, size_t ctx, size_t thr, long call
 static void ba_context(ba_env *e, const ba_opts *o, size_t ctx, size_t ns, ba_subj *sb,
                        size_t nthr) {
     const size_t max_thr = o->thr[nthr - 1];
+    double gb[BA_MAX_THR][BA_MAX_ROUNDS]; /* the rounds' bandwidth passes */
     for (size_t i = 0; i < ns; i++) {
         ba_subj *s = &sb[i];
         ba_row *r = s->row0;
@@ -553,6 +576,11 @@ static void ba_context(ba_env *e, const ba_opts *o, size_t ctx, size_t ns, ba_su
     int rounds = 0;
     const double t_start = kvqb_now(), budget = e->cfg.budget_s * (double)(ns * nthr);
     while (rounds < rmax && (rounds < rmin || budget <= 0 || kvqb_now() - t_start < budget)) {
+        for (size_t t = 0; t < nthr; t++) {
+            const size_t n = o->thr[t];
+            gb[t][rounds] = kvqb_read_gbps(n == 1 ? NULL : e->pool, (int)n, e->bw, e->bw_bytes, 1,
+                                           e->simd);
+        }
         for (size_t t = 0; t < nthr; t++)
             for (size_t i = 0; i < ns; i++) {
                 ba_subj *s = &sb[i];
@@ -588,6 +616,8 @@ static void ba_context(ba_env *e, const ba_opts *o, size_t ctx, size_t ns, ba_su
             if (!s->c && !s->a)
                 continue; /* r->msg says why */
             double *x = s->samp + t * rmax;
+            r->x_floor_round = ba_x_round(x, gb[t], rounds, r->bytes_read);
+            r->round_gbps = kvqb_median(gb[t], (size_t)rounds); /* sorts; the last use */
             const double med = kvqb_median(x, (size_t)rounds); /* sorts x */
             r->check = check;
             if (s->a && !(check <= BA_CHECK_TOL)) {
@@ -689,9 +719,9 @@ static void ba_print_row(const ba_row *r, int show_isa) {
         snprintf(dense, sizeof dense, "%.3fx", r->ratio_dense);
     if (r->speedup_1t > 0)
         snprintf(sp, sizeof sp, "%.2fx", r->speedup_1t);
-    printf("  %-20s %8zu %3zu %11.1f %11.1f %9.2f %10.1f %7.2fx %7.3fx %9s %7s %11s\n", name,
-           r->context, r->threads, r->step_us, r->step_min_us, r->bytes_read / 1048576.0,
-           r->floor_us, r->x_floor, r->ratio_f32, dense, sp, app);
+    printf("  %-20s %8zu %3zu %11.1f %11.1f %9.2f %10.1f %7.2fx %7.2fx %7.3fx %9s %7s %11s\n",
+           name, r->context, r->threads, r->step_us, r->step_min_us, r->bytes_read / 1048576.0,
+           r->floor_us, r->x_floor, r->x_floor_round, r->ratio_f32, dense, sp, app);
 }
 
 static void ba_jnum(const char *key, double v) {
@@ -783,7 +813,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             bwt[n] = g > bwt[n] ? g : bwt[n];
         }
     const double bw1 = bwt[1], bw2 = bwt[2];
-    free(bw);
+    e.bw = bw, e.bw_bytes = bw_bytes; /* and one pass per thread count in each round */
 
     /* 2. data: K, V [H][maxT][d] (contiguous per KV head: the dense
      * baseline reads them as they are), queries */
@@ -870,7 +900,9 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             "\n  floor = bytes read / the read bandwidth of the row's thread count (thr); x floor "
             "= step / floor; step = median over %d..%d rounds, each timing one step of every "
             "row of a context\n  (every codec and baseline at every thread count, one after the "
-            "other: ratios compare the same moments)%s\n",
+            "other: ratios compare the same moments)%s\n  x round: each round also reads the "
+            "bandwidth buffer once per thread count; the median over rounds of step / (bytes / "
+            "that round's bandwidth)\n",
             e.cfg.min_reps, e.cfg.reps,
             o.warm ? "; warm: the cache is not flushed (an untimed step first)"
                    : "; the last-level cache flushed before each step (untimed)");
@@ -882,9 +914,9 @@ int kvq_tool_bench_attend(int argc, char **argv) {
                    "single-token append at the end of the build\n",
                    bpath[0], bpath[1], bpath[2]);
         if (o.nctx)
-            printf("\n  %-20s %8s %3s %11s %11s %9s %10s %8s %8s %9s %7s %11s\n", "codec",
+            printf("\n  %-20s %8s %3s %11s %11s %9s %10s %8s %8s %8s %9s %7s %11s\n", "codec",
                    "context", "thr", "step_us", "min_us", "MiB read", "floor_us", "x floor",
-                   "vs f32", "vs dense", "vs 1t", "append ns/t");
+                   "x round", "vs f32", "vs dense", "vs 1t", "append ns/t");
         fflush(stdout);
     }
 
@@ -1084,6 +1116,8 @@ int kvq_tool_bench_attend(int argc, char **argv) {
             ba_jnum("floor_us", r->floor_us);
             ba_jnum("x_floor", r->x_floor);
             ba_jnum("x_floor_min", r->floor_us > 0 ? r->step_min_us / r->floor_us : NAN);
+            ba_jnum("round_gbps", r->round_gbps);
+            ba_jnum("x_floor_round", r->x_floor_round);
             ba_jnum("ratio_vs_f32", r->ratio_f32);
             ba_jnum("ratio_vs_dense", r->ratio_dense);
             if (r->speedup_1t > 0)
@@ -1118,6 +1152,7 @@ int kvq_tool_bench_attend(int argc, char **argv) {
         printf("some rows failed (see their error)\n");
 done:
     free(K), free(V), free(q), free(out), free(ck), free(cv), free((void *)fl.buf);
+    free(bw);
     free(rows), free(prows);
     kvqb_pool_free(e.pool);
     free(o.codec_buf);
