@@ -39,8 +39,9 @@ KVQ__TGT static inline __attribute__((always_inline)) __m512i KVQ__FN(kvq__i512_
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float *out,
                             size_t ostride, const uint8_t *const *q, size_t nr,
-                            const uint8_t *page, size_t P, size_t tb, const int BITS) {
-    const size_t ng = c->ngroups, qb = tp->qb, bpg = c->group / qb;
+                            const uint8_t *page, size_t P, size_t tb, const int BITS,
+                            const size_t QB, const size_t GB) {
+    const size_t ng = c->ngroups, qb = QB ? QB : tp->qb, bpg = (QB && GB ? GB : c->group) / qb;
     const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
     const __m512i m4 = _mm512_set1_epi8(15);
 #if !KVQ__VNNI
@@ -151,8 +152,20 @@ KVQ__FN(kvq__i512_tscore_body)(const kvq_codec *c, float *out, size_t ostride, c
         const uint8_t *q[4];
         for (size_t r = 0; r < 4; r++)
             q[r] = (const uint8_t *)qp + (i0 + KVQ__MIN(r, nr - 1)) * qs;
-        for (size_t tb = 0; tb < P; tb += 16)
-            KVQ__FN(kvq__i512_tscore16)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS);
+        /* query blocks and groups of 32 (int4:g=32, int8:g=32) known at
+         * compile time: the lane steps of a block unrolled */
+        if (tp.qb == 32 && c->group == 32)
+            for (size_t tb = 0; tb < P; tb += 16)
+                KVQ__FN(kvq__i512_tscore16)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P,
+                                            tb, BITS, 32, 32);
+        else if (tp.qb == 32)
+            for (size_t tb = 0; tb < P; tb += 16)
+                KVQ__FN(kvq__i512_tscore16)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P,
+                                            tb, BITS, 32, 0);
+        else
+            for (size_t tb = 0; tb < P; tb += 16)
+                KVQ__FN(kvq__i512_tscore16)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P,
+                                            tb, BITS, 0, 0);
     }
 }
 
