@@ -31,8 +31,10 @@
 /* bytes of a page area prefetched ahead by the driver (the kernels of large
  * areas prefetch the rest ahead of their own reads) */
 #define KVQ__PF_AREA 4096
-/* A decode step prefetches a head's key area one page ahead into L1 and
- * its value area (read after the run's keys) into L2; when the areas hold
+/* A decode step prefetches a head's key area one page ahead into L1 (the
+ * int and tq kernels of the AVX2 and AVX-512 paths do it themselves, line
+ * by line as they read their own page: pf_tscore, session 10) and its
+ * value area (read after the run's keys) into L2; when the areas hold
  * at least this many bytes (K + V of a page and head), both areas of the
  * page after go into L2 too: the L1 takes too few misses in flight to
  * stream at the memory's rate alone. Measured on Zen 4 at 32k tokens: the
@@ -570,6 +572,14 @@ static int kvq__page_fast(const kvq_cache *c, const kvq__layer *ly, size_t p, in
  * keys, the next run's first keys while they read its last values (before,
  * the same area of the next run, read a whole phase later and evicted from
  * L1 by then: f16 32k flushed 3-6% faster, f32 1-3%, in-process A/B).
+ * Key kernels that prefetch the next page's keys as they read (pf_tscore:
+ * int and tq on AVX2 and AVX-512) get no burst of those lines from here;
+ * the burst (up to KVQ__PF_AREA bytes of L1 prefetches at once) held the
+ * core while the L1's misses were in flight. In-process A/B at 32k, one
+ * thread: AVX-512 int4:g=32 -3..8%, int8 -1..5%, tq3/tq4 -1..4%; AVX2
+ * int8 -12..24%, AVX-VNNI int8 -15..19%, AVX2 int4:g=32 -1..9%, tq even to
+ * -2%. Moving the L2 prefetches (values, the page after) into the kernel
+ * as well was 20-36% slower: those must go out early, in a burst.
  * ps[h] holds the state of head h's G rows (ps[h].m = ps[0].m + h * G, and
  * l alike); the rows of every head were prepared in w (kvq__decode_setup,
  * or kvq__attn_setup's rows of work[0]). Any other page, and heads with
@@ -676,7 +686,9 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
                 const uint8_t *nb = kvq__run_next(blk, n, nblk, nn, i, 0);
                 const uint8_t *ka = blk[i] + ph->k_off, *nk = nb ? nb + ph->k_off : NULL;
                 const size_t ak = ph->k_hdr + P * ph->kbytes, av = P * ph->vbytes;
-                if (nk && !kc->pf_self)
+                /* the next page's keys: by the kernel as it reads this
+                 * page's (pf_self, pf_tscore), else here */
+                if (nk && !kc->pf_self && !(ph->ktiled && kc->pf_tscore))
                     kvq__prefetch(nk, KVQ__MIN(ak, KVQ__PF_AREA), 0);
                 if (nk && !ph->vc->pf_self)
                     kvq__prefetch(nb + ph->v_off, KVQ__MIN(av, KVQ__PF_AREA), 1);

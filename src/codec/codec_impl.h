@@ -120,6 +120,8 @@ struct kvq_codec {
     size_t acc_len;  /* floats per accumulation row (>= d) */
     size_t tqp_bytes; /* prepared query of tscore (multiple of 64; 0 without tprep) */
     int pf_self;      /* the kernels in use prefetch kvq__pf_next themselves */
+    int pf_tscore;    /* tscore prefetches (T0) the bytes of kvq__pf_next (the next
+                         page's key area) that it reads in its own page */
     kvq_isa isa;     /* path the kernels were chosen for */
     /* tiled page layout (see above); tiled NULL: the family has none */
     int (*tiled)(const kvq_codec *c, int role, size_t P);

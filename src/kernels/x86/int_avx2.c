@@ -1421,6 +1421,7 @@ void kvq__int_avx2_select(kvq_codec *c) {
         c->tqp_bytes = tp.bytes;
         c->k.tprep = kvq__int_tprep_avx2;
         c->k.tscore = c->bits == 8 ? kvq__int_tscore8_avx2 : kvq__int_tscore4_avx2;
+        c->pf_tscore = 1;
         c->k.taccum = c->bits == 8 ? kvq__int_taccum8_avx2 : kvq__int_taccum4_avx2;
         c->k.taccum_run = c->bits == 8 ? kvq__int_taccum_run8_avx2 : kvq__int_taccum_run4_avx2;
     }

@@ -24,6 +24,8 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
     const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    /* the same lines of the next page, once per line (tb % 16 == 0) */
+    const uint8_t *pf = kvq__pf_next && tb % 16 == 0 ? kvq__pf_next + tb * 4 : NULL;
     __m256 F[4];
     KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_setzero_ps();
     for (size_t gi = 0; gi < ng; gi++) {
@@ -35,6 +37,8 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
             if (BITS == 8) {
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
                 for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
+                    if (pf)
+                        _mm_prefetch((const char *)(pf + k * P * 4), _MM_HINT_T0);
                     __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
                     __m256i cs = _mm256_xor_si256(u, x80), ab = _mm256_abs_epi8(cs);
                     KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
@@ -47,6 +51,8 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
                 __m256i S[4];
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
                 for (size_t k = b * qb / 8; k < (b + 1) * qb / 8; k++) {
+                    if (pf)
+                        _mm_prefetch((const char *)(pf + k * P * 4), _MM_HINT_T0);
                     __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
                     __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                     KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
@@ -63,6 +69,11 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
                 G[r] = BPG1 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b))
                             : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b), G[r]);
             }
+        }
+        if (pf) {
+            _mm_prefetch((const char *)(pf - tb * 4 + (sp - page) + 2 * gi * P), _MM_HINT_T0);
+            if (BITS != 8)
+                _mm_prefetch((const char *)(pf - tb * 4 + (sp - page) + 2 * (ng + gi) * P), _MM_HINT_T0);
         }
         const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * (gi * P + tb))));
         KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_fmadd_ps(G[r], s, F[r]);
@@ -104,6 +115,8 @@ KVQ__FN(kvq__int_tscore_16tok)(const kvq_codec *c, const kvq__tile_plan *tp, flo
                 I[r][0] = I[r][1] = _mm256_set1_epi32(((const int32_t *)(const void *)(q[r] + tp->off_bias))[b]);
             for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
                 const uint8_t *kp = page + (k * P + tb) * 4;
+                if (kvq__pf_next) /* the same line of the next page */
+                    _mm_prefetch((const char *)(kvq__pf_next + (kp - page)), _MM_HINT_T0);
                 const __m256i u0 = _mm256_loadu_si256((const __m256i *)(const void *)kp);
                 const __m256i u1 = _mm256_loadu_si256((const __m256i *)(const void *)(kp + 32));
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
@@ -120,6 +133,8 @@ KVQ__FN(kvq__int_tscore_16tok)(const kvq_codec *c, const kvq__tile_plan *tp, flo
             }
         }
         const uint8_t *sg = sp + 2 * (gi * P + tb);
+        if (kvq__pf_next)
+            _mm_prefetch((const char *)(kvq__pf_next + (sg - page)), _MM_HINT_T0);
         const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)sg));
         const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sg + 16)));
         KVQ__UNROLL4 for (int r = 0; r < 4; r++) {

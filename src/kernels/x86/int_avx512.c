@@ -690,6 +690,7 @@ void KVQ__SEL512(kvq__int_avx512_select)(kvq_codec *c, unsigned feat) {
     c->k.tprep = kvq__int_tprep_avx2;
     c->k.tscore = vnni ? (b8 ? kvq__i512_tscore8_vnni : kvq__i512_tscore4_vnni)
                        : (b8 ? kvq__i512_tscore8_bw : kvq__i512_tscore4_bw);
+    c->pf_tscore = 1;
     if (c->group % 16 == 0) {
         c->k.taccum = vnni ? (b8 ? kvq__i512_taccum8_vnni : kvq__i512_taccum4_vnni)
                            : (b8 ? kvq__i512_taccum8_bw : kvq__i512_taccum4_bw);

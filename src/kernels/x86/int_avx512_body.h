@@ -66,6 +66,10 @@ KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float 
             }
             if (BITS == 8) {
                 for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k += 2) {
+                    if (kvq__pf_next) { /* the same lines of the next page */
+                        _mm_prefetch((const char *)(kvq__pf_next + (k * P + tb) * 4), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(kvq__pf_next + ((k + 1) * P + tb) * 4), _MM_HINT_T0);
+                    }
                     const __m512i u0 = _mm512_loadu_si512((const void *)(page + (k * P + tb) * 4));
                     const __m512i u1 = _mm512_loadu_si512((const void *)(page + ((k + 1) * P + tb) * 4));
 #if KVQ__VNNI
@@ -93,6 +97,8 @@ KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float 
                 KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm512_setzero_si512();
 #endif
                 for (size_t k = b * qb / 8; k < (b + 1) * qb / 8; k++) {
+                    if (kvq__pf_next) /* the same line of the next page */
+                        _mm_prefetch((const char *)(kvq__pf_next + (k * P + tb) * 4), _MM_HINT_T0);
                     const __m512i v = _mm512_loadu_si512((const void *)(page + (k * P + tb) * 4));
                     const __m512i lo = _mm512_and_si512(v, m4);
 #if KVQ__VNNI /* the high nibbles in place, 16 times their value (Jb >> 4 below) */
@@ -126,6 +132,12 @@ KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float 
                 G[r] = _mm512_fmadd_ps(kvq__i512_i2f(_mm512_add_epi32(Ia[r], Jb[r])),
                                        _mm512_set1_ps(beta[b]), G[r]);
             }
+        }
+        if (kvq__pf_next) { /* the group's scales (and minima) in the next page */
+            _mm_prefetch((const char *)(kvq__pf_next + (sp - page) + 2 * (gi * P + tb)), _MM_HINT_T0);
+            if (BITS != 8)
+                _mm_prefetch((const char *)(kvq__pf_next + (sp - page) + 2 * ((ng + gi) * P + tb)),
+                             _MM_HINT_T0);
         }
         const __m512 s = kvq__i512_h2f(sp + 2 * (gi * P + tb));
         KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm512_fmadd_ps(G[r], s, F[r]);

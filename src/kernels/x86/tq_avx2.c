@@ -1751,7 +1751,8 @@ KVQ__AI __m256i kvq__tq_dot4x2(__m256i acc, __m256i a0, __m256i b0, __m256i a1, 
  * (no register pressure: 8 accumulators), or for tq4 in the loop, 8 tokens
  * per pass; two groups per int16 sum. */
 KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const int8_t *const *q,
-                                const __m256i tab, const __m256i *init, __m256i *f, int kb, const int R) {
+                                const __m256i tab, const __m256i *init, __m256i *f, int kb, const int R,
+                                const uint8_t *pf) {
     const size_t ng = c->d / 4, ub = 8 * (size_t)kb;
     if (kb == 4) { /* tq4: a cheap decode, in the loop; 8 tokens per pass (4 accumulators) */
         KVQ__UNROLL4 for (int H = 0; H < 2; H++) {
@@ -1759,6 +1760,8 @@ KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const 
             KVQ__UNROLL4 for (int r = 0; r < R; r++) x[r] = init[r];
             for (size_t g = 0; g < ng; g += 2) {
                 const uint8_t *u = units + g * ub;
+                if (pf && H == 0) /* the same bytes of the next page */
+                    _mm_prefetch((const char *)(pf + g * ub), _MM_HINT_T0);
                 __m256i a0[2], a1[2];
                 kvq__tq_tdec(u, kb, tab, a0);
                 kvq__tq_tdec(u + ub, kb, tab, a1);
@@ -1772,8 +1775,11 @@ KVQ__AI void kvq__tq_tscore_blk(const kvq_codec *c, const uint8_t *units, const 
         return;
     }
     _Alignas(32) __m256i cb[2 * KVQ__MAX_HEAD_DIM / 4];
-    for (size_t g = 0; g < ng; g++)
+    for (size_t g = 0; g < ng; g++) {
+        if (pf && g % 2 == 0)
+            _mm_prefetch((const char *)(pf + g * ub), _MM_HINT_T0);
         kvq__tq_tdec(units + g * ub, kb, tab, cb + 2 * g);
+    }
     __m256i lo[4], hi[4];
     KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = init[r];
     for (size_t g = 0; g < ng; g += 2) { /* ng = d / 4 is a multiple of 4 */
@@ -1811,12 +1817,16 @@ KVQ__AI void kvq__tq_tscore_kb(const kvq_codec *c, float *out, size_t ostride, c
         for (size_t tb = 0; tb < P; tb += 16) {
             __m256i f[8];
             const uint8_t *u = units + (tb / 16) * ubb;
+            const uint8_t *pf = kvq__pf_next && i0 == 0 ? kvq__pf_next + (u - page) : NULL;
+            if (pf && tb == 0)
+                for (size_t o = 0; o < P * t->nb; o += 64)
+                    _mm_prefetch((const char *)(kvq__pf_next + o), _MM_HINT_T0);
             if (m > 2)
-                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 4);
+                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 4, pf);
             else if (m == 2)
-                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 2);
+                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 2, pf);
             else
-                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 1);
+                kvq__tq_tscore_blk(c, u, q, tab, corr, f, kb, 1, pf);
             float nrm[16];
             kvq__tq_tnorms(t, page, tb, 16, nrm);
             const __m256 n0 = _mm256_loadu_ps(nrm), n1 = _mm256_loadu_ps(nrm + 8);
@@ -2010,6 +2020,7 @@ void kvq__tq_avx2_select(kvq_codec *c) {
             break;
         }
         c->tqp_bytes = KVQ__TQ_TQ_QV(c->d) + 8 * c->d; /* tq_avx2.h */
+        c->pf_tscore = 1;
     }
     c->k.encode = kvq__tq_encode_avx2;
     c->k.decode = kvq__tq_decode_avx2;

@@ -172,6 +172,7 @@ void KVQ__SEL512(kvq__tq_avx512_select)(kvq_codec *c, unsigned feat) {
         c->k.taccum_run = kvq__tq_taccum_run512_bw;
     }
     c->tqp_bytes = KVQ__TQ_TQ_CODES + kvq__round64(c->d);
+    c->pf_tscore = 1;
 }
 
 #else /* KVQ__TQ512_PASS: the kernels of one variant */
@@ -184,12 +185,15 @@ static void KVQ__SFX(kvq__tq_tprep512)(const kvq_codec *c, void *qp, const float
  * sums of code_j c8u[idx_j] per token. Named accumulators (two chains per
  * row: even and odd groups) keep GCC from copying them around the loop. */
 KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tsblk)(const uint8_t *units, size_t ng, const __m512i tab,
-                                                 const int8_t *const *q, __m512i *f, int kb, const int R) {
+                                                 const int8_t *const *q, __m512i *f, int kb, const int R,
+                                                 const uint8_t *pf) {
     const size_t ub = 8 * (size_t)kb;
     const int8_t *q0 = q[0], *q1 = q[R > 1 ? 1 : 0], *q2 = q[R > 2 ? 2 : 0], *q3 = q[R > 3 ? 3 : 0];
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (size_t g = 0; g < ng; g += 2) { /* ng = d / 4 is a multiple of 4 */
         const uint8_t *u = units + g * ub;
+        if (pf) /* the same bytes of the next page */
+            _mm_prefetch((const char *)(pf + g * ub), _MM_HINT_T0);
         const __m512i x = _mm512_shuffle_epi8(tab, kvq__tq_tidx64(u, kb));
         const __m512i y = _mm512_shuffle_epi8(tab, kvq__tq_tidx64(u + ub, kb));
         a0 = KVQ__DOT(a0, x, _mm512_set1_epi32(kvq__tq_ld32s(q0 + 4 * g)));
@@ -249,12 +253,16 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tscore_kb)(const kvq_codec *c, float *
         for (size_t tb = 0; tb < P; tb += 16) {
             __m512i f[4];
             const uint8_t *u = units + (tb / 16) * ubb;
+            const uint8_t *pf = kvq__pf_next && i0 == 0 ? kvq__pf_next + (u - page) : NULL;
+            if (pf && tb == 0)
+                for (size_t o = 0; o < P * t->nb; o += 64)
+                    _mm_prefetch((const char *)(kvq__pf_next + o), _MM_HINT_T0);
             if (m > 2)
-                KVQ__SFX(kvq__tq_tsblk)(u, ng, tab, q, f, kb, 4);
+                KVQ__SFX(kvq__tq_tsblk)(u, ng, tab, q, f, kb, 4, pf);
             else if (m == 2)
-                KVQ__SFX(kvq__tq_tsblk)(u, ng, tab, q, f, kb, 2);
+                KVQ__SFX(kvq__tq_tsblk)(u, ng, tab, q, f, kb, 2, pf);
             else
-                KVQ__SFX(kvq__tq_tsblk)(u, ng, tab, q, f, kb, 1);
+                KVQ__SFX(kvq__tq_tsblk)(u, ng, tab, q, f, kb, 1, pf);
             KVQ__SFX(kvq__tq_tsout)(t, page, tb, f, corr, sc, out + i0 * ostride, ostride, m);
         }
     }
