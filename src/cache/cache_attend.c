@@ -579,7 +579,14 @@ static int kvq__page_fast(const kvq_cache *c, const kvq__layer *ly, size_t p, in
  * thread: AVX-512 int4:g=32 -3..8%, int8 -1..5%, tq3/tq4 -1..4%; AVX2
  * int8 -12..24%, AVX-VNNI int8 -15..19%, AVX2 int4:g=32 -1..9%, tq even to
  * -2%. Moving the L2 prefetches (values, the page after) into the kernel
- * as well was 20-36% slower: those must go out early, in a burst.
+ * as well was 20-36% slower: those must go out early, in a burst. The
+ * value kernels of a run (taccum_run, int and tq) prefetch the next head's
+ * value areas of the same pages into L1 as they read theirs (they are in
+ * L2 by then; kvq__pf_delta): in-process A/B, one thread, AVX-512 32k
+ * int4:g=32 -9..13%, int8 -4..9%, tq3 -11%, tq4 -1..3%; 16k int4:g=32 -14%,
+ * int8 -16%, tq3 -9%, tq4 even; AVX2 32k int4:g=32 -9%, int8 -2..6%, tq3
+ * and tq4 even to -11%, AVX-VNNI int8 -11..21%; two threads -0..5%. The
+ * next head's scales prefetched the same way by the weight rounding: even.
  * ps[h] holds the state of head h's G rows (ps[h].m = ps[0].m + h * G, and
  * l alike); the rows of every head were prepared in w (kvq__decode_setup,
  * or kvq__attn_setup's rows of work[0]). Any other page, and heads with
@@ -764,9 +771,15 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
                 const uint8_t *va[KVQ__RUN_MAX];
                 for (size_t i = 0; i < n; i++)
                     va[i] = blk[i] + ph->v_off;
+                /* the next head's values, prefetched by the kernel as it
+                 * reads these (the same page blocks, one area on) */
+                kvq__pf_delta = h + 1 < H && !heads[h + 1].kchan_bits
+                                    ? (ptrdiff_t)heads[h + 1].v_off - (ptrdiff_t)ph->v_off
+                                    : 0;
                 ph->vc->k.taccum_run(ph->vc, ps[h].acc, ph->vc->acc_len, sc + h * G * ss, ss, G,
                                      va, n, P);
             }
+            kvq__pf_delta = 0;
         } else {
             for (size_t i = 0; i < n; i++)
                 for (size_t h = 0; h < H; h++) {

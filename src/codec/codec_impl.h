@@ -188,6 +188,11 @@ static inline void kvq__codec_prep(const kvq_codec *c, void *qp, const float *q,
 #define KVQ__TLS_IE
 #endif
 extern _Thread_local const uint8_t *kvq__pf_next KVQ__TLS_IE;
+/* Set by the decode driver around a value kernel's call (taccum_run): the
+ * distance from this head's value areas to the next head's in the same
+ * page blocks, whose lines the int and tq kernels prefetch (T0) as they
+ * read their own; 0: none. */
+extern _Thread_local ptrdiff_t kvq__pf_delta KVQ__TLS_IE;
 
 /* Whether (role, P) of codec c uses the tiled layout. */
 static inline int kvq__tiled(const kvq_codec *c, int role, size_t P) {

@@ -5,6 +5,7 @@
 #include "codec_impl.h"
 
 _Thread_local const uint8_t *kvq__pf_next KVQ__TLS_IE;
+_Thread_local ptrdiff_t kvq__pf_delta KVQ__TLS_IE;
 
 void kvq__slot_encode(const kvq_codec *c, int tiled, int role, size_t P, uint8_t *area, size_t i,
                       const float *x, uint8_t *tmp) {

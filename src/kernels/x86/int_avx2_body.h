@@ -221,6 +221,8 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
             const uint8_t *cp = cb[j] + dc * 4;
             {
                 KVQ__UNROLL4 for (size_t b = 0; b < 4; b++) {
+                    if (kvq__pf_delta) /* the line in the next head's area */
+                        _mm_prefetch((const char *)(cp + b * d * 4 + kvq__pf_delta), _MM_HINT_T0);
                     const __m256i v0 = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
                     const __m256i v1 =
                         two ? _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4 + 32)) : v0;
@@ -274,6 +276,8 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
                 const uint8_t *cp = cb[j] + dc * 4;
                 const uint8_t *wj = wq[0] + gi * n + 16 * j;
                 KVQ__UNROLL4 for (size_t b = 0; b < 4; b++) {
+                    if (kvq__pf_delta && dc % 16 == 0) /* the line in the next head's area */
+                        _mm_prefetch((const char *)(cp + b * d * 4 + kvq__pf_delta), _MM_HINT_T0);
                     __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
                     KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
                         __m256i wv = _mm256_set1_epi32((int)kvq__ldu32(wj + (size_t)r * sizeof wq[0] + 4 * b));
@@ -290,6 +294,8 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
                     const uint8_t *cp = cb[j] + dc * 4;
                     const uint8_t *wj = wq[0] + gi * n + 16 * j;
                     KVQ__UNROLL4 for (size_t b = 0; b < 2; b++) {
+                        if (kvq__pf_delta && dc % 16 == 0) /* the line in the next head's area */
+                            _mm_prefetch((const char *)(cp + b * d * 4 + kvq__pf_delta), _MM_HINT_T0);
                         __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
                         /* the codes as c - 8 (s8) */
                         __m256i lo = _mm256_sub_epi8(_mm256_and_si256(v, m4), e8);

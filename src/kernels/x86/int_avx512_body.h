@@ -220,6 +220,9 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
         if (BITS == 8) {
             for (size_t b = 0; b < 4; b++) { /* not unrolled: (BW) 16 accumulators plus the steps of 4 would spill */
                 const uint8_t *cp = cb[j] + (b * d + dc) * 4;
+                if (kvq__pf_delta) /* the lines in the next head's area */
+                    KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++)
+                        _mm_prefetch((const char *)(cp + kvq__pf_delta + 64 * z), _MM_HINT_T0);
                 __m512i v[4];
                 KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) v[z] = _mm512_loadu_si512((const void *)(cp + 64 * z));
                 KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
@@ -232,6 +235,9 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
         } else {
             for (size_t b = 0; b < 2; b++) {
                 const uint8_t *cp = cb[j] + (b * d + dc) * 4;
+                if (kvq__pf_delta) /* the lines in the next head's area */
+                    KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++)
+                        _mm_prefetch((const char *)(cp + kvq__pf_delta + 64 * z), _MM_HINT_T0);
                 __m512i lo[4], hi[4];
                 KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) { /* the codes as c - 8 (s8) */
                     const __m512i v = _mm512_loadu_si512((const void *)(cp + 64 * z));

@@ -1874,6 +1874,9 @@ KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const kvq__tq_tpiece *pc, si
             for (size_t pi = 0; pi < npc; pi++) {
                 const uint8_t *u = pc[pi].units + h * ub;
                 for (size_t qd = 0; qd < pc[pi].nquad; qd += 2, u += 2 * qb, wo += 8) {
+                    if (kvq__pf_delta && h == 0 && H == 0) /* the quads in the next head's area */
+                        for (size_t o = 0; o < 2 * qb; o += 64)
+                            _mm_prefetch((const char *)(u + kvq__pf_delta + o), _MM_HINT_T0);
                     __m256i c0[2], c1[2];
                     kvq__tq_tdec(u, kb, tab, c0);
                     kvq__tq_tdec(u + qb, kb, tab, c1);
@@ -1894,8 +1897,12 @@ KVQ__AI void kvq__tq_taccum_blk(const kvq_codec *c, const kvq__tq_tpiece *pc, si
         size_t nqd = 0;
         for (size_t pi = 0; pi < npc; pi++) {
             const uint8_t *u = pc[pi].units + h * ub;
-            for (size_t qd = 0; qd < pc[pi].nquad; qd++, u += qb, nqd++)
+            for (size_t qd = 0; qd < pc[pi].nquad; qd++, u += qb, nqd++) {
+                if (kvq__pf_delta && h == 0) /* the quad in the next head's area */
+                    for (size_t o = 0; o < qb; o += 64)
+                        _mm_prefetch((const char *)(u + kvq__pf_delta + o), _MM_HINT_T0);
                 kvq__tq_tdec(u, kb, tab, cb + 2 * nqd);
+            }
         }
         __m256i lo[4], hi[4];
         KVQ__UNROLL4 for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();

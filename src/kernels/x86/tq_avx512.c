@@ -305,6 +305,9 @@ KVQ__TGT KVQ__AI512 void KVQ__SFX(kvq__tq_tablk)(const kvq__tq_tpiece *pc, size_
         const uint8_t *u = pc[pi].units + h0 * ub;
         const size_t nquad = pc[pi].nquad;
         for (size_t qd = 0; qd < nquad; qd++, u += qb, wo += 4) {
+            if (kvq__pf_delta && h0 == 0) /* the quad in the next head's area */
+                for (size_t o = 0; o < qb; o += 64)
+                    _mm_prefetch((const char *)(u + kvq__pf_delta + o), _MM_HINT_T0);
             __m512i wb[4];
             KVQ__UNROLL for (int r = 0; r < R; r++)
                 wb[r] = _mm512_set1_epi32(kvq__tq_ld32s(wq[r] + wo));
