@@ -70,10 +70,11 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
                             : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r]), _mm256_broadcast_ss(beta + b), G[r]);
             }
         }
-        if (pf) {
-            _mm_prefetch((const char *)(pf - tb * 4 + (sp - page) + 2 * gi * P), _MM_HINT_T0);
+        if (pf) { /* the group's scales (and minima) in the next page */
+            _mm_prefetch((const char *)(kvq__pf_next + (sp - page) + 2 * (gi * P + tb)), _MM_HINT_T0);
             if (BITS != 8)
-                _mm_prefetch((const char *)(pf - tb * 4 + (sp - page) + 2 * (ng + gi) * P), _MM_HINT_T0);
+                _mm_prefetch((const char *)(kvq__pf_next + (sp - page) + 2 * ((ng + gi) * P + tb)),
+                             _MM_HINT_T0);
         }
         const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sp + 2 * (gi * P + tb))));
         KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r] = _mm256_fmadd_ps(G[r], s, F[r]);
