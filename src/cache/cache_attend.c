@@ -772,8 +772,9 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
                 for (size_t i = 0; i < n; i++)
                     va[i] = blk[i] + ph->v_off;
                 /* the next head's values, prefetched by the kernel as it
-                 * reads these (the same page blocks, one area on) */
-                kvq__pf_delta = h + 1 < H && !heads[h + 1].kchan_bits
+                 * reads these (the same page blocks, one area on; only
+                 * where that area has this one's codec, so its layout) */
+                kvq__pf_delta = h + 1 < H && !heads[h + 1].kchan_bits && heads[h + 1].vc == ph->vc
                                     ? (ptrdiff_t)heads[h + 1].v_off - (ptrdiff_t)ph->v_off
                                     : 0;
                 ph->vc->k.taccum_run(ph->vc, ps[h].acc, ph->vc->acc_len, sc + h * G * ss, ss, G,
