@@ -209,6 +209,52 @@ static void check_softmax_sequence(kvq__softmax_fn fn, const char *path, tu_rng 
     TU_REPORT(ok, "page softmax %s over a sequence of pages against the exact softmax", path);
 }
 
+/* The attention tokens received (kvq__attn_add) against its reference:
+ * both sum a slot's rows in row order, so they differ only by the exp
+ * polynomial (2e-7 relative per term, 2.5e-7 with 4 ulps of margin) and one
+ * rounding of the final add (2^-23 relative of the result: margin for a
+ * term that rounds across a binade). Slots free (pos -1) or past a row's
+ * query hold scores 3 above the row's maximum (a term of e^3 inv where the
+ * real ones are below 1 on average), or NaN for every third of them; a row
+ * with inv 0 has m = -inf. Any use of them shows. Widths cover the 8- and
+ * 16-slot blocks and their tails. */
+static void check_attn_add(kvq__attn_add_fn fn, const char *path, tu_rng *r) {
+    const size_t ns[] = {1, 7, 8, 9, 15, 16, 17, 33, 64};
+    int ok = 1;
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (size_t nr = 1; nr <= 9; nr += 4) {
+            const size_t n = ns[ni], ss = n + 5;
+            float s[9 * 69], m[9], inv[9], a0[64], a1[64], terms[64];
+            int32_t pos[64], rqp[9];
+            for (size_t q = 0; q < nr; q++) {
+                rqp[q] = (int32_t)(100 + 10 * q);
+                m[q] = (float)(3 * tu_gauss(r));
+                inv[q] = (float)(0.5 + tu_uniform(r));
+            }
+            inv[nr / 2] = 0.0f; /* a row that saw nothing */
+            m[nr / 2] = -INFINITY;
+            for (size_t i = 0; i < n; i++) {
+                const double u = tu_uniform(r);
+                pos[i] = u < 0.2 ? -1 : (int32_t)(u * 140); /* free, or 28..139 */
+                a0[i] = a1[i] = (float)tu_uniform(r);
+                terms[i] = fabsf(a0[i]);
+                for (size_t q = 0; q < nr; q++) {
+                    const int use = inv[q] > 0.0f && pos[i] >= 0 && pos[i] <= rqp[q];
+                    s[q * ss + i] = use ? (float)(m[q] + 2 * tu_gauss(r))
+                                    : i % 3 == 0 ? NAN : (float)(inv[q] > 0.0f ? m[q] + 3 : 3);
+                    if (use)
+                        terms[i] += expf(s[q * ss + i] - m[q]) * inv[q];
+                }
+            }
+            kvq__attn_add_ref(a0, s, ss, nr, m, inv, pos, rqp, n);
+            fn(a1, s, ss, nr, m, inv, pos, rqp, n);
+            for (size_t i = 0; i < n; i++)
+                ok &= isfinite(a1[i]) &&
+                      fabs((double)a1[i] - a0[i]) <= 2.5e-7 * terms[i] + 0x1p-23 * fabs((double)a0[i]);
+        }
+    TU_REPORT(ok, "attention received %s against the reference", path);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     for (int i = 1; i < argc; i++)
@@ -222,14 +268,17 @@ int main(int argc, char **argv) {
            kvq_cpu_supports(KVQ_ISA_AVX2) ? "native" : "absent",
            kvq_cpu_supports(KVQ_ISA_AVX512) ? "native" : "absent");
     check_softmax(kvq__page_softmax_avx512_simde, "avx512-simde", &r);
+    check_attn_add(kvq__attn_add_avx512_simde, "avx512-simde", &r);
     check_softmax_sequence(kvq__page_softmax_ref, "scalar", &r);
     check_softmax_sequence(kvq__page_softmax_avx512_simde, "avx512-simde", &r);
     if (kvq_cpu_supports(KVQ_ISA_AVX2)) {
         check_softmax(kvq__page_softmax_avx2, "avx2", &r);
+        check_attn_add(kvq__attn_add_avx2, "avx2", &r);
         check_softmax_sequence(kvq__page_softmax_avx2, "avx2", &r);
     }
     if (kvq_cpu_supports(KVQ_ISA_AVX512)) {
         check_softmax(kvq__page_softmax_avx512, "avx512", &r);
+        check_attn_add(kvq__attn_add_avx512, "avx512", &r);
         check_softmax_sequence(kvq__page_softmax_avx512, "avx512", &r);
     }
     for (size_t si = 0; si < 3; si++)

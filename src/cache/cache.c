@@ -564,6 +564,7 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
     c->block_pages = c->P >= 256 ? 1 : 256 / c->P;
     c->rows_max = c->G >= 32 ? c->G : (32 / c->G) * c->G; /* query tokens x group per tile */
     c->page_softmax = kvq__page_softmax_select(c->f16 ? c->f16->isa : KVQ_ISA_SCALAR);
+    c->attn_add = kvq__attn_add_select(c->f16 ? c->f16->isa : KVQ_ISA_SCALAR);
     if (st == KVQ_OK) {
         c->work = (kvq__work *)kvq__calloc(&al, c->n_threads * sizeof *c->work);
         if (!c->work)

@@ -28,6 +28,7 @@
 #define KVQ__CHUNK_DIV 4
 #define KVQ__MAX_DECODE_HEADS 256
 #define KVQ__MAX_G 256 /* query heads per KV head on the decode path; rows of a softmax call */
+#define KVQ__ATTN_ROWS 64 /* rows of a kvq__attn_add call in a fold */
 /* bytes of a page area prefetched ahead by the driver (the kernels of large
  * areas prefetch the rest ahead of their own reads) */
 #define KVQ__PF_AREA 4096
@@ -494,18 +495,21 @@ static void kvq__attend_fold(const kvq__attn_call *jb, kvq__work *w, size_t h, s
                 o[i] = (o[i] + (any_pend ? f.accs[r * d + i] : 0.0f)) * inv;
         }
     if (rawsc && jb->attn) {
+        /* page by page (rawsc holds the scores of the pages attended), rows
+         * in groups of KVQ__ATTN_ROWS: 1 / l and the query position of each */
         float *a = jb->attn + h * ly->slots_cap;
-        for (size_t s = 0; s < ly->n_pages * P; s++) {
-            if (ly->pos[s] < 0 || !ly->pages[s / P].block || ly->pages[s / P].min_pos > qmax)
-                continue;
-            float sum = 0.0f;
-            for (size_t tt = 0; tt < nt; tt++)
-                for (size_t g = 0; g < G; g++) {
-                    size_t r = tt * G + g;
-                    if (f.l[r] > 0.0f && ly->pos[s] <= jb->qpos[t0 + tt])
-                        sum += expf(rawsc[r * ly->slots_cap + s] - f.m[r]) / f.l[r];
-                }
-            a[s] += sum;
+        float inv[KVQ__ATTN_ROWS];
+        int32_t rqp[KVQ__ATTN_ROWS];
+        for (size_t r0 = 0; r0 < nr; r0 += KVQ__ATTN_ROWS) {
+            const size_t k = KVQ__MIN((size_t)KVQ__ATTN_ROWS, nr - r0);
+            for (size_t i = 0; i < k; i++) {
+                inv[i] = f.l[r0 + i] > 0.0f ? 1.0f / f.l[r0 + i] : 0.0f;
+                rqp[i] = jb->qpos[t0 + (r0 + i) / G];
+            }
+            for (size_t p = 0; p < ly->n_pages; p++)
+                if (ly->pages[p].block && ly->pages[p].min_pos <= qmax)
+                    c->attn_add(a + p * P, rawsc + r0 * ly->slots_cap + p * P, ly->slots_cap, k,
+                                f.m + r0, inv, ly->pos + p * P, rqp, P);
         }
     }
 }

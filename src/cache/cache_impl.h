@@ -158,6 +158,9 @@ struct kvq_cache {
     size_t block_pages;                     /* pages per online-softmax block */
     size_t rows_max;                        /* query rows per tile (a multiple of G) */
     int (*page_softmax)(float *s, size_t ss, size_t nr, size_t n, float *m, float *l, float *f);
+    /* the attention tokens received (utility scores, token_attn): kvq__attn_add */
+    void (*attn_add)(float *a, const float *s, size_t ss, size_t nr, const float *m,
+                     const float *inv, const int32_t *pos, const int32_t *rqp, size_t n);
     size_t total_peak;
     /* residency tiers */
     int tiers;                 /* some capacity is set */

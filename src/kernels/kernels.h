@@ -76,6 +76,26 @@ int kvq__page_softmax_avx512_simde(float *s, size_t ss, size_t nr, size_t n, flo
                                    float *f);
 kvq__softmax_fn kvq__page_softmax_select(kvq_isa isa);
 
+/* The attention that n tokens (slots) received from nr query rows, added to
+ * a: a[i] += sum over rows r with inv[r] > 0 and 0 <= pos[i] <= rqp[r] of
+ * exp(s[r * ss + i] - m[r]) * inv[r] (m the row's softmax maximum, inv 1 /
+ * its sum). Scores of slots that fail the test are never used (they may be
+ * anything, NaN included). The reference uses expf, the SIMD paths the
+ * softmax's polynomial exp (within 2e-7 relative of it). */
+typedef void (*kvq__attn_add_fn)(float *a, const float *s, size_t ss, size_t nr, const float *m,
+                                 const float *inv, const int32_t *pos, const int32_t *rqp,
+                                 size_t n);
+void kvq__attn_add_ref(float *a, const float *s, size_t ss, size_t nr, const float *m,
+                       const float *inv, const int32_t *pos, const int32_t *rqp, size_t n);
+void kvq__attn_add_avx2(float *a, const float *s, size_t ss, size_t nr, const float *m,
+                        const float *inv, const int32_t *pos, const int32_t *rqp, size_t n);
+void kvq__attn_add_avx512(float *a, const float *s, size_t ss, size_t nr, const float *m,
+                          const float *inv, const int32_t *pos, const int32_t *rqp, size_t n);
+void kvq__attn_add_avx512_simde(float *a, const float *s, size_t ss, size_t nr, const float *m,
+                                const float *inv, const int32_t *pos, const int32_t *rqp,
+                                size_t n);
+kvq__attn_add_fn kvq__attn_add_select(kvq_isa isa);
+
 /* out[t*d + i] = sum_{j<n} W[i*n + j] * x[t*n + j] for i < d, t < nt: a d x n
  * row-major weight matrix times nt vectors (the model runner's products).
  * The reference sums in index order; the SIMD paths block over rows and

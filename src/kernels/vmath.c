@@ -32,6 +32,29 @@ int kvq__page_softmax_ref(float *s, size_t ss, size_t nr, size_t n, float *m, fl
     return any;
 }
 
+void kvq__attn_add_ref(float *a, const float *s, size_t ss, size_t nr, const float *m,
+                       const float *inv, const int32_t *pos, const int32_t *rqp, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float sum = 0.0f;
+        for (size_t r = 0; r < nr; r++)
+            if (inv[r] > 0.0f && pos[i] >= 0 && pos[i] <= rqp[r])
+                sum += expf(s[r * ss + i] - m[r]) * inv[r];
+        a[i] += sum;
+    }
+}
+
+kvq__attn_add_fn kvq__attn_add_select(kvq_isa isa) {
+#if defined(__x86_64__)
+    if (isa == KVQ_ISA_AVX512 && kvq__cpu_has_avx512())
+        return kvq__attn_add_avx512;
+    if ((isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVXVNNI || isa == KVQ_ISA_AVX512) &&
+        kvq__cpu_has_avx2())
+        return kvq__attn_add_avx2;
+#endif
+    (void)isa;
+    return kvq__attn_add_ref;
+}
+
 kvq__softmax_fn kvq__page_softmax_select(kvq_isa isa) {
 #if defined(__x86_64__)
     if (isa == KVQ_ISA_AVX512 && kvq__cpu_has_avx512())

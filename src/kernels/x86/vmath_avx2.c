@@ -124,3 +124,29 @@ float kvq__exp_block_avx2(float *x, size_t n, float m) {
     }
     return s;
 }
+
+/* kvq__attn_add (kernels.h): 8 slots at a time, the rows' terms masked by
+ * the slots' positions, the sum of a slot's rows formed row after row as in
+ * the reference; the last n % 8 slots through the reference. */
+void kvq__attn_add_avx2(float *a, const float *s, size_t ss, size_t nr, const float *m,
+                        const float *inv, const int32_t *pos, const int32_t *rqp, size_t n) {
+    const __m256i neg = _mm256_set1_epi32(-1);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(const void *)(pos + i));
+        const __m256i valid = _mm256_cmpgt_epi32(p, neg); /* pos >= 0 */
+        __m256 sum = _mm256_setzero_ps();
+        for (size_t r = 0; r < nr; r++) {
+            if (!(inv[r] > 0.0f))
+                continue;
+            /* pos <= rqp[r]: not pos > rqp[r] */
+            const __m256i late = _mm256_cmpgt_epi32(p, _mm256_set1_epi32(rqp[r]));
+            const __m256 use = _mm256_castsi256_ps(_mm256_andnot_si256(late, valid));
+            const __m256 e = kvq__exp256(_mm256_sub_ps(_mm256_loadu_ps(s + r * ss + i), _mm256_set1_ps(m[r])));
+            sum = _mm256_add_ps(sum, _mm256_and_ps(use, _mm256_mul_ps(e, _mm256_set1_ps(inv[r]))));
+        }
+        _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i), sum));
+    }
+    if (i < n)
+        kvq__attn_add_ref(a + i, s + i, ss, nr, m, inv, pos + i, rqp, n - i);
+}

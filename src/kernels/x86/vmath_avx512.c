@@ -98,3 +98,31 @@ KVQ__T512 int KVQ__SEL512(kvq__page_softmax_avx512)(float *s, size_t ss, size_t 
     }
     return any;
 }
+
+/* kvq__attn_add (kernels.h): 16 slots at a time (a masked tail), the rows'
+ * terms masked by the slots' positions, the sum of a slot's rows formed row
+ * after row as in the reference. */
+KVQ__T512 void KVQ__SEL512(kvq__attn_add_avx512)(float *a, const float *s, size_t ss, size_t nr,
+                                                 const float *m, const float *inv,
+                                                 const int32_t *pos, const int32_t *rqp,
+                                                 size_t n) {
+    const __m512 zero = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 tail = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        /* the masked float load (SIMDe 0.7.4 has it through simd_avx512.h,
+         * bit for bit), the unmasked compares and an AND (its masked
+         * compares are broken macros) */
+        const __m512i p = _mm512_castps_si512(_mm512_mask_loadu_ps(zero, tail, pos + i));
+        const __mmask16 valid = (__mmask16)(tail & _mm512_cmpge_epi32_mask(p, _mm512_setzero_si512()));
+        __m512 sum = zero;
+        for (size_t r = 0; r < nr; r++) {
+            if (!(inv[r] > 0.0f))
+                continue;
+            const __mmask16 use = (__mmask16)(valid & _mm512_cmple_epi32_mask(p, _mm512_set1_epi32(rqp[r])));
+            const __m512 x = _mm512_mask_loadu_ps(zero, use, s + r * ss + i);
+            const __m512 e = kvq__exp512(_mm512_sub_ps(x, _mm512_set1_ps(m[r])));
+            sum = _mm512_mask_add_ps(sum, use, sum, _mm512_mul_ps(e, _mm512_set1_ps(inv[r])));
+        }
+        _mm512_mask_storeu_ps(a + i, tail, _mm512_add_ps(_mm512_mask_loadu_ps(zero, tail, a + i), sum));
+    }
+}
