@@ -43,26 +43,42 @@ void kvq__attn_add_ref(float *a, const float *s, size_t ss, size_t nr, const flo
     }
 }
 
-kvq__attn_add_fn kvq__attn_add_select(kvq_isa isa) {
+/* The path of this file's kernels for isa on this CPU: AVX-512, AVX2 (also
+ * for AVX-VNNI) or the scalar reference. */
+static kvq_isa kvq__vmath_path(kvq_isa isa) {
 #if defined(__x86_64__)
     if (isa == KVQ_ISA_AVX512 && kvq__cpu_has_avx512())
-        return kvq__attn_add_avx512;
+        return KVQ_ISA_AVX512;
     if ((isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVXVNNI || isa == KVQ_ISA_AVX512) &&
         kvq__cpu_has_avx2())
-        return kvq__attn_add_avx2;
+        return KVQ_ISA_AVX2;
 #endif
     (void)isa;
-    return kvq__attn_add_ref;
+    return KVQ_ISA_SCALAR;
+}
+
+kvq__attn_add_fn kvq__attn_add_select(kvq_isa isa) {
+    switch (kvq__vmath_path(isa)) {
+#if defined(__x86_64__)
+    case KVQ_ISA_AVX512:
+        return kvq__attn_add_avx512;
+    case KVQ_ISA_AVX2:
+        return kvq__attn_add_avx2;
+#endif
+    default:
+        return kvq__attn_add_ref;
+    }
 }
 
 kvq__softmax_fn kvq__page_softmax_select(kvq_isa isa) {
+    switch (kvq__vmath_path(isa)) {
 #if defined(__x86_64__)
-    if (isa == KVQ_ISA_AVX512 && kvq__cpu_has_avx512())
+    case KVQ_ISA_AVX512:
         return kvq__page_softmax_avx512;
-    if ((isa == KVQ_ISA_AVX2 || isa == KVQ_ISA_AVXVNNI || isa == KVQ_ISA_AVX512) &&
-        kvq__cpu_has_avx2())
+    case KVQ_ISA_AVX2:
         return kvq__page_softmax_avx2;
 #endif
-    (void)isa;
-    return kvq__page_softmax_ref;
+    default:
+        return kvq__page_softmax_ref;
+    }
 }
