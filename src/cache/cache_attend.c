@@ -583,7 +583,14 @@ static int kvq__page_fast(const kvq_cache *c, const kvq__layer *ly, size_t p, in
  * thread: AVX-512 int4:g=32 -3..8%, int8 -1..5%, tq3/tq4 -1..4%; AVX2
  * int8 -12..24%, AVX-VNNI int8 -15..19%, AVX2 int4:g=32 -1..9%, tq even to
  * -2%. Moving the L2 prefetches (values, the page after) into the kernel
- * as well was 20-36% slower: those must go out early, in a burst. The
+ * as well was 20-36% slower: those must go out early, in a burst. Since
+ * session 11 the page after's keys are no longer asked for into L2 where
+ * the key kernel streams its own (pf_tscore; the page after's values still
+ * are): in-process A/B, one thread 32k AVX-512 int8 -4%, int4:g=32 -3%,
+ * tq4 -2%, 16k -3..5%; two threads int8 and tq4 even, int4:g=32 -4%; AVX2
+ * int8 -4%, int4:g=32 -1%, tq4 +1%; AVX-VNNI int8 -4%. Dropping the page
+ * after's values too was better for int8 (-8%) and tq4 (-6%) but not for
+ * int4:g=32 (+3%). The
  * value kernels of a run (taccum_run, int and tq) prefetch the next head's
  * value areas of the same pages into L1 as they read theirs (they are in
  * L2 by then; kvq__pf_delta): in-process A/B, one thread, AVX-512 32k
@@ -708,7 +715,10 @@ static void kvq__decode_pages(const kvq__attn_call *jb, kvq__work *w, int32_t qm
                      * the L1 alone takes (see KVQ__PF_L2_MIN) */
                     const uint8_t *b2 = kvq__run_next(blk, n, nblk, nn, i + 1, 0);
                     if (b2) {
-                        kvq__prefetch(b2 + ph->k_off, ak, 1);
+                        /* (its keys only for key kernels that do not
+                         * stream their own, see above) */
+                        if (!(ph->ktiled && kc->pf_tscore))
+                            kvq__prefetch(b2 + ph->k_off, ak, 1);
                         kvq__prefetch(b2 + ph->v_off, av, 1);
                     }
                 }
