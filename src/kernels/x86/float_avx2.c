@@ -113,8 +113,8 @@ static void kvq__float_score_avx2(const kvq_codec *c, float *out, size_t ostride
 static inline __attribute__((always_inline)) void
 kvq__accum2_strip(const int kind, const int NS, float *a0, float *a1, const float *w0,
                   const float *w1, const uint8_t *vals, size_t vb, size_t c, size_t n,
-                  size_t *lf, size_t step, size_t nl) {
-    size_t f = *lf;
+                  uint64_t *lf, uint64_t step, uint64_t nl) {
+    uint64_t f = *lf;
     __m256 x[6], y[6];
 #pragma GCC unroll 6
     for (int k = 0; k < NS; k++)
@@ -122,9 +122,9 @@ kvq__accum2_strip(const int kind, const int NS, float *a0, float *a1, const floa
     for (size_t j = 0; j < n; j++) {
         const uint8_t *v = vals + j * vb;
         if (step) { /* this iteration's share of the next page's lines */
-            const size_t l0 = f >> 16, l1 = KVQ__MIN(nl, (f + step) >> 16);
+            const uint64_t l0 = f >> 16, l1 = KVQ__MIN(nl, (f + step) >> 16);
             f += step;
-            for (size_t l = l0; l < l1; l++)
+            for (uint64_t l = l0; l < l1; l++)
                 _mm_prefetch((const char *)(kvq__pf_next + 64 * l), _MM_HINT_T0);
         }
         const __m256 b0 = _mm256_broadcast_ss(w0 + j), b1 = _mm256_broadcast_ss(w1 + j);
@@ -151,11 +151,13 @@ static inline __attribute__((always_inline)) void
 kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astride, const float *w,
                    size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
     const size_t d = c->d, vb = c->bytes;
+    if (!nq || !n)
+        return;
     if (kind == KVQ__F32 && d % 16 == 0) { /* strips of 48, 32, 16 columns for 2 rows */
-        const size_t ns = d / 48 + (d % 48 >= 32) + (d % 48 % 32) / 16;
-        const size_t nl = kvq__pf_next ? (n * vb + 63) / 64 : 0;
-        const size_t step = nl ? (nl << 16) / ((nq + 1) / 2 * ns * n) + 1 : 0;
-        size_t lf = 0;
+        const uint64_t ns = d / 48 + (d % 48 >= 32) + (d % 48 % 32) / 16;
+        const uint64_t nl = kvq__pf_next ? ((uint64_t)n * vb + 63) / 64 : 0;
+        const uint64_t step = nl ? (nl << 16) / ((nq + 1) / 2 * ns * n) + 1 : 0;
+        uint64_t lf = 0;
         for (size_t i0 = 0; i0 < nq; i0 += 2) {
             const int two = i0 + 1 < nq;
             float *a0 = acc + i0 * astride, *a1 = two ? a0 + astride : NULL;
@@ -170,9 +172,9 @@ kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astrid
         }
         return;
     }
-    const size_t nl = kvq__pf_next ? (n * vb + 63) / 64 : 0;
-    const size_t step = nl ? (nl << 16) * 4 / ((nq + 3) / 4 * ((d + 15) / 16) * n) + 1 : 0;
-    size_t lf = 0;
+    const uint64_t nl = kvq__pf_next ? ((uint64_t)n * vb + 63) / 64 : 0;
+    const uint64_t step = nl ? (nl << 16) * 4 / ((uint64_t)(nq + 3) / 4 * ((d + 15) / 16) * n) + 1 : 0;
+    uint64_t lf = 0;
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         size_t g = KVQ__MIN(4, nq - i0);
         const float *w0 = w + i0 * wstride;
@@ -188,9 +190,9 @@ kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astrid
             for (size_t j = 0; j < n; j++) {
                 const uint8_t *v = vals + j * vb;
                 if (step) { /* this iteration's share of the next page's lines */
-                    const size_t l0 = lf >> 16, l1 = KVQ__MIN(nl, (lf + step) >> 16);
+                    const uint64_t l0 = lf >> 16, l1 = KVQ__MIN(nl, (lf + step) >> 16);
                     lf += step;
-                    for (size_t l = l0; l < l1; l++)
+                    for (uint64_t l = l0; l < l1; l++)
                         _mm_prefetch((const char *)(kvq__pf_next + 64 * l), _MM_HINT_T0);
                 }
                 __m256 v0 = kvq__fload(kind, v, t);

@@ -109,8 +109,9 @@ KVQ__T512 static void kvq__float_tscore_avx512(const kvq_codec *c, float *out, s
  * at 16k and 32k in an in-process A/B). */
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__accum_strip(const int kind, const int NS, float *const *a, const float *const *wr, size_t g,
-                 const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n, size_t *lf, size_t step, size_t nl) {
-    size_t f = *lf;
+                 const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n, uint64_t *lf,
+                 uint64_t step, uint64_t nl) {
+    uint64_t f = *lf;
     __m512 x0[6], x1[6], x2[6], x3[6];
 #pragma GCC unroll 6
     for (int k = 0; k < NS; k++)
@@ -118,9 +119,9 @@ kvq__accum_strip(const int kind, const int NS, float *const *a, const float *con
     for (size_t j = 0; j < n; j++) {
         const uint8_t *v = vals + j * vb + s * es;
         if (step) { /* this row's share of the next page's lines */
-            const size_t l0 = f >> 16, l1 = KVQ__MIN(nl, (f + step) >> 16);
+            const uint64_t l0 = f >> 16, l1 = KVQ__MIN(nl, (f + step) >> 16);
             f += step;
-            for (size_t l = l0; l < l1; l++)
+            for (uint64_t l = l0; l < l1; l++)
                 _mm_prefetch((const char *)(kvq__pf_next + 64 * l), _MM_HINT_T0);
         }
         __m512 b0 = _mm512_set1_ps(wr[0][j]), b1 = _mm512_set1_ps(wr[1][j]);
@@ -220,10 +221,11 @@ kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astrid
         float *a[4] = {acc + i0 * astride, acc + (i0 + 1) * astride, acc + (i0 + 2) * astride,
                        acc + (i0 + 3) * astride};
         size_t s = 0;
-        const size_t nl = kvq__pf_next ? (n * vb + 63) / 64 : 0;
-        const size_t nst = d / 80 + (d % 80) / 48 + (d % 80 % 48) / 32 + (d % 80 % 48 % 32) / 16;
-        const size_t step = nl && i0 == 0 ? (nl << 16) / (nst * n) + 1 : 0;
-        size_t lf = 0;
+        /* strips of 80, 48, 32 and 16 columns (d % 16 == 0) */
+        const uint64_t nl = kvq__pf_next ? ((uint64_t)n * vb + 63) / 64 : 0;
+        const uint64_t nst = d / 80 + (d % 80) / 48 + (d % 80 % 48) / 32 + (d % 80 % 48 % 32) / 16;
+        const uint64_t step = nl && nst && i0 == 0 ? (nl << 16) / (nst * n) + 1 : 0;
+        uint64_t lf = 0;
         for (; s + 80 <= d; s += 80)
             kvq__accum_strip(kind, 5, a, wr, g, vals, vb, es, s, n, &lf, step, nl);
         for (; s + 48 <= d; s += 48)
