@@ -70,6 +70,13 @@ static void check_paths(kvq_codec *c, const kvq__kernels *k, size_t tqp, const c
                 }
             }
         TU_REPORT(ok, "%s %s d=%zu P=%zu: tscore within 2 gamma_d sum|q k|", c->spec, path, d, P);
+        float *s2 = malloc(nq * P * sizeof(float));
+        kvq__pf_next = back; /* the next page's keys to prefetch: the same bits */
+        k->tscore(&tmp, s2, P, qt, nq, page, P);
+        kvq__pf_next = NULL;
+        TU_REPORT(mutate || memcmp(s2, s1, nq * P * sizeof(float)) == 0,
+                  "%s %s d=%zu P=%zu: tscore with a prefetch area: same bits", c->spec, path, d, P);
+        free(s2);
     }
     /* score over key rows (staged tokens, untiled pages) */
     if (k->score != c->ref.score) {
@@ -92,8 +99,9 @@ static void check_paths(kvq_codec *c, const kvq__kernels *k, size_t tqp, const c
         float *a1 = calloc(nq * d, sizeof(float));
         for (size_t i = 0; i < nq * P; i++)
             w[i] = (float)tu_uniform(r);
+        float *ai = malloc(nq * d * sizeof(float));
         for (size_t i = 0; i < nq * d; i++)
-            a0[i] = a1[i] = (float)tu_gauss(r);
+            ai[i] = a0[i] = a1[i] = (float)tu_gauss(r);
         c->ref.accum(c, a0, d, w, P, nq, rows, P);
         k->accum(c, a1, d, w, P, nq, rows, P);
         int ok = 1;
@@ -108,7 +116,22 @@ static void check_paths(kvq_codec *c, const kvq__kernels *k, size_t tqp, const c
                     ok = 0;
             }
         TU_REPORT(ok, "%s %s d=%zu P=%zu: accum within 2 gamma_(P+1) sum|w v|", c->spec, path, d, P);
-        free(w), free(a0), free(a1);
+        /* with the next page's area to prefetch (kvq__pf_next, as the decode
+         * path sets it; the kernels pace its lines over their work): the
+         * same bits; and with no row or no value (nq or n 0) acc untouched */
+        float *a2 = malloc(nq * d * sizeof(float)), *a3 = malloc(nq * d * sizeof(float));
+        memcpy(a2, ai, nq * d * sizeof(float));
+        memcpy(a3, ai, nq * d * sizeof(float));
+        kvq__pf_next = back;
+        k->accum(c, a2, d, w, P, nq, rows, P);
+        k->accum(c, a3, d, w, P, 0, rows, P);
+        k->accum(c, a3, d, w, P, nq, rows, 0);
+        kvq__pf_next = NULL;
+        TU_REPORT(memcmp(a2, a1, nq * d * sizeof(float)) == 0 &&
+                      memcmp(a3, ai, nq * d * sizeof(float)) == 0,
+                  "%s %s d=%zu P=%zu: accum with a prefetch area: same bits; nq, n = 0: no-op",
+                  c->spec, path, d, P);
+        free(w), free(a0), free(a1), free(a2), free(a3), free(ai);
     }
     free(x), free(q), free(rows), free(page), free(back), free(qp), free(qt), free(s0), free(s1);
     free(dec);
