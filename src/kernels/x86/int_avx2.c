@@ -218,7 +218,7 @@ KVQ__HRED8X8(kvq__hmaxbits8x8, kvq__maxbits)
  * finite; min/max would drop a NaN). */
 static inline __attribute__((always_inline)) int
 kvq__int_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *ra, float *rb,
-                      const int GZ, const int BITS) {
+                      const int GZ, const int BITS, const size_t pfd) {
     const size_t d = c->d, ng = c->ngroups, F = nb * ng;
     const size_t g = GZ ? (size_t)GZ : c->group; /* GZ: the group size, when fixed */
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -238,6 +238,9 @@ kvq__int_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *ra
                 gi = 0;
                 j++;
             }
+            if (pfd)
+                for (size_t t = 0; t < g; t += 16)
+                    _mm_prefetch((const char *)(xg + pfd + t), _MM_HINT_T0);
             if (BITS == 8) {
                 __m256 a0 = _mm256_and_ps(_mm256_loadu_ps(xg), absmask), a1 = a0;
                 size_t t = 8;
@@ -395,13 +398,15 @@ kvq__int_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
         const size_t m = KVQ__MIN(batch, n - j);
         float *a = ra + b * stride, *z = rb + b * stride;
         if (phase != 2) {
-            kvq__enc_prefetch(x, j, batch, n, c->d);
+            const size_t pfd = BITS == 8 ? 0 : kvq__enc_pf_dist(j, batch, n, c->d);
+            if (BITS == 8) /* see kvq__enc_pf_dist */
+                kvq__enc_prefetch(x, j, batch, n, c->d);
             if (c->group == 32) /* the common groups with their loops unrolled */
-                bad |= kvq__int_reduce_batch(c, x, m, a, z, 32, BITS);
+                bad |= kvq__int_reduce_batch(c, x, m, a, z, 32, BITS, pfd);
             else if (c->group == 128)
-                bad |= kvq__int_reduce_batch(c, x, m, a, z, 128, BITS);
+                bad |= kvq__int_reduce_batch(c, x, m, a, z, 128, BITS, pfd);
             else
-                bad |= kvq__int_reduce_batch(c, x, m, a, z, 0, BITS);
+                bad |= kvq__int_reduce_batch(c, x, m, a, z, 0, BITS, pfd);
         }
         if (phase != 1 && c->group % 32 == 0)
             kvq__int_encode_batch(c, o, x, m, gv, a, z, 1, BITS);

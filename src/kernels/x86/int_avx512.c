@@ -438,7 +438,7 @@ static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *const *sb, 
  * int_avx2.c), int4 through sums of x * 0. */
 KVQ__T512 static inline __attribute__((always_inline)) int
 kvq__i512_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *ra, float *rb,
-                       const int ZPG, const int BITS) {
+                       const int ZPG, const int BITS, const size_t pfd) {
     const size_t g = c->group, ng = c->ngroups;
     const size_t F = nb * ng, gz = ZPG ? 16 * (size_t)ZPG : g;
     const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
@@ -451,6 +451,9 @@ kvq__i512_reduce_batch(const kvq_codec *c, const float *src, size_t nb, float *r
 #pragma GCC unroll 16
         for (int i = 0; i < 16; i++) {
             const float *x = src + KVQ__MIN(f0 + (size_t)i, F - 1) * g;
+            if (pfd && f0 + (size_t)i < F)
+                for (size_t t = 0; t < gz; t += 16)
+                    _mm_prefetch((const char *)(x + pfd + t), _MM_HINT_T0);
             if (BITS == 8) {
                 __m512i a = _mm512_and_si512(_mm512_loadu_si512((const void *)x), absmask);
                 for (size_t t = 16; t < gz; t += 16)
@@ -611,8 +614,10 @@ kvq__i512_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t
         const size_t m = KVQ__MIN(batch, n - j);
         float *pa = ra + b * stride, *pb = rb + b * stride;
         if (phase != 2) {
-            kvq__enc_prefetch(x, j, batch, n, c->d);
-            bad |= kvq__i512_reduce_batch(c, x, m, pa, pb, ZPG, BITS);
+            if (BITS == 8) /* see kvq__enc_pf_dist */
+                kvq__enc_prefetch(x, j, batch, n, c->d);
+            bad |= kvq__i512_reduce_batch(c, x, m, pa, pb, ZPG, BITS,
+                                          BITS == 8 ? 0 : kvq__enc_pf_dist(j, batch, n, c->d));
         }
         if (phase != 1)
             kvq__i512_encode_batch(c, o, x, m, zg, pa, pb, ZPG, BITS);
