@@ -400,7 +400,7 @@ kvq__int_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
         if (phase != 2) {
             const size_t pfd = BITS == 8 ? 0 : kvq__enc_pf_dist(j, batch, n, c->d);
             if (BITS == 8) /* see kvq__enc_pf_dist */
-                kvq__enc_prefetch(x, j, batch, n, c->d);
+                kvq__enc_prefetch_part(x, j, batch, n, c->d, phase == 0 ? 1 : 0);
             if (c->group == 32) /* the common groups with their loops unrolled */
                 bad |= kvq__int_reduce_batch(c, x, m, a, z, 32, BITS, pfd);
             else if (c->group == 128)
@@ -408,6 +408,8 @@ kvq__int_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t 
             else
                 bad |= kvq__int_reduce_batch(c, x, m, a, z, 0, BITS, pfd);
         }
+        if (BITS == 8 && phase == 0)
+            kvq__enc_prefetch_part(x, j, batch, n, c->d, 2);
         if (phase != 1 && c->group % 32 == 0)
             kvq__int_encode_batch(c, o, x, m, gv, a, z, 1, BITS);
         else if (phase != 1)

@@ -615,10 +615,12 @@ kvq__i512_encode_pass(const kvq_codec *c, uint8_t *dst, const float *src, size_t
         float *pa = ra + b * stride, *pb = rb + b * stride;
         if (phase != 2) {
             if (BITS == 8) /* see kvq__enc_pf_dist */
-                kvq__enc_prefetch(x, j, batch, n, c->d);
+                kvq__enc_prefetch_part(x, j, batch, n, c->d, phase == 0 ? 1 : 0);
             bad |= kvq__i512_reduce_batch(c, x, m, pa, pb, ZPG, BITS,
                                           BITS == 8 ? 0 : kvq__enc_pf_dist(j, batch, n, c->d));
         }
+        if (BITS == 8 && phase == 0)
+            kvq__enc_prefetch_part(x, j, batch, n, c->d, 2);
         if (phase != 1)
             kvq__i512_encode_batch(c, o, x, m, zg, pa, pb, ZPG, BITS);
     }
