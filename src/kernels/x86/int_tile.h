@@ -151,32 +151,32 @@ static inline void kvq__tile_run_rows(const kvq_codec *c, unsigned ok, size_t nr
  * against which 8 KiB measured AVX-512 int8 +7..16%, AVX2 int4:g=32
  * +3..7%, AVX-512 int4:g=32 +0..4% (streaming, flushed, in-process A/B). */
 #define KVQ__ENC_PF_BYTES 8192
-/* part 0: the whole batch ahead; 1, 2: its first and second half (a
- * one-pass encode asks for the first before its reduction and the second
- * before its codes, so that the memory is also busy while the codes are
- * formed: session 11, paired against ggml's q8_0 streaming, AVX-512 int8
- * 0.93-0.96 -> 1.02-1.07, AVX2 int8 0.99-1.05 -> 1.04-1.19). */
-static inline __attribute__((always_inline)) void
-kvq__enc_prefetch_part(const float *x, size_t j, size_t batch, size_t n, size_t d, int part) {
-    const size_t bb = batch * d * sizeof(float);
-    const size_t dist = bb >= KVQ__ENC_PF_BYTES ? 1 : KVQ__ENC_PF_BYTES / bb;
-    const size_t t0 = part == 2 ? (batch * d / 2) & ~(size_t)15 : 0;
-    const size_t t1 = part == 1 ? (batch * d / 2) & ~(size_t)15 : batch * d;
-    if (n * d > KVQ__CHK_L1 / sizeof(float) && j + (dist + 1) * batch <= n)
-        for (size_t t = t0; t < t1; t += 16)
-            __builtin_prefetch(x + dist * batch * d + t, 0, 3);
-}
-
-/* The same distance in floats, for reductions that prefetch their input
- * line by line next to their loads (int4, int2: session 11, paired against
- * ggml's q4_0 streaming, AVX2 0.94 -> 0.96-0.98, AVX-512 1.09-1.13 ->
- * 1.19-1.24; int8 keeps the bursts of kvq__enc_prefetch_part: paced was
- * 4-12% slower);
- * 0 for none. Distances of 4 and 16 KiB were even or slower. */
+/* The distance in floats from the batch of vector j to the input it
+ * prefetches, 0 for none. The int4/int2 reductions prefetch it line by
+ * line next to their loads (session 11, paired against ggml's q4_0
+ * streaming: AVX2 0.94 -> 0.96-0.98, AVX-512 1.09-1.13 -> 1.19-1.24;
+ * distances of 4 and 16 KiB were even or slower); int8 in the two bursts
+ * of kvq__enc_prefetch_part (paced, it was 4-12% slower). */
 static inline size_t kvq__enc_pf_dist(size_t j, size_t batch, size_t n, size_t d) {
     const size_t bb = batch * d * sizeof(float);
     const size_t dist = bb >= KVQ__ENC_PF_BYTES ? 1 : KVQ__ENC_PF_BYTES / bb;
     return n * d > KVQ__CHK_L1 / sizeof(float) && j + (dist + 1) * batch <= n ? dist * batch * d : 0;
+}
+
+/* The batch at x (vector j) prefetches, part 0: the whole batch ahead; 1,
+ * 2: its first and second half (a one-pass encode asks for the first
+ * before its reduction and the second before its codes, so that the memory
+ * is also busy while the codes are formed: session 11, paired against
+ * ggml's q8_0 streaming, AVX-512 int8 0.93-0.96 -> 1.02-1.07, AVX2 int8
+ * 0.99-1.05 -> 1.04-1.19). */
+static inline __attribute__((always_inline)) void
+kvq__enc_prefetch_part(const float *x, size_t j, size_t batch, size_t n, size_t d, int part) {
+    const size_t pfd = kvq__enc_pf_dist(j, batch, n, d);
+    const size_t t0 = part == 2 ? (batch * d / 2) & ~(size_t)15 : 0;
+    const size_t t1 = part == 1 ? (batch * d / 2) & ~(size_t)15 : batch * d;
+    if (pfd)
+        for (size_t t = t0; t < t1; t += 16)
+            __builtin_prefetch(x + pfd + t, 0, 3);
 }
 
 /* ---- the checked encode (codec_impl.h, encode_chk) of both files ----
