@@ -188,6 +188,36 @@ static inline void kvq__codec_prep(const kvq_codec *c, void *qp, const float *q,
 #define KVQ__TLS_IE
 #endif
 extern _Thread_local const uint8_t *kvq__pf_next KVQ__TLS_IE;
+
+/* A kernel's paced prefetch of the bytes at kvq__pf_next (session 11): a
+ * share of their lines at each of its steps, step / 65536 lines (16.16
+ * fixed point, no division in the loop: two per step made f16 50% slower),
+ * rather than all of them in a burst, which fills the L1's miss buffers
+ * while the rest of the kernel leaves the memory idle. */
+typedef struct {
+    uint64_t f, step, nl; /* position, lines per step (16.16), lines */
+} kvq__pace;
+
+/* A pace over the first steps / part of a kernel's steps (all the bytes
+ * asked for by then); none without kvq__pf_next or steps. */
+static inline kvq__pace kvq__pace_make(size_t bytes, uint64_t steps, uint64_t part) {
+    kvq__pace p = {0, 0, 0};
+    if (kvq__pf_next && bytes && steps) {
+        p.nl = ((uint64_t)bytes + 63) / 64;
+        p.step = (p.nl << 16) * part / steps + 1;
+    }
+    return p;
+}
+
+/* One step's share of the lines (prefetcht0). */
+static inline __attribute__((always_inline)) void kvq__pace_step(kvq__pace *p) {
+    if (!p->step)
+        return;
+    const uint64_t l0 = p->f >> 16, l1 = KVQ__MIN(p->nl, (p->f + p->step) >> 16);
+    p->f += p->step;
+    for (uint64_t l = l0; l < l1; l++)
+        __builtin_prefetch(kvq__pf_next + 64 * l, 0, 3);
+}
 /* Set by the decode driver around a value kernel's call (taccum_run): the
  * distance from this head's value areas to the next head's in the same
  * page blocks, whose lines the int and tq kernels prefetch (T0) as they

@@ -102,31 +102,25 @@ static void kvq__float_score_avx2(const kvq_codec *c, float *out, size_t ostride
  * the prefetchers follow poorly: f32 at 32k streaming -12%; f16 showed no
  * gain and keeps the 4-row strips). The sums are formed in the same order
  * as by the 4-row strips, so the results are the same.
- * Prefetch (session 11): the next page's area (kvq__pf_next, its n * vb bytes
- * as nl lines) is asked for at an even pace, step / 65536 lines per value row
- * of every strip of both row pairs (*lf the position in 16.16 fixed point,
- * no division in the loop): f32 at 32k 26% shorter than the whole area in
- * the first strip, 8 lines per row, whose burst filled the L1's miss buffers
- * while the FMAs of the other strips left the memory idle. The 4-row strips
- * (f16, bf16) spread it over their first quarter: -5% against the first
- * strip; over all of them was even (their FMAs outlast the memory's time). */
+ * Prefetch (session 11): the next page's area (kvq__pf_next, its n * vb
+ * bytes) is asked for at an even pace (kvq__pace), a share per value row of
+ * every strip of both row pairs: f32 at 32k 26% shorter than the whole area
+ * in the first strip, 8 lines per row, whose burst filled the L1's miss
+ * buffers while the FMAs of the other strips left the memory idle. The
+ * 4-row strips (f16, bf16) spread it over their first quarter: -5% against
+ * the first strip; over all of them was even (their FMAs outlast the
+ * memory's time). */
 static inline __attribute__((always_inline)) void
 kvq__accum2_strip(const int kind, const int NS, float *a0, float *a1, const float *w0,
                   const float *w1, const uint8_t *vals, size_t vb, size_t c, size_t n,
-                  uint64_t *lf, uint64_t step, uint64_t nl) {
-    uint64_t f = *lf;
+                  kvq__pace *pc) {
     __m256 x[6], y[6];
 #pragma GCC unroll 6
     for (int k = 0; k < NS; k++)
         x[k] = y[k] = _mm256_setzero_ps();
     for (size_t j = 0; j < n; j++) {
         const uint8_t *v = vals + j * vb;
-        if (step) { /* this iteration's share of the next page's lines */
-            const uint64_t l0 = f >> 16, l1 = KVQ__MIN(nl, (f + step) >> 16);
-            f += step;
-            for (uint64_t l = l0; l < l1; l++)
-                _mm_prefetch((const char *)(kvq__pf_next + 64 * l), _MM_HINT_T0);
-        }
+        kvq__pace_step(pc);
         const __m256 b0 = _mm256_broadcast_ss(w0 + j), b1 = _mm256_broadcast_ss(w1 + j);
 #pragma GCC unroll 6
         for (int k = 0; k < NS; k++) {
@@ -135,7 +129,6 @@ kvq__accum2_strip(const int kind, const int NS, float *a0, float *a1, const floa
             y[k] = _mm256_fmadd_ps(b1, vv, y[k]);
         }
     }
-    *lf = f;
 #pragma GCC unroll 6
     for (int k = 0; k < NS; k++) {
         float *p = a0 + c + 8 * k;
@@ -151,30 +144,24 @@ static inline __attribute__((always_inline)) void
 kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astride, const float *w,
                    size_t wstride, size_t nq, const uint8_t *vals, size_t n) {
     const size_t d = c->d, vb = c->bytes;
-    if (!nq || !n)
-        return;
     if (kind == KVQ__F32 && d % 16 == 0) { /* strips of 48, 32, 16 columns for 2 rows */
-        const uint64_t ns = d / 48 + (d % 48 >= 32) + (d % 48 % 32) / 16;
-        const uint64_t nl = kvq__pf_next ? ((uint64_t)n * vb + 63) / 64 : 0;
-        const uint64_t step = nl ? (nl << 16) / ((nq + 1) / 2 * ns * n) + 1 : 0;
-        uint64_t lf = 0;
+        const size_t ns = d / 48 + (d % 48 >= 32) + (d % 48 % 32) / 16;
+        kvq__pace pc = kvq__pace_make(n * vb, (uint64_t)(nq + 1) / 2 * ns * n, 1);
         for (size_t i0 = 0; i0 < nq; i0 += 2) {
             const int two = i0 + 1 < nq;
             float *a0 = acc + i0 * astride, *a1 = two ? a0 + astride : NULL;
             const float *w0 = w + i0 * wstride, *w1 = w + (i0 + two) * wstride;
             size_t col = 0;
             for (; col + 48 <= d; col += 48)
-                kvq__accum2_strip(kind, 6, a0, a1, w0, w1, vals, vb, col, n, &lf, step, nl);
+                kvq__accum2_strip(kind, 6, a0, a1, w0, w1, vals, vb, col, n, &pc);
             for (; col + 32 <= d; col += 32)
-                kvq__accum2_strip(kind, 4, a0, a1, w0, w1, vals, vb, col, n, &lf, step, nl);
+                kvq__accum2_strip(kind, 4, a0, a1, w0, w1, vals, vb, col, n, &pc);
             for (; col < d; col += 16)
-                kvq__accum2_strip(kind, 2, a0, a1, w0, w1, vals, vb, col, n, &lf, step, nl);
+                kvq__accum2_strip(kind, 2, a0, a1, w0, w1, vals, vb, col, n, &pc);
         }
         return;
     }
-    const uint64_t nl = kvq__pf_next ? ((uint64_t)n * vb + 63) / 64 : 0;
-    const uint64_t step = nl ? (nl << 16) * 4 / ((uint64_t)(nq + 3) / 4 * ((d + 15) / 16) * n) + 1 : 0;
-    uint64_t lf = 0;
+    kvq__pace pc = kvq__pace_make(n * vb, (uint64_t)(nq + 3) / 4 * ((d + 15) / 16) * n, 4);
     for (size_t i0 = 0; i0 < nq; i0 += 4) {
         size_t g = KVQ__MIN(4, nq - i0);
         const float *w0 = w + i0 * wstride;
@@ -189,12 +176,7 @@ kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astrid
             __m256 x00 = z, x01 = z, x10 = z, x11 = z, x20 = z, x21 = z, x30 = z, x31 = z;
             for (size_t j = 0; j < n; j++) {
                 const uint8_t *v = vals + j * vb;
-                if (step) { /* this iteration's share of the next page's lines */
-                    const uint64_t l0 = lf >> 16, l1 = KVQ__MIN(nl, (lf + step) >> 16);
-                    lf += step;
-                    for (uint64_t l = l0; l < l1; l++)
-                        _mm_prefetch((const char *)(kvq__pf_next + 64 * l), _MM_HINT_T0);
-                }
+                kvq__pace_step(&pc);
                 __m256 v0 = kvq__fload(kind, v, t);
                 __m256 v1 = two ? kvq__fload(kind, v, t + 8) : z;
                 __m256 b0 = _mm256_broadcast_ss(w0 + j), b1 = _mm256_broadcast_ss(w1 + j);

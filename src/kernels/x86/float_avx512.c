@@ -103,27 +103,19 @@ KVQ__T512 static void kvq__float_tscore_avx512(const kvq_codec *c, float *out, s
  * registers; the caller uses NS <= 5, so that 20 accumulators, 4 broadcast
  * weights and a value fit the 32 registers without a spill). Each value
  * line feeds 4 FMAs, as in tscore, so memory is asked for at an even pace;
- * so is the next page's area (kvq__pf_next): step / 65536 of its nl lines
- * per value row of every strip (*lf the position in 16.16 fixed point; the
- * first strip took it all, 4 lines a row before session 11: f16 5% slower
- * at 16k and 32k in an in-process A/B). */
+ * so is the next page's area (kvq__pf_next, kvq__pace): a share per value
+ * row of every strip (the first strip took it all, 4 lines a row before
+ * session 11: f16 5% slower at 16k and 32k in an in-process A/B). */
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__accum_strip(const int kind, const int NS, float *const *a, const float *const *wr, size_t g,
-                 const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n, uint64_t *lf,
-                 uint64_t step, uint64_t nl) {
-    uint64_t f = *lf;
+                 const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n, kvq__pace *pc) {
     __m512 x0[6], x1[6], x2[6], x3[6];
 #pragma GCC unroll 6
     for (int k = 0; k < NS; k++)
         x0[k] = x1[k] = x2[k] = x3[k] = _mm512_setzero_ps();
     for (size_t j = 0; j < n; j++) {
         const uint8_t *v = vals + j * vb + s * es;
-        if (step) { /* this row's share of the next page's lines */
-            const uint64_t l0 = f >> 16, l1 = KVQ__MIN(nl, (f + step) >> 16);
-            f += step;
-            for (uint64_t l = l0; l < l1; l++)
-                _mm_prefetch((const char *)(kvq__pf_next + 64 * l), _MM_HINT_T0);
-        }
+        kvq__pace_step(pc);
         __m512 b0 = _mm512_set1_ps(wr[0][j]), b1 = _mm512_set1_ps(wr[1][j]);
         __m512 b2 = _mm512_set1_ps(wr[2][j]), b3 = _mm512_set1_ps(wr[3][j]);
 #pragma GCC unroll 6
@@ -135,7 +127,6 @@ kvq__accum_strip(const int kind, const int NS, float *const *a, const float *con
             x3[k] = _mm512_fmadd_ps(b3, vv, x3[k]);
         }
     }
-    *lf = f;
 #pragma GCC unroll 6
     for (int k = 0; k < NS; k++) {
         __m512 xs[4] = {x0[k], x1[k], x2[k], x3[k]};
@@ -222,18 +213,16 @@ kvq__float_accum_k(const int kind, const kvq_codec *c, float *acc, size_t astrid
                        acc + (i0 + 3) * astride};
         size_t s = 0;
         /* strips of 80, 48, 32 and 16 columns (d % 16 == 0) */
-        const uint64_t nl = kvq__pf_next ? ((uint64_t)n * vb + 63) / 64 : 0;
-        const uint64_t nst = d / 80 + (d % 80) / 48 + (d % 80 % 48) / 32 + (d % 80 % 48 % 32) / 16;
-        const uint64_t step = nl && nst && i0 == 0 ? (nl << 16) / (nst * n) + 1 : 0;
-        uint64_t lf = 0;
+        const size_t nst = d / 80 + (d % 80) / 48 + (d % 80 % 48) / 32 + (d % 80 % 48 % 32) / 16;
+        kvq__pace pc = kvq__pace_make(n * vb, i0 == 0 ? (uint64_t)nst * n : 0, 1);
         for (; s + 80 <= d; s += 80)
-            kvq__accum_strip(kind, 5, a, wr, g, vals, vb, es, s, n, &lf, step, nl);
+            kvq__accum_strip(kind, 5, a, wr, g, vals, vb, es, s, n, &pc);
         for (; s + 48 <= d; s += 48)
-            kvq__accum_strip(kind, 3, a, wr, g, vals, vb, es, s, n, &lf, step, nl);
+            kvq__accum_strip(kind, 3, a, wr, g, vals, vb, es, s, n, &pc);
         for (; s + 32 <= d; s += 32)
-            kvq__accum_strip(kind, 2, a, wr, g, vals, vb, es, s, n, &lf, step, nl);
+            kvq__accum_strip(kind, 2, a, wr, g, vals, vb, es, s, n, &pc);
         for (; s < d; s += 16)
-            kvq__accum_strip(kind, 1, a, wr, g, vals, vb, es, s, n, &lf, step, nl);
+            kvq__accum_strip(kind, 1, a, wr, g, vals, vb, es, s, n, &pc);
     }
 }
 
