@@ -9,9 +9,11 @@
 #include "simd_avx512.h"
 
 KVQ__T512 static inline __m512 kvq__exp512(__m512 y) {
-    const __m512 lo = _mm512_set1_ps(-87.3f), hi = _mm512_set1_ps(88.0f);
-    __mmask16 under = _mm512_cmp_ps_mask(y, lo, _CMP_LT_OQ);
-    y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
+    /* no clamps: below -87.3 (-inf too) the mask gives 0, and vscalefps
+     * scales by 2^n without building the exponent bits (the same product,
+     * so the same bits as 2^n formed by hand for every y <= 88; above, inf
+     * where that overflowed) */
+    const __mmask16 under = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), y);
@@ -23,9 +25,7 @@ KVQ__T512 static inline __m512 kvq__exp512(__m512 y) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    __m512 res = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    return _mm512_maskz_mov_ps((__mmask16)~under, res);
+    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_scalef_ps(p, n));
 }
 
 KVQ__T512 int KVQ__SEL512(kvq__page_softmax_avx512)(float *s, size_t ss, size_t nr, size_t n,
