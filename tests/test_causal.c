@@ -53,6 +53,14 @@
  *     prefill is attended in full (outputs equal a cache without policy);
  *     utility counts the chunk's own attention (a token that receives almost
  *     all of it survives under utility, window drops it).
+ *  6. A chunk's queries score its staged tokens as an f16 cache scores its
+ *     pages: one prefill over a cache whose K and V codecs stage (int8,
+ *     int4:g=32, tq3) gives the same output bits as over an f16/f16 cache,
+ *     on every ISA path the CPU runs (the same f16 vectors, and since
+ *     session 12 the same kernels: the staged keys are tiled once per head
+ *     and scored by the f16 codec's tscore, as f16 pages are; before, the
+ *     SIMD paths scored staged rows with the row kernel, a different order
+ *     of sums, and this failed there).
  *  5. Staging is freed: after token-by-token decoding, fixed_bytes per layer
  *     is at most the slack of one partly filled page, (P-1) * the full-page
  *     cost per token, plus one f16 staging block (P tokens * K and V * H * d
@@ -739,7 +747,11 @@ static size_t make_chunking(size_t *ch, size_t n, int kind, tu_rng *r) {
 }
 
 static const char *isa_name(kvq_isa i) {
-    return i == KVQ_ISA_SCALAR ? "scalar" : i == KVQ_ISA_AVXVNNI ? "avxvnni" : "auto";
+    return i == KVQ_ISA_SCALAR    ? "scalar"
+           : i == KVQ_ISA_AVXVNNI ? "avxvnni"
+           : i == KVQ_ISA_AVX2    ? "avx2"
+           : i == KVQ_ISA_AVX512  ? "avx512"
+                                  : "auto";
 }
 
 static void describe(const cdesc *c, char *buf, size_t cap) {
@@ -1141,6 +1153,60 @@ static void test_utility_chunk(uint64_t seed) {
     free(k), free(v), free(q), free(out);
 }
 
+/* Property 6 (see the top): prefill output bits of staging codecs equal
+ * those of f16/f16, at every ISA path this CPU runs. */
+static void test_staged_as_f16(uint64_t seed) {
+    const size_t H = 2, QH = 8, d = 64, T = 100; /* 6 full pages of 16 and a partial one */
+    const char *codecs[] = {"int8", "int4:g=32", "tq3"};
+    const kvq_isa isas[] = {KVQ_ISA_SCALAR, KVQ_ISA_AVX2, KVQ_ISA_AVXVNNI, KVQ_ISA_AVX512};
+    tu_rng r;
+    tu_seed(&r, seed);
+    float *k = malloc(T * H * d * sizeof(float)), *v = malloc(T * H * d * sizeof(float));
+    float *q = malloc(T * QH * d * sizeof(float));
+    float *o16 = malloc(T * QH * d * sizeof(float)), *o = malloc(T * QH * d * sizeof(float));
+    int32_t pos[100];
+    tu_fill_gauss(&r, k, T * H * d, 1.0f);
+    tu_fill_gauss(&r, v, T * H * d, 1.0f);
+    tu_fill_gauss(&r, q, T * QH * d, 1.0f);
+    for (size_t t = 0; t < T; t++)
+        pos[t] = (int32_t)(3 * t); /* gaps between positions */
+    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+        if (!kvq_cpu_supports(isas[ii]))
+            continue;
+        for (size_t ci = 0; ci <= sizeof codecs / sizeof codecs[0]; ci++) {
+            /* ci == 0: the f16/f16 reference, then each staging codec */
+            kvq_cache_config cfg;
+            kvq_cache_config_init(&cfg);
+            cfg.n_layers = 1, cfg.n_kv_heads = H, cfg.n_q_heads = QH, cfg.head_dim = d;
+            cfg.max_tokens = 256, cfg.page_tokens = 16, cfg.isa = isas[ii];
+            cfg.k_codec = cfg.v_codec = ci ? codecs[ci - 1] : "f16";
+            kvq_cache *kv = NULL;
+            CHECK_OK(kvq_cache_create(&kv, &cfg));
+            if (!kv)
+                continue;
+            CHECK_OK(kvq_cache_append(kv, 0, k, v, pos, T));
+            float *out = ci ? o : o16;
+            CHECK_OK(kvq_cache_attend(kv, 0, q, pos, T, out, T * QH * d, NULL, 0));
+            kvq_cache_free(kv);
+            if (!ci)
+                continue;
+            if (mutate == 6) /* one bit of the reference flipped: must fail */
+                o16[7] = nextafterf(o16[7], INFINITY);
+            size_t diff = 0;
+            for (size_t i = 0; i < T * QH * d; i++)
+                diff += memcmp(&o[i], &o16[i], sizeof(float)) != 0;
+            TU_REPORT(diff == 0,
+                      "property 6 (%s, isa %s, seed %llu): %zu of %zu outputs differ from the "
+                      "f16/f16 cache's\n",
+                      codecs[ci - 1], isa_name(isas[ii]), (unsigned long long)seed, diff,
+                      T * QH * d);
+            printf("  %-4s staged %s as f16 (isa %s): %zu of %zu outputs differ\n",
+                   diff ? "FAIL" : "ok", codecs[ci - 1], isa_name(isas[ii]), diff, T * QH * d);
+        }
+    }
+    free(k), free(v), free(q), free(o16), free(o);
+}
+
 static void test_evict(void) {
     const kvq_policy pols[3] = {KVQ_POLICY_WINDOW, KVQ_POLICY_FIFO, KVQ_POLICY_UTILITY};
     /* budget, sinks, protect, max_tokens, max chunk, first chunk */
@@ -1180,6 +1246,8 @@ int main(int argc, char **argv) {
     test_matrix(have_real);
     printf("property 4 (eviction after attention):\n");
     test_evict();
+    printf("property 6 (a chunk's staged tokens scored as an f16 cache scores them):\n");
+    test_staged_as_f16(base_seed + 300);
     free(g_rk), free(g_rkpre), free(g_rv), free(g_rq);
     return tu_finish();
 }

@@ -260,8 +260,11 @@ void kvq__work_free(kvq_cache *c, kvq__work *w) {
     kvq__free(&c->alloc, w->accw);
     kvq__free(&c->alloc, w->qtk);
     kvq__free(&c->alloc, w->qtw);
+    kvq__free(&c->alloc, w->qtf);
     kvq__free(&c->alloc, w->rows);
-    w->qpk = w->qpf = w->qpw = w->qtk = w->qtw = w->rows = NULL;
+    w->qpk = w->qpf = w->qpw = w->qtk = w->qtw = w->qtf = w->rows = NULL;
+    w->ktt = NULL;
+    w->kidx = NULL;
     w->accw = NULL;
 }
 
@@ -296,6 +299,9 @@ kvq_status kvq__work_alloc(kvq_cache *c, kvq__work *w) {
     w->qtw = kvq__calloc(&c->alloc, R * c->max_qp);
     w->rows = kvq__calloc(&c->alloc, P * 4 * d);
     if (!w->qpw || !w->accw || !w->qtk || !w->qtw || !w->rows)
+        return KVQ_ERR_NOMEM;
+    if (c->f16->k.tprep && c->f16->tqp_bytes &&
+        !(w->qtf = kvq__calloc(&c->alloc, R * c->f16->tqp_bytes)))
         return KVQ_ERR_NOMEM;
     if (!w->qs || !w->sc || !w->sc2 || !w->w || !w->w2 || !w->acc || !w->accs || !w->m || !w->l ||
         !w->cdot || !w->scratch || !w->outh || !w->qpk || !w->qpf)

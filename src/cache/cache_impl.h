@@ -117,6 +117,13 @@ typedef struct kvq__work {
     uint8_t *qpk, *qpf, *qpw; /* prepared queries: hot K codec, f16 staging, warm K codec */
     float *accw;              /* accumulator in the warm V codec's domain */
     uint8_t *qtk, *qtw;       /* queries prepared for the tiled kernels (tprep): hot, warm K codec */
+    uint8_t *qtf;             /* ... and for the f16 codec's tscore over ktt (NULL: no tprep) */
+    /* an attend of several query tokens: the staged keys of the head being
+     * worked, page kidx[p] of them tiled at ktt + kidx[p] * P * d (the f16
+     * codec's tiled key layout, [d][P]), so that tiles of queries score
+     * them with its tscore; NULL otherwise (set by kvq_cache_attend) */
+    uint16_t *ktt;
+    const int32_t *kidx;
     uint8_t *rows;            /* one page area gathered into rows (P * 4 * d bytes) */
     uint64_t tier_reads[3];
     uint8_t *cls, *vcls;   /* key / value slot classes of the current block */
