@@ -257,11 +257,19 @@ static void kvq__page_scores(kvq_cache *c, kvq__layer *ly, size_t h, size_t p, c
                     sc[r * ss + i] = -INFINITY;
         }
     }
-    /* causal mask: only pages that reach past a row's query position */
+    /* causal mask: only pages that reach past a row's query position (every
+     * page through the slot-by-row compares made a 2048-token prefill 7-8%
+     * slower, in-process A/B) */
+    int32_t pmax = INT32_MIN, rmin = INT32_MAX;
+    for (size_t i = 0; i < P; i++)
+        pmax = KVQ__MAX(pmax, pos[i]);
     for (size_t r = 0; r < nr; r++)
-        for (size_t i = 0; i < P; i++)
-            if (pos[i] > w->rqp[r])
-                sc[r * ss + i] = -INFINITY;
+        rmin = KVQ__MIN(rmin, w->rqp[r]);
+    if (pmax > rmin)
+        for (size_t r = 0; r < nr; r++)
+            for (size_t i = 0; i < P; i++)
+                if (pos[i] > w->rqp[r])
+                    sc[r * ss + i] = -INFINITY;
 }
 
 /* Prepares the query rows of tile [t0, t0 + nt) of head h in w (scaled
