@@ -22,9 +22,17 @@
  * cold at first, and its fold; before its first run was prefetched, see
  * kvq__decode_pages, about 10 us in all), which rules out many small ones.
  * Against 16 equal chunks (in-process A/B, two threads): 4k tokens -7..9%,
- * 16k and 32k -2..5%; one thread even. */
+ * 16k and 32k -2..5%; one thread even. At least 32 pages since session 12
+ * (16 before; in-process A/B: 1k tokens, one thread, -5..6%; 4k -2..7%;
+ * 8k -2%; 16k and 32k -0..2%, 2k two threads f16 +4%). A step of at most
+ * KVQ__SOLO_CHUNKS chunks runs on the calling thread alone: a worker asleep
+ * (it polls 50 us, kvq__pool) wakes about 90 us late on this VM and then
+ * holds the caller until its chunk is done; 1k tokens, two threads,
+ * int4:g=32 / int8 / f16 -14..21%, f32 -3% (as fast as one thread, where
+ * two chunks had made two threads 20-30% slower than one). */
 #define KVQ__MAX_CHUNKS 64
-#define KVQ__CHUNK_MIN 16
+#define KVQ__CHUNK_MIN 32
+#define KVQ__SOLO_CHUNKS 2
 #define KVQ__CHUNK_DIV 4
 #define KVQ__MAX_DECODE_HEADS 256
 #define KVQ__MAX_G 256 /* query heads per KV head on the decode path; rows of a softmax call */
@@ -1034,6 +1042,8 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
         jb.n_items = H;
     }
     jb.n_jobs = KVQ__MIN(c->n_active, jb.n_items);
+    if (jb.decode && jb.n_chunks <= KVQ__SOLO_CHUNKS)
+        jb.n_jobs = 1; /* see KVQ__SOLO_CHUNKS */
     /* scratch of this call (freed at the end: the cache holds no more than
      * it stores between calls) */
     float *parts = NULL, *rawsc = NULL;
