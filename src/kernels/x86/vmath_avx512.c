@@ -10,9 +10,9 @@
 
 KVQ__T512 static inline __m512 kvq__exp512(__m512 y) {
     /* no clamps: below -87.3 (-inf too) the mask gives 0, and vscalefps
-     * scales by 2^n without building the exponent bits (the same product,
-     * so the same bits as 2^n formed by hand for every y <= 88; above, inf
-     * where that overflowed) */
+     * scales by 2^n without building its exponent bits: the same product,
+     * so the same bits as 2^n formed by hand (with y clamped at 88) for
+     * every y <= 88; the callers' y stay below KVQ__SOFTMAX_SLACK */
     const __mmask16 under = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
