@@ -417,7 +417,12 @@ KVQ_API kvq_status kvq_cache_append(kvq_cache *cache, size_t layer, const float 
  * counter or page changed: with tiers, every cold record is read and every
  * block allocated before a page moves, so no page came back from warm or
  * cold; only cold pages found lost on the way stay dropped (or, with
- * strict_tiers, counted; see "Lost cold pages"). */
+ * strict_tiers, counted; see "Lost cold pages"). Scratch is allocated per
+ * call and freed before it returns (KVQ_ERR_NOMEM, nothing changed, when it
+ * cannot be): with several queries over staged tokens (a prefill),
+ * page_tokens * head_dim * 2 bytes per page holding staged tokens and per
+ * attention thread, a tiled f16 copy of one KV head's staged keys at a time
+ * for the chunk's queries to score. */
 KVQ_API kvq_status kvq_cache_attend(kvq_cache *cache, size_t layer, const float *q,
                                     const int32_t *q_positions, size_t n_queries, float *out,
                                     size_t out_capacity, float *token_attn,
