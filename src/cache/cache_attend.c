@@ -893,7 +893,7 @@ static void kvq__stage_tile_keys(const kvq__attn_call *jb, kvq__work *w, size_t 
     for (size_t p = 0; p < ly->n_pages; p++) {
         const kvq__page *pg = &ly->pages[p];
         const kvq__head *hd = kvq__page_heads(ly, pg) + h;
-        if (w->kidx[p] < 0 || !hd->kstage || !pg->stage)
+        if (w->kidx[p] < 0 || !hd->kstage) /* kidx[p] >= 0: pg->stage is set */
             continue; /* (a head without staged keys scores none here) */
         const uint16_t *src = kvq__stage_k(pg, hd);
         const int32_t *pos = ly->pos + p * P;
@@ -1017,19 +1017,21 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     /* every allocation comes before the first change (the tier moves), so
      * that a failure leaves the cache as it was */
     int want_attn = token_attn != NULL || c->cfg.policy == KVQ_POLICY_UTILITY;
-    float *attn = NULL;
+    /* this call's scratch (freed at `done`: the cache holds no more than it
+     * stores between calls) */
+    float *attn = NULL, *parts = NULL, *rawsc = NULL;
     kvq__cand *sorted = NULL;
+    int32_t *kidx = NULL;
+    uint16_t *ktt = NULL;
+    kvq_status st = KVQ_OK;
     size_t n_sorted = 0;
     if (want_attn && ly->slots_cap) {
         attn = (float *)kvq__calloc(&c->alloc, H * ly->slots_cap * sizeof(float));
-        if (!attn)
-            return KVQ_ERR_NOMEM;
-        if (token_attn) {
+        if (attn && token_attn)
             sorted = kvq__sorted_tokens(c, ly, &n_sorted);
-            if (!sorted) {
-                kvq__free(&c->alloc, attn);
-                return KVQ_ERR_NOMEM;
-            }
+        if (!attn || (token_attn && !sorted)) {
+            st = KVQ_ERR_NOMEM;
+            goto done;
         }
     }
     /* the plan (kvq__attn_call) and its scratch, reserved here: workers never
@@ -1048,25 +1050,17 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     jb.n_jobs = KVQ__MIN(c->n_active, jb.n_items);
     if (jb.decode && jb.n_chunks <= KVQ__SOLO_CHUNKS)
         jb.n_jobs = 1; /* see KVQ__SOLO_CHUNKS */
-    /* scratch of this call (freed at the end: the cache holds no more than
-     * it stores between calls) */
-    float *parts = NULL, *rawsc = NULL;
     if (jb.n_chunks)
         parts = (float *)kvq__alloc(&c->alloc, jb.n_items * jb.part_floats * sizeof(float));
     if (attn)
         rawsc = (float *)kvq__alloc(
             &c->alloc, ((jb.n_chunks ? H * nr1 : jb.n_jobs * c->rows_max) * slots + 16) * sizeof(float));
     if ((jb.n_chunks && !parts) || (attn && !rawsc)) {
-        kvq__free(&c->alloc, parts);
-        kvq__free(&c->alloc, rawsc);
-        kvq__free(&c->alloc, attn);
-        kvq__free(&c->alloc, sorted);
-        return KVQ_ERR_NOMEM;
+        st = KVQ_ERR_NOMEM;
+        goto done;
     }
     /* several query tokens over staged keys (a prefill): their tiled
      * copies, one region per job (kvq__stage_tile_keys) */
-    int32_t *kidx = NULL;
-    uint16_t *ktt = NULL;
     size_t nst = 0;
     int anyks = 0;
     for (size_t h = 0; h < H; h++)
@@ -1081,13 +1075,8 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
                 ktt = (uint16_t *)kvq__alloc(&c->alloc,
                                              jb.n_jobs * nst * c->P * d * sizeof(uint16_t));
             if (!kidx || !ktt) {
-                kvq__free(&c->alloc, kidx);
-                kvq__free(&c->alloc, ktt);
-                kvq__free(&c->alloc, parts);
-                kvq__free(&c->alloc, rawsc);
-                kvq__free(&c->alloc, attn);
-                kvq__free(&c->alloc, sorted);
-                return KVQ_ERR_NOMEM;
+                st = KVQ_ERR_NOMEM;
+                goto done;
             }
             /* (the tier step below moves no staged page: pages with
              * staging stay hot) */
@@ -1101,16 +1090,9 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
         int32_t qmax = INT32_MIN;
         for (size_t t = 0; t < T; t++)
             qmax = qpos[t] > qmax ? qpos[t] : qmax;
-        kvq_status tst = kvq__tier_before_attend(c, layer, qmax);
-        if (tst != KVQ_OK) {
-            kvq__free(&c->alloc, attn);
-            kvq__free(&c->alloc, sorted);
-            kvq__free(&c->alloc, parts);
-            kvq__free(&c->alloc, rawsc);
-            kvq__free(&c->alloc, kidx);
-            kvq__free(&c->alloc, ktt);
-            return tst;
-        }
+        st = kvq__tier_before_attend(c, layer, qmax);
+        if (st != KVQ_OK)
+            goto done;
         /* tokens of lost cold pages were dropped: they leave the list */
         size_t k = 0;
         for (size_t i = 0; i < n_sorted; i++)
@@ -1138,7 +1120,6 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
     }
     if (jb.n_chunks)
         kvq__pool_run(c->pool, kvq__attn_folds, &jb, KVQ__MIN(jb.n_jobs, H));
-    kvq_status st = KVQ_OK;
     for (size_t i = 0; i < nt; i++) {
         ly->bytes_read += c->work[i].bytes_read;
         for (int k = 0; k < 3; k++) {
@@ -1146,7 +1127,7 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
             c->work[i].tier_reads[k] = 0;
         }
     }
-    if (st == KVQ_OK && attn) {
+    if (attn) {
         if (token_attn)
             for (size_t h = 0; h < H; h++)
                 for (size_t r = 0; r < n_sorted; r++)
@@ -1163,6 +1144,7 @@ kvq_status kvq_cache_attend(kvq_cache *c, size_t layer, const float *q, const in
             }
         }
     }
+done:
     kvq__free(&c->alloc, attn);
     kvq__free(&c->alloc, sorted);
     kvq__free(&c->alloc, parts);
