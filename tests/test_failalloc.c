@@ -424,6 +424,13 @@ static void cfg_base(env *e) {
 
 static void cfg_plain(env *e) { cfg_base(e); }
 
+/* pages of 16: the f16 staging is tiled for keys, so an attend of several
+ * queries over staged tokens takes the tiled copies' scratch (kidx, ktt) */
+static void cfg_p16(env *e) {
+    cfg_base(e);
+    e->cfg.page_tokens = 16;
+}
+
 /* utility policy under a budget, a per-head override with its own codec */
 static void cfg_util(env *e) {
     cfg_base(e);
@@ -529,6 +536,8 @@ static kvq_status op_append1(env *e) { return app(e, 0, 1); }
 static kvq_status op_append_chunk(env *e) { return app(e, 1, 23); }
 static kvq_status op_append_chunk0(env *e) { return app(e, 0, 23); }
 static kvq_status op_attend(env *e) { return att(e, 0, 3, e->fbuf, NULL, 0); }
+/* the chunk build_staged left staged, attended by its 6 queries (a prefill) */
+static kvq_status op_attend_chunk(env *e) { return att(e, 0, 6, e->fbuf, NULL, 0); }
 static kvq_status op_attend_ta(env *e) {
     size_t n = n_tokens(e, 1);
     return att(e, 1, 2, e->fbuf, e->fbuf + 2 * NQH * HD, NH * n);
@@ -1297,6 +1306,8 @@ int main(int argc, char **argv) {
         {"kvq_cache_append (tiers)", cfg_tier, build_long,
          op_append_chunk, NULL, NULL, 0, TIERMOVE, 0, 0},
         {"kvq_cache_attend", cfg_plain, build_std, op_attend, NULL, NULL, 0, ABSORB, 0, 0},
+        {"kvq_cache_attend (staged chunk, P 16)", cfg_p16, build_staged, op_attend_chunk, NULL,
+         NULL, 0, ABSORB, 0, 0},
         {"kvq_cache_attend (token_attn)", cfg_plain, build_std,
          op_attend_ta, NULL, NULL, 0, ABSORB, 0, 0},
         {"kvq_cache_attend (utility)", cfg_util, build_std,
