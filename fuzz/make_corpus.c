@@ -456,7 +456,7 @@ static void corpus_snapshot(void) {
     for (int i = 0; i < KVQ_FUZZ_SNAP_CONFIGS; i++) {
         size_t n = 0;
         uint8_t *m = kvq_fuzz_snapshot_manifest(i, &n);
-        if (!m) {
+        if (!m || n < KVQ_FORGE_HDR + 4) {
             fprintf(stderr, "make_corpus: no snapshot manifest for configuration %d\n", i);
             exit(1);
         }
@@ -468,33 +468,98 @@ static void corpus_snapshot(void) {
         put_file("snapshot", name, b, n + 1);
         if (i == 0) {
             uint8_t *q = b + 1;
+            size_t lay = KVQ_FORGE_HDR + kvq__ld32(q + 8) + kvq__ld32(q + 12); /* layer 0 */
             b[n] ^= 0x55; /* checksum */
             put_file("snapshot", "bad-crc", b, n + 1);
             b[n] ^= 0x55;
             kvq__st32(q + 4, 7);
             kvq__st32(q + n - 4, kvq__crc32c(0, q, n - 4));
             put_file("snapshot", "bad-version", b, n + 1);
-            kvq__st32(q + 4, 1);
-            kvq__st32(q + 8, 3); /* n_layers */
+            kvq__st32(q + 4, 3);
+            q[KVQ_FORGE_HDR] ^= 0x01; /* the name: "b0" for "c0" */
             kvq__st32(q + n - 4, kvq__crc32c(0, q, n - 4));
-            put_file("snapshot", "bad-shape", b, n + 1);
-            kvq__st32(q + 8, KVQ_FUZZ_SNAP_L);
-            /* layer 0: saved page count huge, then its first page index huge */
-            uint32_t saved = kvq__ld32(q + 32 + 20);
-            kvq__st32(q + 32 + 20, 0x40000000u);
+            put_file("snapshot", "bad-name", b, n + 1);
+            q[KVQ_FORGE_HDR] ^= 0x01;
+            /* layer 0: saved page count huge, then its first page index huge,
+             * then its first two pages in descending order */
+            uint32_t saved = kvq__ld32(q + lay + 20);
+            kvq__st32(q + lay + 20, 0x40000000u);
             kvq__st32(q + n - 4, kvq__crc32c(0, q, n - 4));
             put_file("snapshot", "bad-saved-huge", b, n + 1);
-            kvq__st32(q + 32 + 20, saved);
-            uint32_t p0 = kvq__ld32(q + 32 + 28);
-            kvq__st32(q + 32 + 28, 0xfffffff0u);
+            kvq__st32(q + lay + 20, saved);
+            size_t e0 = lay + KVQ_FORGE_LAYER; /* config 0: no centre */
+            uint32_t p0 = kvq__ld32(q + e0), p1 = kvq__ld32(q + e0 + KVQ_FORGE_ENTRY);
+            kvq__st32(q + e0, 0xfffffff0u);
             kvq__st32(q + n - 4, kvq__crc32c(0, q, n - 4));
             put_file("snapshot", "bad-page-index-huge", b, n + 1);
-            kvq__st32(q + 32 + 28, p0);
+            kvq__st32(q + e0, p1);
+            kvq__st32(q + e0 + KVQ_FORGE_ENTRY, p0);
+            kvq__st32(q + n - 4, kvq__crc32c(0, q, n - 4));
+            put_file("snapshot", "bad-page-order", b, n + 1);
+            kvq__st32(q + e0, p0);
+            kvq__st32(q + e0 + KVQ_FORGE_ENTRY, p1);
             kvq__st32(q + n - 4, kvq__crc32c(0, q, n - 4));
             put_file("snapshot", "bad-truncated", b, n - 8);
         }
         free(b);
         free(m);
+        /* page records (input mode 1): the first and the last as saved, and
+         * edits of the last one that only its slots give away (the record's
+         * CRC32C recomputed; the target re-signs the manifest) */
+        size_t rn = 0;
+        const uint8_t *r0 = kvq_fuzz_snapshot_record(i, 0, &rn);
+        int nr = kvq_fuzz_snap_saved[i].n_rec;
+        if (!r0 || nr < 2)
+            continue;
+        for (int k = 0; k < nr; k += nr - 1) {
+            const uint8_t *r = kvq_fuzz_snapshot_record(i, k, &rn);
+            uint8_t *e = (uint8_t *)malloc(rn + 2);
+            e[0] = (uint8_t)(0x80 | i);
+            e[1] = (uint8_t)k;
+            memcpy(e + 2, r, rn);
+            snprintf(name, sizeof name, "valid-config%d-record%d", i, k);
+            put_file("snapshot", name, e, rn + 2);
+            uint8_t *x = e + 2;
+            uint32_t P = kvq__ld32(x + 20);
+            uint8_t *pos = x + 64, *stt = x + 64 + 4 * (size_t)P;
+            int first = -1, second = -1; /* the first two occupied slots */
+            for (uint32_t s = 0; s < P; s++)
+                if ((int32_t)kvq__ld32(pos + 4 * s) >= 0) {
+                    if (first < 0)
+                        first = (int)s;
+                    else if (second < 0)
+                        second = (int)s;
+                }
+            if (k == 0 && i == 0 && first >= 0 && second >= 0) {
+                uint8_t old = stt[first];
+                static const struct {
+                    uint8_t state;
+                    const char *name;
+                } sts[] = {{0x81, "bad-record-state-flag"}, {3, "bad-record-state3"},
+                           {2, "bad-record-pending-unstaged"}};
+                for (size_t t = 0; t < sizeof sts / sizeof sts[0]; t++) {
+                    stt[first] = sts[t].state;
+                    kvq__st32(x + rn - 4, kvq__crc32c(0, x, rn - 4));
+                    put_file("snapshot", sts[t].name, e, rn + 2);
+                }
+                stt[first] = old;
+                uint32_t a = kvq__ld32(pos + 4 * first), c = kvq__ld32(pos + 4 * second);
+                kvq__st32(pos + 4 * second, a); /* a position twice */
+                int32_t hi = -1;
+                for (uint32_t s = 0; s < P; s++)
+                    hi = (int32_t)kvq__ld32(pos + 4 * s) > hi ? (int32_t)kvq__ld32(pos + 4 * s) : hi;
+                kvq__st32(x + 40, (uint32_t)hi);
+                kvq__st32(x + rn - 4, kvq__crc32c(0, x, rn - 4));
+                put_file("snapshot", "bad-record-position-twice", e, rn + 2);
+                kvq__st32(pos + 4 * second, c);
+                kvq__st32(x + 16, 1); /* another layer */
+                kvq__st32(x + rn - 4, kvq__crc32c(0, x, rn - 4));
+                put_file("snapshot", "bad-record-layer", e, rn + 2);
+            }
+            free(e);
+            if (nr == 1)
+                break;
+        }
     }
 }
 

@@ -140,6 +140,8 @@ KVQ_API const char *kvq_isa_name(kvq_isa isa);
  *                         residual and its norm (unbiased inner products)
  *   nuq1..nuq8            per-channel non-uniform levels fitted by 1-D
  *                         Lloyd-Max; needs kvq_codec_fit or load_state
+ * Option values are decimal: digits only, no sign, space or leading zero
+ * ("g=010", "seed=0x10", "g=+8" and "g=" are KVQ_ERR_BAD_OPTION).
  * Options: g=N group size (int codecs; default head_dim; must divide it),
  * nc=0|1 norm correction (default 1), norm=16|8 stored scale as fp16 or as an
  * 8-bit log2 code, seed=N rotation and sketch seed (default 0x6b7671). */
@@ -553,8 +555,18 @@ typedef struct kvq_stats {
  * is 0 in the snapshot, 1 here", "l1.h0.v_codec is ...", "k_center_values
  * differ (layer 1, kv head 0, channel 3 ...)". Policy, budgets, windows,
  * sinks, threads and tier capacities may differ. A manifest of another
- * version gives KVQ_ERR_VERSION (version 1 recorded no configuration and is
- * not read). Save leaves the cache unchanged. It deletes an earlier
+ * version gives KVQ_ERR_VERSION (versions 1 and 2 are not read: 1 recorded
+ * no configuration, 2 no record digests). What a load reads is untrusted (a
+ * store may be shared): the manifest names its snapshot, carries a random
+ * id of the save and the SHA-256 of every page record, and each record
+ * carries the save's id, so a record altered, missing, moved to another
+ * key or written by another save of the name (two writers) fails the load
+ * with KVQ_ERR_CORRUPT; so does a page whose slots the cache could not have
+ * written (slot states other than free/encoded/pending, a pending token
+ * without its staged K/V or older than an encoded one, a position twice or
+ * past the layer's last one, counters that contradict the pages). Nothing
+ * authenticates a manifest: a writer of the store can still replace a whole
+ * snapshot by another consistent one. Save leaves the cache unchanged. It deletes an earlier
  * manifest of the name before it writes a page, so a save that fails leaves
  * no snapshot of that name (or, failing before that, the earlier one
  * whole), never an earlier manifest over a mix of pages; the page records
@@ -579,6 +591,9 @@ KVQ_API kvq_status kvq_cache_load(kvq_cache *cache, struct kvq_store *store, con
  * between the two prompts' prefixes. Needs the token layout, and either no key centring or given
  * centre values (an estimated centre depends on the prompt). Pages that are
  * not a clean run of positions 0.. (evictions, pending tokens) are skipped.
+ * An entry whose ids and prefix digest match but whose page record is not a
+ * clean page (positions other than its own, a slot not encoded) fails the
+ * call with KVQ_ERR_CORRUPT.
  * prefix_put first encodes the staged tokens that the next append would
  * encode (see "Causality"), failing or not, so an attend after it sees them
  * as stored; otherwise a failed put leaves the cache unchanged, and the
@@ -694,7 +709,14 @@ KVQ_API const char *kvq_tokenizer_piece(const kvq_tokenizer *tok, int32_t prev, 
  *                        expiry (a cache's cold_ttl_ms applies to Redis
  *                        only). The directory is created
  *                        when missing (its parent then fsynced) and locked
- *                        (flock) against other writers. Options after '?',
+ *                        (flock): one writer, or any number of readonly=1
+ *                        opens, at a time, from one process or several. An
+ *                        open the lock refuses (a second writer, a reader
+ *                        while a writer has it, a writer while readers
+ *                        have it) fails at once with KVQ_ERR_IO and a
+ *                        message naming which kind holds it (a reader's
+ *                        index is built when it opens and would not follow
+ *                        a writer's changes). Options after '?',
  *                        '&'-separated (file: form only): readonly=1 (shared
  *                        lock, no writes, no repair), segment_bytes=N
  *                        (roll-over size, default 64 MiB), compact_min=N

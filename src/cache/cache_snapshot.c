@@ -3,8 +3,17 @@
  * (or token-prefix) snapshots, and vLLM-style prefix caching where each full
  * page is keyed by the SHA-256 of the configuration and the token ids up to
  * its end. Pages travel as page records (record.c), so every byte is
- * checksummed; a snapshot's manifest is written last and is itself
- * checksummed, so a save cut short is never mistaken for a complete one.
+ * checksummed; a snapshot's manifest is written last, is itself
+ * checksummed and holds the SHA-256 of every page record it names, so a
+ * save cut short is never mistaken for a complete one, and records of
+ * another save (two writers of one name) or altered ones are refused.
+ *
+ * Everything read back is untrusted (a store may be shared): besides the
+ * checksums and digests, a restored page's slots are checked against what
+ * the cache itself could have written (kvq__slots_why,
+ * kvq__layer_slots_why): slot states 0..2, pending tokens only with their
+ * staged K/V and newer than every encoded one, positions unique and within
+ * the layer's counters, and for a prefix page exactly its own positions.
  *
  * A manifest carries the cache's configuration as "name=value" lines
  * (kvq__config_text): shape, page size, key layout, RoPE, centring, the warm
@@ -26,11 +35,13 @@
 #include "../tier/record.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 
-#define KVQ__MANIFEST_VERSION 2u
-#define KVQ__MANIFEST_HDR 12 /* "KVQM", version, config text length */
+#define KVQ__MANIFEST_VERSION 3u
+#define KVQ__MANIFEST_HDR 24 /* "KVQM", version, config text length, name length, save id */
 #define KVQ__LAYER_HDR 28    /* appended, last, sink_until, sinks seen, pages, has_center */
+#define KVQ__PAGE_ENTRY 36   /* page index, SHA-256 of its record */
 #define KVQ__PFX_MAGIC "KVQP"
 #define KVQ__PFX_VERSION 1u
 #define KVQ__PFX_HDR 48 /* magic, version, flags, page index, P, parent digest */
@@ -318,19 +329,29 @@ kvq_status kvq_cache_save(kvq_cache *c, kvq_store *s, const char *name, int32_t 
     if (!c || !s || !name || !*name || strlen(name) > 200)
         return KVQ_ERR_INVALID_ARG;
     c->errbuf[0] = 0;
-    /* manifest (docs/record-format.md): "KVQM" version T, the configuration
-     * text (T bytes), per layer: appended last_pos sink_until n_sinks_seen
-     * n_pages has_center [centre values] then each saved page's index;
-     * CRC32C at the end */
+    /* manifest (docs/record-format.md): "KVQM" version T N save_id, the
+     * name (N bytes), the configuration text (T bytes), per layer: appended
+     * last_pos sink_until n_sinks_seen n_pages has_center [centre values]
+     * then each saved page's index and the SHA-256 of its record; CRC32C at
+     * the end. The save id, random for every save, is also each record's
+     * prefix_hash: with the digests it ties the records to this manifest,
+     * so records of two saves of one name (two writers, a save cut short)
+     * never load as one snapshot. */
+    uint64_t save_id = 0;
+    if (kvq__os_random(&save_id, sizeof save_id) != KVQ_OK) {
+        kvq__snap_err(c, "no random bytes from the OS for the snapshot's id");
+        return KVQ_ERR_IO;
+    }
     kvq__sbuf txt = {&c->alloc, NULL, 0, 0, 0};
     kvq_status st = kvq__config_text(c, &txt);
     if (st != KVQ_OK) {
         kvq__free(&c->alloc, txt.s);
         return st;
     }
-    size_t cap = KVQ__MANIFEST_HDR + txt.n + 4;
+    size_t nlen = strlen(name);
+    size_t cap = KVQ__MANIFEST_HDR + nlen + txt.n + 4;
     for (size_t l = 0; l < c->L; l++)
-        cap += KVQ__LAYER_HDR + c->H * c->d * 4 + c->layers[l].n_pages * 4;
+        cap += KVQ__LAYER_HDR + c->H * c->d * 4 + c->layers[l].n_pages * KVQ__PAGE_ENTRY;
     uint8_t *m = (uint8_t *)kvq__alloc(&c->alloc, cap);
     if (!m) {
         kvq__free(&c->alloc, txt.s);
@@ -339,8 +360,11 @@ kvq_status kvq_cache_save(kvq_cache *c, kvq_store *s, const char *name, int32_t 
     memcpy(m, "KVQM", 4);
     kvq__st32(m + 4, KVQ__MANIFEST_VERSION);
     kvq__st32(m + 8, (uint32_t)txt.n);
-    memcpy(m + KVQ__MANIFEST_HDR, txt.s, txt.n);
-    size_t at = KVQ__MANIFEST_HDR + txt.n;
+    kvq__st32(m + 12, (uint32_t)nlen);
+    kvq__st64(m + 16, save_id);
+    memcpy(m + KVQ__MANIFEST_HDR, name, nlen);
+    memcpy(m + KVQ__MANIFEST_HDR + nlen, txt.s, txt.n);
+    size_t at = KVQ__MANIFEST_HDR + nlen + txt.n;
     kvq__free(&c->alloc, txt.s);
     char key[300];
     /* an earlier snapshot of this name loses its manifest before any of its
@@ -379,12 +403,14 @@ kvq_status kvq_cache_save(kvq_cache *c, kvq_store *s, const char *name, int32_t 
             snprintf(key, sizeof key, "%s/l%zu/p%zu", name, l, p);
             uint8_t *rec = NULL;
             size_t rlen = 0;
-            st = kvq__page_record(c, l, p, prefix_end, 0, 0, 0, &rec, &rlen);
-            if (st == KVQ_OK)
+            st = kvq__page_record(c, l, p, prefix_end, save_id, 0, 0, &rec, &rlen);
+            if (st == KVQ_OK) {
                 st = kvq_store_put(s, key, rec, rlen);
+                kvq__sha256(rec, rlen, m + at + 4);
+            }
             kvq__free(&c->alloc, rec);
             kvq__st32(m + at, (uint32_t)p);
-            at += 4;
+            at += KVQ__PAGE_ENTRY;
             saved++;
         }
         if (prefix_end == INT32_MAX) {
@@ -408,11 +434,63 @@ kvq_status kvq_cache_save(kvq_cache *c, kvq_store *s, const char *name, int32_t 
     return st;
 }
 
-/* Installs a decoded record as page p of layer l of an empty cache. */
-static kvq_status kvq__install_page(kvq_cache *c, size_t l, size_t p, const kvq__record *r) {
+/* What a restored page may hold. A snapshot's page: positions in
+ * [0, last] (the layer's last position in the manifest), no position twice
+ * in the layer (kvq__positions_unique, once the layer's pages are in), in
+ * slot order on a channel-key page (filled in order, never reused); token
+ * pages reuse the slots eviction frees, so their slot order is free. Prefix
+ * page j: exactly positions jP..jP+P-1, every slot encoded (what
+ * kvq__clean_page published). */
+typedef struct {
+    int prefix;
+    size_t page;  /* prefix: j */
+    int32_t last; /* snapshot */
+} kvq__restore_rule;
+
+/* Why the slots of record r cannot be page p of layer ly (NULL: they can).
+ * States are taken raw: 0 free, 1 encoded, 2 pending; the cache's own
+ * free-stack flag never comes from a record. A pending token needs its
+ * staged K/V in the record (a hot page with staging), or the next append
+ * would encode it from a staging block that does not exist. */
+static const char *kvq__slots_why(const kvq_cache *c, const kvq__layer *ly, const kvq__record *r,
+                                  int warm, int stage, const kvq__restore_rule *rule) {
+    size_t P = c->P, npend = 0;
+    int32_t prev = -1;
+    for (size_t i = 0; i < P; i++) {
+        int32_t q = r->positions[i];
+        uint8_t st = r->states[i];
+        if (st > KVQ__PEND)
+            return "a slot state other than free, encoded or pending";
+        if (rule->prefix) {
+            if ((int64_t)q != (int64_t)(rule->page * P + i) || st != KVQ__ENC)
+                return "a prefix page whose slots are not its positions, encoded, in order";
+            continue;
+        }
+        if (q < 0)
+            continue;
+        if (q > rule->last)
+            return "a position past the layer's last position";
+        if (ly->chan_mode && q <= prev)
+            return "positions of a channel-key page out of slot order";
+        prev = q;
+        npend += st == KVQ__PEND;
+    }
+    if (warm && stage)
+        return "a warm page with staged tokens";
+    if (npend && (!stage || ly->stage_bytes == 0))
+        return "pending tokens without their staged K/V";
+    return NULL;
+}
+
+/* Installs a decoded record as page p of layer l of an empty cache.
+ * KVQ_ERR_MISMATCH when the record is of another layer, shape or layout;
+ * KVQ_ERR_CORRUPT (why set) when its slots break rule. */
+static kvq_status kvq__install_page(kvq_cache *c, size_t l, size_t p, const kvq__record *r,
+                                    const kvq__restore_rule *rule, const char **why) {
     kvq__layer *ly = &c->layers[l];
     size_t P = c->P;
     char want[4096];
+    *why = NULL;
     int warm = r->layout_len >= 4 && memcmp(r->layout, "warm", 4) == 0;
     int stage = memchr(r->layout, '+', r->layout_len) != NULL;
     size_t wl = kvq__snap_layout(c, warm ? ly->wheads : ly->heads, warm, stage, want, sizeof want);
@@ -420,22 +498,32 @@ static kvq_status kvq__install_page(kvq_cache *c, size_t l, size_t p, const kvq_
     if (r->layer != l || r->page_tokens != P || r->n_kv_heads != c->H || r->head_dim != c->d ||
         r->layout_len != wl || memcmp(r->layout, want, wl) != 0 || r->block_len != bb + sb)
         return KVQ_ERR_MISMATCH;
+    if ((*why = kvq__slots_why(c, ly, r, warm, stage, rule)) != NULL)
+        return KVQ_ERR_CORRUPT;
+    int pend = 0;
+    for (size_t i = 0; i < P; i++)
+        pend |= r->states[i] == KVQ__PEND;
+    /* staging holds pending tokens, and a channel page's unencoded keys:
+     * with neither it holds nothing (and is not kept) */
+    size_t keep_sb = pend || ly->chan_mode ? sb : 0;
     kvq_status st = kvq__grow_pages(c, ly, p + 1);
     if (st != KVQ_OK)
         return st;
     kvq__page *pg = &ly->pages[p];
-    if (kvq__page_live(pg))
-        return KVQ_ERR_CORRUPT; /* the same page twice */
+    if (kvq__page_live(pg)) {
+        *why = "the same page twice";
+        return KVQ_ERR_CORRUPT;
+    }
     uint8_t *blk = (uint8_t *)kvq__lalloc_tier(c, ly, bb, warm);
-    uint16_t *stg = sb ? (uint16_t *)kvq__lalloc(c, ly, sb, 0) : NULL;
-    if (!blk || (sb && !stg)) {
+    uint16_t *stg = keep_sb ? (uint16_t *)kvq__lalloc(c, ly, keep_sb, 0) : NULL;
+    if (!blk || (keep_sb && !stg)) {
         kvq__lfree_tier(c, ly, blk, bb, warm);
-        kvq__lfree(c, ly, stg, sb, 0);
+        kvq__lfree(c, ly, stg, keep_sb, 0);
         return KVQ_ERR_NOMEM;
     }
     memcpy(blk, r->block, bb);
-    if (sb)
-        memcpy(stg, r->block + bb, sb);
+    if (keep_sb)
+        memcpy(stg, r->block + bb, keep_sb);
     if (p >= ly->n_pages)
         ly->n_pages = p + 1;
     memset(pg, 0, sizeof *pg);
@@ -462,6 +550,43 @@ static kvq_status kvq__install_page(kvq_cache *c, size_t l, size_t p, const kvq_
     }
     pg->encoded = stg == NULL; /* what still waits for encoding travels staged */
     return KVQ_OK;
+}
+
+static int kvq__cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Why the restored layer's slots cannot be a layer's (NULL: they can): a
+ * position twice, or a pending token older than an encoded one (tokens are
+ * encoded in arrival order, which is position order, so the pending ones
+ * are always the newest). The free stack, which kvq__finish_restore fills
+ * afterwards, holds the sorted copy of the positions: it has a place for
+ * every slot, so the check allocates nothing. */
+static const char *kvq__layer_slots_why(const kvq_cache *c, kvq__layer *ly) {
+    uint32_t *v = ly->free_stack;
+    size_t n = 0;
+    int32_t max_enc = -1, min_pend = INT32_MAX;
+    for (size_t s = 0; s < ly->n_pages * c->P; s++) {
+        int32_t q = ly->pos[s];
+        if (q < 0)
+            continue;
+        v[n++] = (uint32_t)q;
+        if (KVQ__STATE(ly->state[s]) == KVQ__PEND)
+            min_pend = q < min_pend ? q : min_pend;
+        else
+            max_enc = q > max_enc ? q : max_enc;
+    }
+    ly->n_free = 0;
+    if (max_enc > min_pend)
+        return "a pending token older than an encoded one";
+    if (n < 2)
+        return NULL;
+    qsort(v, n, sizeof *v, kvq__cmp_u32);
+    for (size_t i = 1; i < n; i++)
+        if (v[i] == v[i - 1])
+            return "a position twice";
+    return NULL;
 }
 
 /* After pages are installed: free slots, the pending ring and the open
@@ -604,29 +729,37 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
         return st;
     }
     const uint8_t *m = (const uint8_t *)md;
-    size_t T = 0;
-    if (ms < KVQ__MANIFEST_HDR + 4 || memcmp(m, "KVQM", 4) != 0 ||
-        kvq__ld32(m + ms - 4) != kvq__crc32c(0, m, ms - 4)) {
+    size_t T = 0, N = 0, nlen = strlen(name);
+    uint64_t save_id = 0;
+    if (ms < 16 || memcmp(m, "KVQM", 4) != 0 || kvq__ld32(m + ms - 4) != kvq__crc32c(0, m, ms - 4)) {
         st = KVQ_ERR_CORRUPT;
         kvq__snap_err(c, "snapshot '%.60s': the manifest is not a valid manifest", name);
     } else if (kvq__ld32(m + 4) != KVQ__MANIFEST_VERSION) {
         st = KVQ_ERR_VERSION;
         kvq__snap_err(c, "snapshot '%.60s': manifest version %u (this library reads %u)", name,
                       kvq__ld32(m + 4), KVQ__MANIFEST_VERSION);
-    } else if ((T = kvq__ld32(m + 8)) > ms - KVQ__MANIFEST_HDR - 4) {
+    } else if (ms < KVQ__MANIFEST_HDR + 4 || (T = kvq__ld32(m + 8)) > ms - KVQ__MANIFEST_HDR - 4 ||
+               (N = kvq__ld32(m + 12)) > ms - KVQ__MANIFEST_HDR - 4 - T) {
         st = KVQ_ERR_CORRUPT;
         kvq__snap_err(c, "snapshot '%.60s': the manifest is shorter than its header says", name);
+    } else if (N != nlen || memcmp(m + KVQ__MANIFEST_HDR, name, nlen) != 0) {
+        st = KVQ_ERR_CORRUPT;
+        char other[72];
+        kvq__printable(other, sizeof other, (const char *)m + KVQ__MANIFEST_HDR, N);
+        kvq__snap_err(c, "snapshot '%.60s': the manifest was written for snapshot '%s'", name, other);
     }
     if (st == KVQ_OK) {
+        save_id = kvq__ld64(m + 16);
         kvq__sbuf txt = {&c->alloc, NULL, 0, 0, 0};
         st = kvq__config_text(c, &txt);
         if (st == KVQ_OK &&
-            kvq__config_differs(c, name, (const char *)m + KVQ__MANIFEST_HDR, T, txt.s, txt.n))
+            kvq__config_differs(c, name, (const char *)m + KVQ__MANIFEST_HDR + N, T, txt.s, txt.n))
             st = KVQ_ERR_MISMATCH;
         kvq__free(&c->alloc, txt.s);
     }
-    /* pass 1: the layer sections fit exactly and the centres are ours */
-    size_t first = KVQ__MANIFEST_HDR + T, end = ms - 4, at = first, cb = c->H * c->d * 4;
+    /* pass 1: the layer sections fit exactly, the centres are ours, each
+     * layer's pages come in ascending order (none twice) */
+    size_t first = KVQ__MANIFEST_HDR + N + T, end = ms - 4, at = first, cb = c->H * c->d * 4;
     size_t max_page = c->cfg.max_tokens; /* every live page holds a token */
     for (size_t l = 0; l < c->L && st == KVQ_OK; l++) {
         const float *ctr = c->layers[l].center;
@@ -650,12 +783,14 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
             }
         }
         at += has_center ? cb : 0;
-        if (st == KVQ_OK && (end - at) / 4 < saved)
+        if (st == KVQ_OK && (end - at) / KVQ__PAGE_ENTRY < saved)
             st = KVQ_ERR_CORRUPT;
-        for (uint32_t k = 0; k < saved && st == KVQ_OK; k++)
-            if (kvq__ld32(m + at + 4 * (size_t)k) > max_page)
+        for (uint32_t k = 0; k < saved && st == KVQ_OK; k++) {
+            uint32_t pk = kvq__ld32(m + at + KVQ__PAGE_ENTRY * (size_t)k);
+            if (pk > max_page || (k && pk <= kvq__ld32(m + at + KVQ__PAGE_ENTRY * (size_t)(k - 1))))
                 st = KVQ_ERR_CORRUPT;
-        at += st == KVQ_OK ? (size_t)saved * 4 : 0;
+        }
+        at += st == KVQ_OK ? (size_t)saved * KVQ__PAGE_ENTRY : 0;
     }
     if (st == KVQ_OK && at != end)
         st = KVQ_ERR_CORRUPT;
@@ -670,24 +805,51 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
         int32_t sink_until = (int32_t)kvq__ld32(m + at + 12);
         uint32_t sinks_seen = kvq__ld32(m + at + 16), saved = kvq__ld32(m + at + 20);
         at += KVQ__LAYER_HDR + (kvq__ld32(m + at + 24) ? cb : 0);
+        kvq__restore_rule rule = {0, 0, last};
         for (uint32_t k = 0; k < saved && st == KVQ_OK; k++) {
-            size_t p = kvq__ld32(m + at + 4 * (size_t)k);
+            const uint8_t *ent = m + at + KVQ__PAGE_ENTRY * (size_t)k;
+            size_t p = kvq__ld32(ent);
             snprintf(key, sizeof key, "%s/l%zu/p%zu", name, l, p);
             void *rd = NULL;
             size_t rs = 0;
+            const char *why = NULL;
             st = kvq_store_get(s, key, &rd, &rs);
             if (st == KVQ_OK) {
                 kvq__record r;
+                uint8_t dg[KVQ__SHA256_BYTES];
+                kvq__sha256(rd, rs, dg);
                 /* store buffers are 64-byte aligned, as decode needs */
-                st = kvq__record_decode(rd, rs, &r);
-                if (st == KVQ_OK)
-                    st = kvq__install_page(c, l, p, &r);
+                if (memcmp(dg, ent + 4, sizeof dg) != 0) {
+                    st = KVQ_ERR_CORRUPT;
+                    why = "its SHA-256 differs from the manifest's (altered, or written by another "
+                          "save of this name)";
+                } else if ((st = kvq__record_decode(rd, rs, &r)) != KVQ_OK) {
+                    why = "not a valid page record";
+                } else if (r.prefix_hash != save_id) {
+                    st = KVQ_ERR_CORRUPT;
+                    why = "written by another save of this name";
+                } else {
+                    st = kvq__install_page(c, l, p, &r, &rule, &why);
+                    if (st == KVQ_ERR_MISMATCH) { /* the manifest's configuration matched */
+                        st = KVQ_ERR_CORRUPT;
+                        why = "of another layer, shape or layout than the manifest's";
+                    }
+                }
                 kvq_store_free_buf(s, rd);
             }
-            if (st != KVQ_OK)
-                kvq__snap_err(c, "snapshot '%.60s': page record %s: %s", name, key, kvq_strerror(st));
+            if (st != KVQ_OK) {
+                if (st == KVQ_ERR_RANGE) /* the manifest names it: the snapshot is not whole */
+                    st = KVQ_ERR_CORRUPT, why = "missing from the store";
+                kvq__snap_err(c, "snapshot '%.60s': page record %s: %s", name, key,
+                              why ? why : kvq_strerror(st));
+            }
         }
-        at += (size_t)saved * 4;
+        at += (size_t)saved * KVQ__PAGE_ENTRY;
+        const char *lwhy = st == KVQ_OK ? kvq__layer_slots_why(c, ly) : NULL;
+        if (lwhy) {
+            kvq__snap_err(c, "snapshot '%.60s': layer %zu holds %s", name, l, lwhy);
+            st = KVQ_ERR_CORRUPT;
+        }
         if (st == KVQ_OK && ly->n_tokens > c->cfg.max_tokens) {
             kvq__snap_err(c, "snapshot '%.60s': layer %zu holds %zu tokens, more than max_tokens",
                           name, l, ly->n_tokens);
@@ -700,9 +862,10 @@ kvq_status kvq_cache_load(kvq_cache *c, kvq_store *s, const char *name) {
             int32_t maxpos = -1;
             for (size_t sl = 0; sl < ly->n_pages * c->P; sl++)
                 maxpos = ly->pos[sl] > maxpos ? ly->pos[sl] : maxpos;
-            if (last < maxpos || last == INT32_MAX || appended < ly->n_tokens ||
-                (appended == 0) != (last < 0) || sinks_seen > appended ||
-                sinks_seen > c->cfg.sinks || sink_until > last) {
+            if (last < maxpos || last == INT32_MAX || last < -1 || appended < ly->n_tokens ||
+                (appended == 0) != (last < 0) || appended > (uint64_t)last + 1 ||
+                sinks_seen > appended || sinks_seen > c->cfg.sinks ||
+                (sinks_seen ? sink_until < 0 || sink_until > last : sink_until < -1 || sink_until > 0)) {
                 kvq__snap_err(c, "snapshot '%.60s': layer %zu's counters (appended %llu, last "
                                  "position %d) contradict its pages (%zu tokens up to position %d)",
                               name, l, (unsigned long long)appended, (int)last, ly->n_tokens,
@@ -907,6 +1070,8 @@ kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, 
                 break;
             }
             kvq__record r;
+            const char *why = NULL;
+            kvq__restore_rule rule = {1, j, 0};
             gs = kvq__prefix_check(c, (const uint8_t *)rd, rs, j, prev, le, &off);
             if (gs == KVQ_OK) {
                 gs = kvq__record_decode((const uint8_t *)rd + off, rs - off - 4, &r);
@@ -914,7 +1079,7 @@ kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, 
                     gs = KVQ_ERR_MISMATCH;
             }
             if (gs == KVQ_OK)
-                gs = kvq__install_page(c, l, j, &r);
+                gs = kvq__install_page(c, l, j, &r, &rule, &why);
             kvq_store_free_buf(s, rd);
             if (gs == KVQ_ERR_MISMATCH) {
                 /* another prompt's page under this key: a miss */
@@ -922,6 +1087,7 @@ kvq_status kvq_cache_prefix_get(kvq_cache *c, kvq_store *s, const int32_t *ids, 
                 break;
             }
             if (gs != KVQ_OK) {
+                kvq__snap_err(c, "prefix entry %.100s: %s", key, why ? why : kvq_strerror(gs));
                 st = gs;
                 break;
             }

@@ -60,7 +60,7 @@ static int slots_ok(const kvq__record *r, const int32_t *posn, const uint8_t *po
     int32_t lo = INT32_MAX, hi = -1;
     for (uint32_t i = 0; i < r->page_tokens; i++) {
         int32_t p = posn ? posn[i] : (int32_t)kvq__ld32(posb + 4 * (size_t)i);
-        unsigned s = states[i] & 0x7fu;
+        unsigned s = states[i]; /* the high bit is reserved: 0 */
         if (s >= KVQ__RECORD_N_STATES || p < -1 || (p == -1) != (s == 0))
             return 0;
         if (p >= 0) {

@@ -16,7 +16,7 @@
 #define KVQ__RECORD_MAX_PAGE_TOKENS 4096
 #define KVQ__RECORD_MAX_HEADS 65536
 #define KVQ__RECORD_MAX_LAYOUT 65535
-#define KVQ__RECORD_N_STATES 3 /* slot states 0 free, 1 encoded, 2 pending (after & 0x7f) */
+#define KVQ__RECORD_N_STATES 3 /* slot states 0 free, 1 encoded, 2 pending (byte values 0..2) */
 
 /* One page. Decoded records are views: every pointer points into the bytes
  * given to kvq__record_decode and lives as long as they do. */
@@ -33,7 +33,7 @@ typedef struct kvq__record {
                            not NUL-terminated; 0..65535 bytes */
     size_t layout_len;
     const int32_t *positions; /* [page_tokens], -1 = free slot */
-    const uint8_t *states;    /* [page_tokens]; & 0x7f in 0..2, 0 exactly on free slots */
+    const uint8_t *states;    /* [page_tokens]; 0..2, 0 exactly on free slots */
     const uint8_t *block;     /* the page block, opaque */
     size_t block_len;
 } kvq__record;
