@@ -6,7 +6,10 @@
  * appends clean), corrupt entries in the middle and after open, injected
  * full disk / write / fsync / read faults keeping old values readable, many
  * keys, large values, segment roll-over, compaction, the directory lock,
- * readonly mode and failing allocations. Redis store: against a
+ * readonly mode and failing allocations; segment ids past 2^32 (roll-over
+ * and compaction from seg-4294967294.log), the last id refusing a new
+ * segment, names that are not segments; two processes on one directory
+ * (fork: writer + writer, writer + readers, a killed writer). Redis store: against a
  * redis-server this test starts on a free loopback port (killed and
  * restarted mid-run to check KVQ_ERR_CONN and the reconnect); skipped with
  * a "SKIP redis:" line when redis-server or hiredis is missing.
@@ -210,7 +213,7 @@ static void make_record(rec_src *src, uint32_t P, tu_rng *rng) {
     for (uint32_t i = 0; i < P; i++) {
         if (i % 5 == 3) {
             src->pos[i] = -1;
-            src->states[i] = (i % 2) ? 0x80 : 0; /* the in-stack flag is masked off */
+            src->states[i] = 0;
         } else {
             src->pos[i] = (int32_t)(100 + 7 * i - (i % 3));
             src->states[i] = (uint8_t)(1 + (i % 2));
@@ -327,7 +330,8 @@ static void test_records(void) {
     CHECK_STATUS(decode_with(buf, n, 64 + 4 * 3, 5, 4), KVQ_ERR_CORRUPT);    /* free->used */
     CHECK_STATUS(decode_with(buf, n, 64 + 64 + 0, 3, 1), KVQ_ERR_CORRUPT);   /* state 3 */
     CHECK_STATUS(decode_with(buf, n, 64 + 64 + 0, 0, 1), KVQ_ERR_CORRUPT);   /* used, free */
-    CHECK_OK(decode_with(buf, n, 64 + 64 + 0, 0x82, 1));                     /* flag bit */
+    CHECK_STATUS(decode_with(buf, n, 64 + 64 + 0, 0x82, 1), KVQ_ERR_CORRUPT); /* high bit */
+    CHECK_STATUS(decode_with(buf, n, 64 + 64 + 3, 0x80, 1), KVQ_ERR_CORRUPT); /* on a free slot */
     CHECK_STATUS(decode_with(buf, n, 64 + 64 + 3, 1, 1), KVQ_ERR_CORRUPT);   /* free, used */
     CHECK_STATUS(decode_with(buf, n, 64 + 80, 0x07, 1), KVQ_ERR_CORRUPT);    /* layout ctl */
 
@@ -1074,6 +1078,335 @@ static void test_file_failalloc(void) {
     CHECK(compactions > 0);
 }
 
+/* ---------------------------------------------------------------- segment ids */
+
+static int write_file(const char *path, const void *data, size_t n) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return -1;
+    ssize_t w = n ? write(fd, data, n) : 0;
+    close(fd);
+    return w == (ssize_t)n ? 0 : -1;
+}
+
+/* A directory holding one empty segment file named seg-<id>.log. */
+static int dir_with_empty_seg(char *dir, size_t dn, const char *name, const char *id) {
+    char p[400];
+    fresh_dir(dir, dn, name);
+    snprintf(p, sizeof p, "%s/seg-%s.log", dir, id);
+    return mkdir(dir, 0755) == 0 && write_file(p, "", 0) == 0 ? 0 : -1;
+}
+
+/* The smallest and largest id of the seg-<id>.log files in dir (0 and 0
+ * when none); the number of them. */
+static int seg_id_span(const char *dir, unsigned long long *lo, unsigned long long *hi) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    *lo = *hi = 0;
+    if (!d)
+        return -1;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        size_t l = strlen(de->d_name);
+        if (strncmp(de->d_name, "seg-", 4) != 0 || l < 9 || strcmp(de->d_name + l - 4, ".log") != 0)
+            continue;
+        unsigned long long id = strtoull(de->d_name + 4, NULL, 10);
+        if (n == 0 || id < *lo)
+            *lo = id;
+        if (n == 0 || id > *hi)
+            *hi = id;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Segment ids go past 2^32 - 1 without wrapping: from one empty
+ * seg-4294967294.log, puts that roll over and compactions that write new
+ * segments keep every acknowledged value, before and after a reopen. When
+ * no id is left (seg-18446744073709551614.log is the largest id there is)
+ * a put that needs a new segment is refused, and nothing is lost. */
+static void test_file_segment_ids(void) {
+    tu_rng rng;
+    tu_seed(&rng, 31);
+    static uint8_t val[8][3000];
+    for (int i = 0; i < 8; i++)
+        fill_bytes(&rng, val[i], sizeof val[i]);
+    char dir[300], url[400], key[32];
+    unsigned long long lo, hi;
+
+    /* roll-over across 2^32 */
+    CHECK_EQ(dir_with_empty_seg(dir, sizeof dir, "ids-roll", "4294967294"), 0);
+    snprintf(url, sizeof url, "file:%s?segment_bytes=4096&compact_min=0", dir);
+    kvq_store *s = open_ok(url);
+    if (!s)
+        return;
+    int fails = 0;
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        fails += kvq_store_put(s, key, val[i], sizeof val[i]) != KVQ_OK;
+    }
+    CHECK_EQ(fails, 0);
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        CHECK(has_value(s, key, val[i], sizeof val[i]));
+    }
+    CHECK_EQ(stats_of(s).segments, 4);
+    s = reopen(s, url);
+    if (!s)
+        return;
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        CHECK(has_value(s, key, val[i], sizeof val[i]));
+    }
+    check_clean(s, 4);
+    kvq_store_close(s);
+    CHECK_EQ(seg_id_span(dir, &lo, &hi), 4);
+    CHECK_EQ(lo, 4294967294ull);
+    CHECK_EQ(hi, 4294967297ull);
+
+    /* compaction across 2^32 */
+    CHECK_EQ(dir_with_empty_seg(dir, sizeof dir, "ids-compact", "4294967293"), 0);
+    snprintf(url, sizeof url, "file:%s?segment_bytes=4096&compact_min=4096", dir);
+    s = open_ok(url);
+    if (!s)
+        return;
+    fails = 0;
+    fails += kvq_store_put(s, "b", val[7], 1500) != KVQ_OK;
+    for (int it = 0; it < 24; it++)
+        fails += kvq_store_put(s, "a", val[it % 7] + it, 1500) != KVQ_OK;
+    CHECK_EQ(fails, 0);
+    CHECK(stats_of(s).compactions >= 3);
+    CHECK(has_value(s, "a", val[23 % 7] + 23, 1500));
+    CHECK(has_value(s, "b", val[7], 1500));
+    s = reopen(s, url);
+    if (!s)
+        return;
+    CHECK(has_value(s, "a", val[23 % 7] + 23, 1500));
+    CHECK(has_value(s, "b", val[7], 1500));
+    check_clean(s, 2);
+    kvq_store_close(s);
+    CHECK(seg_id_span(dir, &lo, &hi) >= 1);
+    CHECK(lo > 4294967295ull);
+    CHECK_EQ(count_files(dir, ".tmp"), 0);
+
+    /* no id left: refused before anything is written */
+    CHECK_EQ(dir_with_empty_seg(dir, sizeof dir, "ids-last", "18446744073709551614"), 0);
+    snprintf(url, sizeof url, "file:%s?segment_bytes=4096&compact_min=0", dir);
+    s = open_ok(url);
+    if (!s)
+        return;
+    CHECK_OK(kvq_store_put(s, "a", val[0], sizeof val[0]));
+    CHECK_STATUS(kvq_store_put(s, "b", val[1], sizeof val[1]), KVQ_ERR_NOSPACE);
+    CHECK(strstr(kvq_store_last_error(s), "segment id") != NULL);
+    CHECK_OK(kvq_store_put(s, "c", "small", 5)); /* still fits the last segment */
+    CHECK(has_value(s, "a", val[0], sizeof val[0]));
+    CHECK_STATUS(get_status(s, "b"), KVQ_ERR_RANGE);
+    s = reopen(s, url);
+    if (!s)
+        return;
+    CHECK(has_value(s, "a", val[0], sizeof val[0]));
+    CHECK(has_value(s, "c", "small", 5));
+    CHECK_STATUS(get_status(s, "b"), KVQ_ERR_RANGE);
+    check_clean(s, 2);
+    kvq_store_close(s);
+    /* a compaction that finds no id left gives up; the puts stand */
+    snprintf(url, sizeof url, "file:%s?segment_bytes=4096&compact_min=1", dir);
+    s = open_ok(url);
+    if (!s)
+        return;
+    fails = 0;
+    for (int i = 0; i < 3; i++)
+        fails += kvq_store_put(s, "c", val[i], 100) != KVQ_OK;
+    CHECK_EQ(fails, 0);
+    CHECK_EQ(stats_of(s).compactions, 0);
+    s = reopen(s, url);
+    if (!s)
+        return;
+    CHECK(has_value(s, "a", val[0], sizeof val[0]));
+    CHECK(has_value(s, "c", val[2], 100));
+    kvq_store_close(s);
+    CHECK_EQ(seg_id_span(dir, &lo, &hi), 1);
+    CHECK_EQ(count_files(dir, ".tmp"), 0);
+
+    /* names: ids in numeric order whatever their width (seg-1000000.log
+     * is newer than seg-999999.log); other spellings of an id are not
+     * segment files; an id this store never writes refuses the open */
+    fresh_dir(dir, sizeof dir, "ids-names");
+    CHECK_EQ(mkdir(dir, 0755), 0);
+    uint8_t e[64];
+    char p[400];
+    size_t n = make_entry(e, KVQ__SEG_PUT, "k", "old", 3);
+    snprintf(p, sizeof p, "%s/seg-999999.log", dir);
+    CHECK_EQ(write_file(p, e, n), 0);
+    n = make_entry(e, KVQ__SEG_PUT, "k", "new", 3);
+    snprintf(p, sizeof p, "%s/seg-1000000.log", dir);
+    CHECK_EQ(write_file(p, e, n), 0);
+    n = make_entry(e, KVQ__SEG_PUT, "k", "one", 3);
+    snprintf(p, sizeof p, "%s/seg-1.log", dir);
+    CHECK_EQ(write_file(p, e, n), 0);
+    snprintf(p, sizeof p, "%s/seg-0000002.log", dir);
+    CHECK_EQ(write_file(p, e, n), 0);
+    snprintf(url, sizeof url, "file:%s", dir);
+    s = open_ok(url);
+    if (!s)
+        return;
+    CHECK(has_value(s, "k", "new", 3));
+    CHECK_OK(kvq_store_put(s, "m", "m", 1));
+    check_clean(s, 2);
+    s = reopen(s, url);
+    if (!s)
+        return;
+    CHECK(has_value(s, "k", "new", 3));
+    CHECK(has_value(s, "m", "m", 1));
+    kvq_store_close(s);
+    CHECK_EQ(seg_id_span(dir, &lo, &hi), 4);
+    CHECK_EQ(hi, 1000000); /* the put went to the active segment */
+    static const char *const refused[] = {"000000", "18446744073709551615",
+                                          "18446744073709551616", "99999999999999999999999"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(p, sizeof p, "%s/seg-%s.log", dir, refused[i]);
+        CHECK_EQ(write_file(p, "", 0), 0);
+        for (int ro = 0; ro < 2; ro++) {
+            kvq_store *s2 = NULL;
+            char err[256] = "";
+            snprintf(url, sizeof url, "file:%s?readonly=%d", dir, ro);
+            CHECK_STATUS(kvq_store_open(&s2, url, NULL, err, sizeof err), KVQ_ERR_CORRUPT);
+            TU_REPORT(strstr(err, refused[i]) != NULL, "seg-%s.log: '%s'", refused[i], err);
+        }
+        unlink(p);
+    }
+    s = open_ok(url);
+    kvq_store_close(s);
+}
+
+/* ---------------------------------------------------------------- two processes */
+
+/* A child process that opens url (a writer puts key=key first), tells the
+ * parent the status through a pipe, then holds the store until the parent
+ * writes a byte to *go (or kills it). */
+typedef struct {
+    pid_t pid;
+    int go;
+} holder;
+
+static kvq_status hold_in_child(holder *h, const char *url, const char *key) {
+    int up[2], down[2];
+    h->pid = -1;
+    h->go = -1;
+    if (pipe(up) != 0)
+        return KVQ_ERR_IO;
+    if (pipe(down) != 0) {
+        close(up[0]);
+        close(up[1]);
+        return KVQ_ERR_IO;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(up[0]);
+        close(down[1]);
+        kvq_store *s = NULL;
+        int st = kvq_store_open(&s, url, NULL, NULL, 0);
+        if (st == KVQ_OK && key)
+            st = kvq_store_put(s, key, key, strlen(key));
+        if (write(up[1], &st, sizeof st) != (ssize_t)sizeof st)
+            _exit(2);
+        char c;
+        if (read(down[0], &c, 1) < 0)
+            _exit(3);
+        kvq_store_close(s);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    int st = KVQ_ERR_IO;
+    if (pid < 0 || read(up[0], &st, sizeof st) != (ssize_t)sizeof st)
+        st = KVQ_ERR_IO;
+    close(up[0]);
+    h->pid = pid;
+    h->go = down[1];
+    return (kvq_status)st;
+}
+
+/* Lets the child close the store and exit (or kills it); its exit status. */
+static int release_child(holder *h, int kill_it) {
+    if (h->pid <= 0)
+        return -1;
+    if (kill_it)
+        kill(h->pid, SIGKILL);
+    else if (write(h->go, "x", 1) != 1)
+        return -1;
+    close(h->go);
+    int ws = 0;
+    if (waitpid(h->pid, &ws, 0) != h->pid)
+        return -1;
+    h->pid = -1;
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
+}
+
+/* The status and message of opening url from this process. */
+static kvq_status try_open(const char *url, char *err, size_t en) {
+    kvq_store *s = NULL;
+    err[0] = 0;
+    kvq_status st = kvq_store_open(&s, url, NULL, err, en);
+    kvq_store_close(s);
+    return st;
+}
+
+/* Two processes on one directory: one writer, or any number of readonly
+ * opens, at a time. A second writer, a reader beside a writer and a writer
+ * beside readers are refused at once with KVQ_ERR_IO and a message that
+ * says which kind of open holds the lock; a killed writer's lock goes with
+ * it and its acknowledged puts stay. */
+static void test_file_two_processes(void) {
+    char dir[300], wurl[400], rurl[400], err[256];
+    fresh_dir(dir, sizeof dir, "procs");
+    snprintf(wurl, sizeof wurl, "file:%s", dir);
+    snprintf(rurl, sizeof rurl, "file:%s?readonly=1", dir);
+    holder h;
+
+    /* a writer in another process */
+    CHECK_OK(hold_in_child(&h, wurl, "from-writer"));
+    CHECK_STATUS(try_open(wurl, err, sizeof err), KVQ_ERR_IO);
+    TU_REPORT(strstr(err, "locked") && strstr(err, "a writer has it open"), "second writer: '%s'",
+              err);
+    CHECK_STATUS(try_open(rurl, err, sizeof err), KVQ_ERR_IO);
+    TU_REPORT(strstr(err, "locked") && strstr(err, "a writer has it open"), "reader: '%s'", err);
+    CHECK_EQ(release_child(&h, 0), 0);
+    kvq_store *s = open_ok(wurl);
+    if (s)
+        CHECK(has_value(s, "from-writer", "from-writer", 11));
+    kvq_store_close(s);
+
+    /* readers in other processes: more readers are welcome, writers not */
+    holder h2;
+    CHECK_OK(hold_in_child(&h, rurl, NULL));
+    CHECK_OK(hold_in_child(&h2, rurl, NULL));
+    CHECK_STATUS(try_open(wurl, err, sizeof err), KVQ_ERR_IO);
+    TU_REPORT(strstr(err, "locked") && strstr(err, "open readonly"), "writer beside readers: '%s'",
+              err);
+    s = open_ok(rurl);
+    if (s)
+        CHECK(has_value(s, "from-writer", "from-writer", 11));
+    kvq_store_close(s);
+    CHECK_EQ(release_child(&h, 0), 0);
+    CHECK_STATUS(try_open(wurl, err, sizeof err), KVQ_ERR_IO); /* one reader is left */
+    CHECK_EQ(release_child(&h2, 0), 0);
+    CHECK_OK(try_open(wurl, err, sizeof err));
+
+    /* a writer killed while holding the store */
+    CHECK_OK(hold_in_child(&h, wurl, "acked"));
+    CHECK_EQ(release_child(&h, 1), 128 + SIGKILL);
+    s = open_ok(wurl);
+    if (s) {
+        CHECK(has_value(s, "acked", "acked", 5));
+        CHECK(has_value(s, "from-writer", "from-writer", 11));
+        check_clean(s, 2);
+    }
+    kvq_store_close(s);
+}
+
 /* ---------------------------------------------------------------- redis */
 
 static pid_t g_redis = -1;
@@ -1342,6 +1675,8 @@ int main(int argc, char **argv) {
     test_file_many();
     test_file_compaction();
     test_file_failalloc();
+    test_file_segment_ids();
+    test_file_two_processes();
     test_redis();
     rm_tree(g_tmp);
     return tu_finish();

@@ -4,6 +4,26 @@
  * layout, docs/record-format.md draws it), and an in-memory index from key
  * to the newest put.
  *
+ * Segment names: "seg-" + the id in decimal, zero-padded to at least six
+ * digits, + ".log" (".tmp" while compaction writes it): seg-000001.log,
+ * seg-1000000.log, seg-4294967296.log. Ids are 64-bit, from 1 to FS_ID_MAX,
+ * ordered by value (not by name), and every new segment takes the next id
+ * after the largest there is, so an id never wraps: a put that would need
+ * a segment past FS_ID_MAX is refused (KVQ_ERR_NOSPACE) before it writes
+ * anything. Other spellings of a number (seg-1.log, seg-0000001.log) are
+ * not segment files and are left alone; a name of the canonical form whose
+ * id is 0 or past FS_ID_MAX (no kvq writes one: an earlier 32-bit kvq
+ * wrapped from seg-4294967295.log to seg-000000.log) makes the open fail
+ * with KVQ_ERR_CORRUPT rather than leave that file's entries out unsaid.
+ *
+ * Two opens of one directory, in one process or in several: at most one
+ * writer, or any number of readonly opens (flock, below). A readonly open
+ * builds its index when it opens and never sees later changes, and a
+ * writer's compaction removes the files it reads, so readers and a writer
+ * never share the directory: each is refused (KVQ_ERR_IO, at once, with a
+ * message naming the kind of open that holds the lock) while the other
+ * holds it.
+ *
  * Invariants:
  * - Every segment but the last is closed for appends; the last one (the
  *   active segment) ends at segs[last].size, the end of its last good entry.
@@ -20,6 +40,7 @@
  *   synced, renamed), then removes the old segments oldest first, so a crash
  *   at any point leaves a directory whose scan gives the same live keys.
  * - The directory is flock'ed: exclusive for writers, shared for readonly.
+ * - segs is sorted by id, ids are unique and next_id is above all of them.
  * - The store holds what the directory holds: a segment file removed from
  *   it under the running store (its open fd would still read it) is
  *   forgotten when a get or del reaches one of its keys, when list or stats
@@ -33,6 +54,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/file.h>
@@ -42,9 +64,11 @@
 #define FS_DEFAULT_SEGMENT ((uint64_t)64 << 20)
 #define FS_DEFAULT_COMPACT_MIN ((uint64_t)16 << 20)
 #define FS_SCAN_CHUNK ((size_t)1 << 16)
+#define FS_ID_MAX (UINT64_MAX - 1) /* so that next_id = id + 1 cannot wrap */
+#define FS_NAME_MAX 32             /* "seg-" + up to 20 digits + ".tmp" + NUL */
 
 typedef struct fs_seg {
-    uint32_t id;
+    uint64_t id;
     int fd;
     uint64_t size;
     int removed; /* scratch of forget_removed */
@@ -52,10 +76,10 @@ typedef struct fs_seg {
 
 typedef struct fs_slot {
     char *key; /* NULL = empty slot; owned, NUL-terminated */
-    uint32_t klen;
-    uint32_t seg; /* segment id */
     uint64_t hash;
+    uint64_t seg;      /* segment id */
     uint64_t off, len; /* entry offset and total length */
+    uint32_t klen;
     uint32_t vlen;
 } fs_slot;
 
@@ -66,7 +90,7 @@ typedef struct fs_store {
     uint64_t segment_bytes, compact_min;
     fs_seg *segs; /* ascending ids; the last is the active one */
     size_t n_segs, segs_cap;
-    uint32_t next_id;
+    uint64_t next_id; /* the id of the next new segment; FS_ID_MAX + 1: none left */
     int need_roll; /* the active segment cannot take appends (bad tail, failed truncate) */
     fs_slot *tab;
     size_t tab_cap, tab_n; /* tab_cap is a power of two */
@@ -263,7 +287,7 @@ static kvq_status tab_grow(kvq_store *s, fs_store *f) {
 /* Points key at a new entry (inserting it if needed, with kcopy as the
  * key's copy when given: taken, or freed when the key is there already). */
 static kvq_status tab_set(kvq_store *s, fs_store *f, const char *key, size_t klen, char *kcopy,
-                          uint32_t seg, uint64_t off, uint64_t len, uint32_t vlen) {
+                          uint64_t seg, uint64_t off, uint64_t len, uint32_t vlen) {
     uint64_t h = key_hash(key, klen);
     fs_slot *e = f->tab_cap ? tab_find(f, key, klen, h) : NULL;
     if (e) {
@@ -404,25 +428,35 @@ static int fs_sync(fs_store *f, int fd) {
 
 static kvq_status io_status(int err) { return err == ENOSPC ? KVQ_ERR_NOSPACE : KVQ_ERR_IO; }
 
-static void seg_name(char *buf, size_t n, uint32_t id, const char *ext) {
-    snprintf(buf, n, "seg-%06u.%s", id, ext);
+static void seg_name(char *buf, size_t n, uint64_t id, const char *ext) {
+    snprintf(buf, n, "seg-%06" PRIu64 ".%s", id, ext);
 }
 
-/* id of "seg-<digits>.<ext>", or 0 when name has another form. */
-static uint32_t parse_seg_name(const char *name, const char *ext) {
+enum { FS_NAME_OTHER, FS_NAME_SEG, FS_NAME_BAD_ID };
+
+/* What a directory entry is: FS_NAME_SEG when name is the name seg_name
+ * gives some id in 1..FS_ID_MAX with this ext (*id gets it), FS_NAME_BAD_ID
+ * when it has that form (at least six digits, no leading zero past the
+ * padding) but its number is 0 or past FS_ID_MAX, FS_NAME_OTHER else. */
+static int parse_seg_name(const char *name, const char *ext, uint64_t *id) {
     if (strncmp(name, "seg-", 4) != 0)
-        return 0;
+        return FS_NAME_OTHER;
     const char *p = name + 4;
-    uint64_t id = 0;
-    int nd = 0;
-    while (*p >= '0' && *p <= '9' && nd < 10) {
-        id = id * 10 + (uint64_t)(*p - '0');
-        p++;
-        nd++;
+    uint64_t v = 0;
+    int nd = 0, over = 0;
+    for (; *p >= '0' && *p <= '9'; p++, nd++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            over = 1;
+        else
+            v = v * 10 + d;
     }
-    if (nd == 0 || *p != '.' || strcmp(p + 1, ext) != 0 || id == 0 || id >= UINT32_MAX)
-        return 0;
-    return (uint32_t)id;
+    if (nd < 6 || (nd > 6 && name[4] == '0') || *p != '.' || strcmp(p + 1, ext) != 0)
+        return FS_NAME_OTHER;
+    if (over || v == 0 || v > FS_ID_MAX)
+        return FS_NAME_BAD_ID;
+    *id = v;
+    return FS_NAME_SEG;
 }
 
 static int sync_dir(fs_store *f) {
@@ -450,7 +484,7 @@ static kvq_status segs_reserve(kvq_store *s, fs_store *f, size_t n) {
     return KVQ_OK;
 }
 
-static fs_seg *seg_by_id(fs_store *f, uint32_t id) {
+static fs_seg *seg_by_id(fs_store *f, uint64_t id) {
     size_t lo = 0, hi = f->n_segs;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
@@ -521,8 +555,8 @@ static size_t forget_removed(kvq_store *s, fs_store *f, size_t *n_segs_out) {
 static void fs_check_lost(kvq_store *s) { (void)forget_removed(s, FS(s), NULL); }
 
 /* Creates the file of a new segment (ext "log" or "tmp"); returns its fd. */
-static int create_seg_file(kvq_store *s, fs_store *f, uint32_t id, const char *ext) {
-    char name[32];
+static int create_seg_file(kvq_store *s, fs_store *f, uint64_t id, const char *ext) {
+    char name[FS_NAME_MAX];
     seg_name(name, sizeof name, id, ext);
     int fd = openat(f->dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0)
@@ -530,18 +564,33 @@ static int create_seg_file(kvq_store *s, fs_store *f, uint32_t id, const char *e
     return fd;
 }
 
+/* Refuses a new segment when no id is left for it (ids never wrap: a
+ * smaller id would sort before the newest entries). */
+static kvq_status id_left(kvq_store *s, fs_store *f, uint64_t id) {
+    if (id <= FS_ID_MAX)
+        return KVQ_OK;
+    kvq__store_err(s,
+                   "%s: no segment id left after seg-%" PRIu64
+                   ".log: the store takes no new segment (copy its keys to a new directory)",
+                   f->dir, (uint64_t)FS_ID_MAX);
+    return KVQ_ERR_NOSPACE;
+}
+
 /* Starts a new active segment. */
 static kvq_status roll(kvq_store *s, fs_store *f) {
-    kvq_status st = segs_reserve(s, f, f->n_segs + 1);
+    uint64_t id = f->next_id;
+    kvq_status st = id_left(s, f, id);
     if (st != KVQ_OK)
         return st;
-    uint32_t id = f->next_id;
+    st = segs_reserve(s, f, f->n_segs + 1);
+    if (st != KVQ_OK)
+        return st;
     int fd = create_seg_file(s, f, id, "log");
     if (fd < 0)
         return io_status(errno);
     if (sync_dir(f) != 0) {
         int e = errno;
-        char name[32];
+        char name[FS_NAME_MAX];
         seg_name(name, sizeof name, id, "log");
         unlinkat(f->dirfd, name, 0);
         close(fd);
@@ -561,7 +610,7 @@ static kvq_status roll(kvq_store *s, fs_store *f) {
  * and syncs it. On failure the segment is cut back to its previous end.
  * *seg_id and *off get where it went. */
 static kvq_status append_entry(kvq_store *s, fs_store *f, int op, const char *key, size_t klen,
-                               const void *val, size_t vlen, uint32_t *seg_id, uint64_t *off) {
+                               const void *val, size_t vlen, uint64_t *seg_id, uint64_t *off) {
     uint64_t len = (uint64_t)KVQ__SEG_HDR + klen + vlen;
     fs_seg *a = f->n_segs ? &f->segs[f->n_segs - 1] : NULL;
     if (a && seg_removed(a)) { /* appends there would never be found again */
@@ -600,7 +649,7 @@ static kvq_status append_entry(kvq_store *s, fs_store *f, int op, const char *ke
             f->need_roll = 1; /* garbage may follow `end`: never append after it */
         else
             (void)fdatasync(a->fd);
-        char name[32];
+        char name[FS_NAME_MAX];
         seg_name(name, sizeof name, a->id, "log");
         kvq__store_err(s, "%s/%s: %s of %llu bytes at %llu failed: %s", f->dir, name, what,
                        (unsigned long long)len, (unsigned long long)end, strerror(e));
@@ -616,13 +665,13 @@ static kvq_status append_entry(kvq_store *s, fs_store *f, int op, const char *ke
 
 /* ---- compaction ---- */
 typedef struct fs_newpos {
-    uint32_t seg;
+    uint64_t seg;
     uint64_t off;
 } fs_newpos;
 
 static void drop_new_segs(fs_store *f, fs_seg *ns, size_t n, const char *ext) {
     for (size_t i = 0; i < n; i++) {
-        char name[32];
+        char name[FS_NAME_MAX];
         seg_name(name, sizeof name, ns[i].id, ext);
         close(ns[i].fd);
         unlinkat(f->dirfd, name, 0);
@@ -646,7 +695,7 @@ static kvq_status compact(kvq_store *s, fs_store *f, int *did) {
         st = KVQ_ERR_NOMEM;
         goto fail;
     }
-    uint32_t id = f->next_id;
+    uint64_t id = f->next_id;
     for (size_t i = 0; i < f->tab_cap; i++) {
         fs_slot *e = &f->tab[i];
         if (!e->key)
@@ -687,6 +736,9 @@ static kvq_status compact(kvq_store *s, fs_store *f, int *did) {
                 ns = g;
                 ns_cap *= 2;
             }
+            st = id_left(s, f, id);
+            if (st != KVQ_OK)
+                goto fail;
             int fd = create_seg_file(s, f, id, "tmp");
             if (fd < 0) {
                 st = io_status(errno);
@@ -718,7 +770,7 @@ static kvq_status compact(kvq_store *s, fs_store *f, int *did) {
         goto fail;
     /* Rename in id order; a crash leaves old segments + a prefix of the new ones: same keys. */
     for (size_t i = 0; i < n_ns; i++) {
-        char from[32], to[32];
+        char from[FS_NAME_MAX], to[FS_NAME_MAX];
         seg_name(from, sizeof from, ns[i].id, "tmp");
         seg_name(to, sizeof to, ns[i].id, "log");
         if (renameat(f->dirfd, from, f->dirfd, to) != 0) {
@@ -742,7 +794,7 @@ static kvq_status compact(kvq_store *s, fs_store *f, int *did) {
     }
     if (st == KVQ_OK) {
         for (size_t i = 0; i < f->n_segs; i++) {
-            char name[32];
+            char name[FS_NAME_MAX];
             seg_name(name, sizeof name, f->segs[i].id, "log");
             unlinkat(f->dirfd, name, 0);
             close(f->segs[i].fd);
@@ -824,7 +876,7 @@ static kvq_status fs_put(kvq_store *s, const char *key, size_t klen, const void 
         memcpy(kcopy, key, klen);
         kcopy[klen] = 0;
     }
-    uint32_t seg;
+    uint64_t seg;
     uint64_t off;
     kvq_status st = append_entry(s, f, KVQ__SEG_PUT, key, klen, data, size, &seg, &off);
     if (st != KVQ_OK) {
@@ -844,11 +896,11 @@ static kvq_status fs_get(kvq_store *s, const char *key, size_t klen, void **data
         return KVQ_ERR_RANGE;
     fs_seg *sg = seg_by_id(f, e->seg);
     if (sg && seg_removed(sg)) {
-        uint32_t id = sg->id;
+        uint64_t id = sg->id;
         size_t n_segs = 0, keys = forget_removed(s, f, &n_segs);
         kvq__store_err(s,
-                       "%s: no key '%.200s': its segment seg-%06u.log was removed from the "
-                       "directory (%zu segment(s), %zu key(s) lost)",
+                       "%s: no key '%.200s': its segment seg-%06" PRIu64
+                       ".log was removed from the directory (%zu segment(s), %zu key(s) lost)",
                        f->dir, key, id, n_segs, keys);
         return KVQ_ERR_RANGE;
     }
@@ -866,14 +918,15 @@ static kvq_status fs_get(kvq_store *s, const char *key, size_t klen, void **data
             /* cut short under the store: the entry is gone for good */
             s->st.corrupt_skipped++;
             kvq__store_err(s,
-                           "%s: the entry of '%.200s' (segment %u, offset %llu) lies past the "
-                           "end of its file (%llu bytes): the segment was truncated",
+                           "%s: the entry of '%.200s' (segment %" PRIu64
+                           ", offset %llu) lies past the end of its file (%llu bytes): the "
+                           "segment was truncated",
                            f->dir, key, e->seg, (unsigned long long)e->off,
                            (unsigned long long)sb.st_size);
             return KVQ_ERR_CORRUPT;
         }
-        kvq__store_err(s, "%s: reading '%.200s' (segment %u, offset %llu) failed: %s", f->dir, key,
-                       e->seg, (unsigned long long)e->off, strerror(er));
+        kvq__store_err(s, "%s: reading '%.200s' (segment %" PRIu64 ", offset %llu) failed: %s",
+                       f->dir, key, e->seg, (unsigned long long)e->off, strerror(er));
         return KVQ_ERR_IO;
     }
     s->st.bytes_read += KVQ__SEG_HDR + klen + e->vlen;
@@ -885,7 +938,9 @@ static kvq_status fs_get(kvq_store *s, const char *key, size_t klen, void **data
         h.crc != crc || memcmp(hk + KVQ__SEG_HDR, key, klen) != 0) {
         kvq__free(&s->alloc, v);
         s->st.corrupt_skipped++;
-        kvq__store_err(s, "%s: the entry of '%.200s' (segment %u, offset %llu) fails its checksum",
+        kvq__store_err(s,
+                       "%s: the entry of '%.200s' (segment %" PRIu64
+                       ", offset %llu) fails its checksum",
                        f->dir, key, e->seg, (unsigned long long)e->off);
         return KVQ_ERR_CORRUPT;
     }
@@ -908,7 +963,7 @@ static kvq_status fs_del(kvq_store *s, const char *key, size_t klen) {
     }
     if (!e)
         return KVQ_ERR_RANGE;
-    uint32_t seg;
+    uint64_t seg;
     uint64_t off;
     kvq_status st = append_entry(s, f, KVQ__SEG_DEL, key, klen, NULL, 0, &seg, &off);
     if (st != KVQ_OK)
@@ -1002,7 +1057,7 @@ static int fd_read(void *ctx, uint64_t off, void *buf, size_t n) {
 typedef struct fs_visit_ctx {
     kvq_store *s;
     fs_store *f;
-    uint32_t seg;
+    uint64_t seg;
     uint64_t bad_keys;
 } fs_visit_ctx;
 
@@ -1021,8 +1076,8 @@ static int scan_visit(void *ctx, const kvq__seg_entry *e) {
     return 0;
 }
 
-static int cmp_u32(const void *a, const void *b) {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
 }
 
@@ -1061,8 +1116,10 @@ static kvq_status parse_options(kvq_store *s, fs_store *f, const char *opt) {
 }
 
 /* Lists the segment ids of the directory (sorted) and removes leftover .tmp
- * files of an interrupted compaction (writers only). */
-static kvq_status list_segments(kvq_store *s, fs_store *f, uint32_t **ids_out, size_t *n_out) {
+ * files of an interrupted compaction (writers only). A .log name with an
+ * id this store never writes fails it (KVQ_ERR_CORRUPT), before anything is
+ * removed. */
+static kvq_status list_segments(kvq_store *s, fs_store *f, uint64_t **ids_out, size_t *n_out) {
     int dfd = dup(f->dirfd);
     DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
     if (!d) {
@@ -1072,23 +1129,26 @@ static kvq_status list_segments(kvq_store *s, fs_store *f, uint32_t **ids_out, s
         return KVQ_ERR_IO;
     }
     rewinddir(d);
-    uint32_t *ids = NULL;
+    uint64_t *ids = NULL;
     size_t n = 0, cap = 0;
     kvq_status st = KVQ_OK;
-    int removed = 0;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
-        uint32_t id = parse_seg_name(de->d_name, "log");
-        if (!id) {
-            if (!f->readonly && parse_seg_name(de->d_name, "tmp")) {
-                unlinkat(f->dirfd, de->d_name, 0);
-                removed = 1;
-            }
-            continue;
+        uint64_t id = 0;
+        int kind = parse_seg_name(de->d_name, "log", &id);
+        if (kind == FS_NAME_BAD_ID) {
+            kvq__store_err(s,
+                           "%s/%.40s: segment id out of range (1..%" PRIu64
+                           "): the store is not opened rather than leave this file out",
+                           f->dir, de->d_name, (uint64_t)FS_ID_MAX);
+            st = KVQ_ERR_CORRUPT;
+            break;
         }
+        if (kind != FS_NAME_SEG)
+            continue;
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 16;
-            uint32_t *a = (uint32_t *)kvq__alloc(&s->alloc, nc * sizeof *a);
+            uint64_t *a = (uint64_t *)kvq__alloc(&s->alloc, nc * sizeof *a);
             if (!a) {
                 st = KVQ_ERR_NOMEM;
                 break;
@@ -1101,18 +1161,50 @@ static kvq_status list_segments(kvq_store *s, fs_store *f, uint32_t **ids_out, s
         }
         ids[n++] = id;
     }
+    if (st == KVQ_OK && !f->readonly) {
+        int removed = 0;
+        rewinddir(d);
+        while ((de = readdir(d)) != NULL) {
+            uint64_t id;
+            if (parse_seg_name(de->d_name, "tmp", &id) == FS_NAME_SEG) {
+                unlinkat(f->dirfd, de->d_name, 0);
+                removed = 1;
+            }
+        }
+        if (removed)
+            (void)sync_dir(f);
+    }
     closedir(d);
-    if (removed)
-        (void)sync_dir(f);
     if (st != KVQ_OK) {
         kvq__free(&s->alloc, ids);
         return st;
     }
     if (n)
-        qsort(ids, n, sizeof *ids, cmp_u32);
+        qsort(ids, n, sizeof *ids, cmp_u64);
     *ids_out = ids;
     *n_out = n;
     return KVQ_OK;
+}
+
+/* The message of an open that the directory lock refused. Only a writer's
+ * exclusive lock keeps a reader out; a writer finds out which kind of open
+ * holds it by asking for a shared lock (given back at once). */
+static void lock_refused(kvq_store *s, fs_store *f) {
+    int readers = 0;
+    if (!f->readonly && flock(f->dirfd, LOCK_SH | LOCK_NB) == 0) {
+        readers = 1;
+        (void)flock(f->dirfd, LOCK_UN);
+    }
+    if (readers)
+        kvq__store_err(s,
+                       "%s: the store is locked: it is open readonly (in this or another "
+                       "process), and a writer needs it to itself",
+                       f->dir);
+    else
+        kvq__store_err(s,
+                       "%s: the store is locked: a writer has it open (in this or another "
+                       "process); one writer at a time, and no readonly open beside it",
+                       f->dir);
 }
 
 kvq_status kvq__store_open_file(kvq_store *s, const char *dir, const char *options) {
@@ -1129,7 +1221,7 @@ kvq_status kvq__store_open_file(kvq_store *s, const char *dir, const char *optio
     size_t dl = strlen(dir);
     f->dir = (char *)kvq__alloc(&s->alloc, dl + 1);
     kvq_status st = KVQ_OK;
-    uint32_t *ids = NULL;
+    uint64_t *ids = NULL;
     size_t n_ids = 0;
     if (!f->dir) {
         kvq__store_err(s, "out of memory");
@@ -1160,9 +1252,10 @@ kvq_status kvq__store_open_file(kvq_store *s, const char *dir, const char *optio
         goto fail;
     }
     if (flock(f->dirfd, (f->readonly ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
-        kvq__store_err(s, "%s: %s", dir,
-                       errno == EWOULDBLOCK ? "the store is in use by another process (locked)"
-                                            : strerror(errno));
+        if (errno == EWOULDBLOCK)
+            lock_refused(s, f);
+        else
+            kvq__store_err(s, "%s: cannot lock the directory: %s", dir, strerror(errno));
         st = KVQ_ERR_IO;
         goto fail;
     }
@@ -1173,7 +1266,7 @@ kvq_status kvq__store_open_file(kvq_store *s, const char *dir, const char *optio
     if (st != KVQ_OK)
         goto fail;
     for (size_t i = 0; i < n_ids; i++) {
-        char name[32];
+        char name[FS_NAME_MAX];
         seg_name(name, sizeof name, ids[i], "log");
         int fd = openat(f->dirfd, name, (f->readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
         struct stat sb;
