@@ -27,21 +27,29 @@ typedef struct {
 /* Walks manifest m (n bytes) of a cache with n_kv_heads * head_dim centre
  * values per centred layer: calls fn for each page entry until it returns
  * non-zero. Returns the number of entries walked, or -1 when the bytes are
- * not a version 3 manifest as far as the walk needs. */
+ * not a manifest as far as the walk needs. Version 2 (no name, save id or
+ * digests: 12-byte header, 4-byte page entries) is walked too, so the tests
+ * can show what the library before version 3 let through. */
 static long kvq_forge_walk(const uint8_t *m, size_t n, size_t hd,
                            int (*fn)(void *ctx, const kvq_forge_page *pg), void *ctx) {
-    if (n < KVQ_FORGE_HDR + 4 || memcmp(m, "KVQM", 4) != 0 || kvq__ld32(m + 4) != 3)
+    if (n < 16 || memcmp(m, "KVQM", 4) != 0 || kvq__ld32(m + 4) < 2 || kvq__ld32(m + 4) > 3)
         return -1;
-    uint64_t at = (uint64_t)KVQ_FORGE_HDR + kvq__ld32(m + 8) + kvq__ld32(m + 12), end = n - 4;
+    int v2 = kvq__ld32(m + 4) == 2;
+    if (!v2 && n < KVQ_FORGE_HDR + 4)
+        return -1;
+    size_t esz = v2 ? 4 : KVQ_FORGE_ENTRY;
+    uint64_t at = v2 ? 12 + (uint64_t)kvq__ld32(m + 8)
+                     : (uint64_t)KVQ_FORGE_HDR + kvq__ld32(m + 8) + kvq__ld32(m + 12),
+             end = n - 4;
     long walked = 0;
     for (uint32_t l = 0; at < end; l++) {
         if (end - at < KVQ_FORGE_LAYER)
             return -1;
         uint32_t saved = kvq__ld32(m + at + 20), has_center = kvq__ld32(m + at + 24);
         at += KVQ_FORGE_LAYER + (has_center ? 4 * (uint64_t)hd : 0);
-        if (at > end || (end - at) / KVQ_FORGE_ENTRY < saved)
+        if (at > end || (end - at) / esz < saved)
             return -1;
-        for (uint32_t k = 0; k < saved; k++, at += KVQ_FORGE_ENTRY, walked++) {
+        for (uint32_t k = 0; k < saved; k++, at += esz, walked++) {
             kvq_forge_page pg = {l, kvq__ld32(m + at), (size_t)at};
             if (fn && fn(ctx, &pg))
                 return walked + 1;
@@ -76,7 +84,7 @@ static int kvq_forge_sign_one(void *ctx, const kvq_forge_page *pg) {
 static int kvq_forge_resign(kvq_store *s, const char *name, uint8_t *m, size_t n, size_t hd,
                             int set_id, uint64_t id) {
     int rc = -1;
-    if (n >= KVQ_FORGE_HDR + 4 && memcmp(m, "KVQM", 4) == 0) {
+    if (n >= KVQ_FORGE_HDR + 4 && memcmp(m, "KVQM", 4) == 0 && kvq__ld32(m + 4) == 3) {
         if (set_id)
             kvq__st64(m + 16, id);
         kvq_forge_sign_ctx x = {s, name, m};
