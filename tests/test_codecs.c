@@ -246,6 +246,46 @@ static void test_spec_parsing(void) {
     expect_create("tq3:g=8", 8, KVQ_ERR_BAD_OPTION);
     expect_create("int8:seed=1", 8, KVQ_ERR_BAD_OPTION);
     expect_create("tq3:", 8, KVQ_ERR_BAD_OPTION);
+    /* option values are decimal only: strtoull(..., 0) read "010" as 8
+     * (octal) and "0x10" as 16, skipped leading spaces and took '+' */
+    expect_create("int4:g=010", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("int4:g=08", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("int4:g=0x8", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("int4:g=+4", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("int4:g= 4", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("int4:g=4 ", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("int4:g=\t4", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("int4:g=-0", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("tq3:seed=0x10", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("tq3:seed=010", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("tq3:seed=", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("tq3:seed=1e3", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("tq3:nc=00", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("tq3:norm=016", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("tq3:seed=18446744073709551616", 8, KVQ_ERR_BAD_OPTION); /* 2^64 */
+    expect_create("tq3:seed=99999999999999999999", 8, KVQ_ERR_BAD_OPTION);
+    expect_create("tq3:seed=18446744073709551615", 8, KVQ_OK); /* 2^64 - 1 */
+    expect_create("tq3:seed=0", 8, KVQ_OK);
+    expect_create("tq3:nc=0", 8, KVQ_OK);
+    {
+        /* the message says why the value is refused */
+        const char *bad[][2] = {{"int4:g=010", "leading zero"},
+                                {"tq3:seed=0x10", "decimal digits only"},
+                                {"int4:g=", "empty"},
+                                {"tq3:seed=18446744073709551616", "above 2^64 - 1"}};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            kvq_codec *b = NULL;
+            char msg[160] = "";
+            kvq_codec_params bp = {0};
+            bp.err_msg = msg;
+            bp.err_msg_size = sizeof msg;
+            kvq_status bst = kvq_codec_create(&b, bad[i][0], 8, &bp);
+            TU_REPORT(bst == KVQ_ERR_BAD_OPTION && strstr(msg, bad[i][1]) != NULL,
+                      "'%s': status %d, message '%s' should say '%s'", bad[i][0], (int)bst, msg,
+                      bad[i][1]);
+            kvq_codec_free(b);
+        }
+    }
     expect_create("f32", 0, KVQ_ERR_HEAD_DIM);
     expect_create("f32", 1025, KVQ_ERR_HEAD_DIM);
     expect_create("f32", 1024, KVQ_OK);

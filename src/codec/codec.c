@@ -56,20 +56,32 @@ static const kvq__family_ops *kvq__ops_of(const kvq_codec *c) {
     return NULL;
 }
 
-/* Parses an unsigned decimal (or 0x hex) integer filling the whole string. */
-static int kvq__parse_u64(const char *s, size_t len, uint64_t *out) {
-    char buf[32];
-    if (len == 0 || len >= sizeof buf)
+/* Parses an option value: an unsigned decimal integer filling all of
+ * s[0..len) that fits in 64 bits, digits only and no leading zero (so "010"
+ * and "0x10" cannot be read as octal or hex). 0 with *why set otherwise. */
+static int kvq__parse_u64(const char *s, size_t len, uint64_t *out, const char **why) {
+    if (len == 0) {
+        *why = "the value is empty";
         return 0;
-    memcpy(buf, s, len);
-    buf[len] = 0;
-    if (buf[0] == '-' || buf[0] == '+')
+    }
+    for (size_t i = 0; i < len; i++)
+        if (s[i] < '0' || s[i] > '9') {
+            *why = "the value must be decimal digits only (no sign, space or 0x)";
+            return 0;
+        }
+    if (s[0] == '0' && len > 1) {
+        *why = "the value has a leading zero (decimal only: no octal)";
         return 0;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(buf, &end, 0);
-    if (errno || !end || *end)
-        return 0;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned dig = (unsigned)(s[i] - '0');
+        if (v > (UINT64_MAX - dig) / 10) {
+            *why = "the value is above 2^64 - 1";
+            return 0;
+        }
+        v = v * 10 + dig;
+    }
     *out = v;
     return 1;
 }
@@ -139,10 +151,10 @@ static kvq_status kvq__parse_spec(kvq_codec *c, const char *spec, size_t d, char
             return KVQ_ERR_BAD_OPTION;
         }
         size_t klen = (size_t)(eq - p);
-        uint64_t v;
-        if (!kvq__parse_u64(eq + 1, olen - klen - 1, &v)) {
-            kvq__errf(err, err_size, "option '%.*s': value is not a non-negative integer",
-                      (int)KVQ__MIN(olen, 40), p);
+        uint64_t v = 0;
+        const char *why = "";
+        if (!kvq__parse_u64(eq + 1, olen - klen - 1, &v, &why)) {
+            kvq__errf(err, err_size, "option '%.*s': %s", (int)KVQ__MIN(olen, 40), p, why);
             return KVQ_ERR_BAD_OPTION;
         }
         int is_tq = c->family == KVQ__FAM_TQ || c->family == KVQ__FAM_TQP;
