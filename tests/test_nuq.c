@@ -76,6 +76,98 @@ static float *gauss_data(tu_rng *r, size_t n, size_t d, const float *sig) {
     return x;
 }
 
+/* The index nuq must give x among the levels l[0..L): the nearest level,
+ * the lower one when two are equally near (nuq.c: "the lower one on an
+ * exact tie"). Differences of floats of one channel are exact in double. */
+static size_t nearest_level(const float *l, size_t L, float x) {
+    size_t best = 0;
+    for (size_t k = 1; k < L; k++)
+        if (fabs((double)x - l[k]) < fabs((double)x - l[best]))
+            best = k;
+    return best;
+}
+
+/* Fits nuq<b> at head_dim d on Gaussian data of a different scale per
+ * channel (many distinct values, so 2^b distinct levels), then encodes
+ * probes around every midpoint m of adjacent levels: the float nearest m
+ * (m itself when it is a float: a tie), the floats one and two steps either
+ * side of it, the points a quarter of the gap away, and the levels
+ * themselves; each must decode to its nearest level. A threshold off by one
+ * float, or a tie sent up, puts some probe on the wrong side. */
+static void check_boundaries(int b, size_t d, kvq_isa isa) {
+    const size_t L = (size_t)1 << b, n = 2 * L + 64;
+    char spec[16];
+    snprintf(spec, sizeof spec, "nuq%d", b);
+    kvq_codec *c = mk(spec, d, isa);
+    if (!c)
+        return;
+    tu_rng r;
+    tu_seed(&r, 1000 + (uint64_t)b * 7919 + d);
+    float *sig = (float *)malloc(d * sizeof(float));
+    for (size_t t = 0; t < d; t++)
+        sig[t] = ldexpf(1.0f, (int)(t % 13) - 6); /* 2^-6 .. 2^6 */
+    float *train = gauss_data(&r, n, d, sig);
+    CHECK_OK(kvq_codec_fit(c, train, n));
+    size_t cnt = 0;
+    float *lev = levels_of(c, &cnt);
+    const size_t np = 7 * (L - 1) + L; /* probe vectors */
+    float *x = (float *)malloc(np * d * sizeof(float)), *y = (float *)malloc(np * d * sizeof(float));
+    size_t vb = kvq_codec_vector_bytes(c);
+    uint8_t *enc = (uint8_t *)malloc(np * vb);
+    size_t distinct_bad = 0, wrong = 0, ties = 0;
+    if (!lev || cnt != d * L || !x || !y || !enc) {
+        TU_REPORT(0, "%s d=%zu: no levels (%zu)", spec, d, cnt);
+        goto done;
+    }
+    for (size_t t = 0; t < d; t++) {
+        const float *l = lev + t * L;
+        for (size_t k = 0; k + 1 < L; k++)
+            distinct_bad += !(l[k] < l[k + 1]);
+        size_t j = 0;
+        for (size_t k = 0; k + 1 < L; k++) {
+            double m = 0.5 * l[k] + 0.5 * (double)l[k + 1]; /* exact in double */
+            float f = (float)m;
+            ties += (double)f == m;
+            float below = nextafterf(f, -INFINITY), above = nextafterf(f, INFINITY);
+            float p[7] = {f,
+                          below,
+                          above,
+                          nextafterf(below, -INFINITY),
+                          nextafterf(above, INFINITY),
+                          (float)(0.75 * l[k] + 0.25 * (double)l[k + 1]),
+                          (float)(0.25 * l[k] + 0.75 * (double)l[k + 1])};
+            for (int i = 0; i < 7; i++)
+                x[(j++) * d + t] = p[i];
+        }
+        for (size_t k = 0; k < L; k++)
+            x[(j++) * d + t] = l[k];
+    }
+    CHECK_OK(kvq_codec_encode(c, enc, np * vb, x, np));
+    CHECK_OK(kvq_codec_decode(c, y, np * d, enc, np * vb));
+    for (size_t i = 0; i < np * d; i++) {
+        const float *l = lev + (i % d) * L;
+        float want = l[nearest_level(l, L, x[i])];
+        if (memcmp(&y[i], &want, sizeof want) != 0 && wrong++ < 3)
+            fprintf(stderr, "%s d=%zu isa %s: channel %zu: %.9g decodes to %.9g, nearest level "
+                            "%.9g\n", spec, d, kvq_isa_name(isa), i % d, (double)x[i],
+                    (double)y[i], (double)want);
+    }
+    TU_REPORT(distinct_bad == 0, "%s d=%zu: %zu adjacent levels not increasing", spec, d,
+              distinct_bad);
+    TU_REPORT(wrong == 0, "%s d=%zu isa %s: %zu of %zu probes not at their nearest level", spec, d,
+              kvq_isa_name(isa), wrong, np * d);
+    /* the exact ties are exercised, not just possible */
+    TU_REPORT(ties > 0, "%s d=%zu: no midpoint is a float", spec, d);
+done:
+    free(lev);
+    free(x);
+    free(y);
+    free(enc);
+    free(train);
+    free(sig);
+    kvq_codec_free(c);
+}
+
 /* ---- sizes and errors before fit ---- */
 static void test_basic(void) {
     static const size_t dims[] = {1, 7, 8, 80, 128, 1024};
@@ -110,6 +202,11 @@ static void test_basic(void) {
             CHECK_OK(kvq_codec_decode(c, out, 1024, enc, vb));
             CHECK(memcmp(out, x, d * sizeof(float)) == 0);
             kvq_codec_free(c);
+            /* many distinct values: distinct levels, and every value goes to
+             * its nearest level, at and around each midpoint */
+            check_boundaries(b, d, KVQ_ISA_SCALAR);
+            if (kvq_cpu_supports(KVQ_ISA_AVX2))
+                check_boundaries(b, d, KVQ_ISA_AUTO);
         }
     }
     kvq_codec *c = NULL;
@@ -228,19 +325,23 @@ static void test_fit_properties(void) {
         }
         CHECK(centroid_ok);
         CHECK(nearest_ok);
-        /* exact midpoints go to the lower level; just above goes up */
+        /* the float nearest the midpoint goes down when it is the midpoint
+         * (a tie) or below it, up when above; the next float up goes up */
         float v[8], out[8];
         uint8_t e1[8];
         for (size_t k = 0; k + 1 < L; k++) {
+            int up[8];
             for (size_t t = 0; t < d; t++) {
                 const float *l = lev + t * L;
-                v[t] = 0.5f * l[k] + 0.5f * l[k + 1];
+                double mid = 0.5 * l[k] + 0.5 * (double)l[k + 1]; /* exact */
+                v[t] = (float)mid;
+                up[t] = (double)v[t] > mid;
             }
             CHECK_OK(kvq_codec_encode(c, e1, sizeof e1, v, 1));
             CHECK_OK(kvq_codec_decode(c, out, 8, e1, vb));
             int tie_ok = 1;
             for (size_t t = 0; t < d; t++)
-                if (lev[t * L + k] != lev[t * L + k + 1] && out[t] != lev[t * L + k])
+                if (lev[t * L + k] != lev[t * L + k + 1] && out[t] != lev[t * L + k + up[t]])
                     tie_ok = 0;
             CHECK(tie_ok);
             for (size_t t = 0; t < d; t++)

@@ -26,6 +26,21 @@
 
 /* ---- tables ---- */
 
+/* The largest float not above the exact midpoint of a <= b. With "index =
+ * thresholds strictly below x", a float x then goes to the upper level
+ * exactly when it is nearer to it: a midpoint rounded up to the next float
+ * would send that float, nearer the upper level, down. The halves are exact
+ * in double (no overflow near FLT_MAX); their sum is s + e exactly (TwoSum). */
+static float kvq__nuq_mid_down(float a, float b) {
+    double ha = 0.5 * (double)a, hb = 0.5 * (double)b;
+    double s = ha + hb, bv = s - ha;
+    double e = (ha - (s - bv)) + (hb - bv);
+    float f = (float)s;
+    if ((double)f > s || ((double)f == s && e < 0.0))
+        f = nextafterf(f, -INFINITY);
+    return f;
+}
+
 /* Rebuilds thr and thr8 from lev. */
 static void kvq__nuq_derive(kvq_codec *c) {
     const size_t d = c->d, L = kvq__nuq_levels(c);
@@ -33,9 +48,8 @@ static void kvq__nuq_derive(kvq_codec *c) {
     float *thr = (float *)kvq__nuq_thr(c);
     for (size_t t = 0; t < d; t++) {
         const float *l = lev + t * L;
-        /* halves first: no overflow for levels near FLT_MAX */
         for (size_t k = 0; k + 1 < L; k++)
-            thr[t * L + k] = 0.5f * l[k] + 0.5f * l[k + 1];
+            thr[t * L + k] = kvq__nuq_mid_down(l[k], l[k + 1]);
         thr[t * L + L - 1] = INFINITY;
     }
     if (d % 8 == 0) {

@@ -7,7 +7,9 @@
  * SIMD load at the last channel of a table with L < 8 stays inside the block):
  *   lev   d x L   channel t's levels at lev[t * L], non-decreasing; the only
  *                 persistent part (saved as float32 by state_save)
- *   thr   d x L   thr[t * L + k] = midpoint of levels k and k + 1 (k < L - 1);
+ *   thr   d x L   thr[t * L + k] = the largest float not above the midpoint of
+ *                 levels k and k + 1 (k < L - 1), so each value goes to its
+ *                 nearest level;
  *                 thr[t * L + L - 1] = +Inf. An index is the number of
  *                 thresholds strictly below the value (ties go down).
  *   thr8  (d / 8) x L x 8   the thresholds of each group of 8 channels
