@@ -26,6 +26,7 @@
  * kvq_fuzz_snapshot_manifest writes the seeds' valid manifests).
  */
 #include "common/common.h"
+#include "fuzz_dir.h"
 #include "snapshot_forge.h"
 
 #include <dirent.h>
@@ -125,48 +126,7 @@ static void kvq_fuzz_snap_cleanup(void) {
     }
     kvq_store_close(kvq_fuzz_snap_store);
     kvq_fuzz_snap_store = NULL;
-    DIR *d = opendir(kvq_fuzz_snap_dir);
-    if (d) {
-        struct dirent *e;
-        char p[512];
-        while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == '.')
-                continue;
-            snprintf(p, sizeof p, "%s/%s", kvq_fuzz_snap_dir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(kvq_fuzz_snap_dir);
-}
-
-/* Removes base/kvq-fuzz-snap-<pid> folders of processes that are gone (a
- * crashing input skips the atexit cleanup; fork mode crashes many). */
-static void kvq_fuzz_snap_sweep(const char *base) {
-    DIR *d = opendir(base);
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        long pid;
-        char tail;
-        if (sscanf(e->d_name, "kvq-fuzz-snap-%ld%c", &pid, &tail) != 1 || pid <= 0 ||
-            kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-            continue;
-        char sub[400], p[700];
-        snprintf(sub, sizeof sub, "%s/%s", base, e->d_name);
-        DIR *s = opendir(sub);
-        struct dirent *f;
-        while (s && (f = readdir(s)) != NULL)
-            if (f->d_name[0] != '.') {
-                snprintf(p, sizeof p, "%s/%s", sub, f->d_name);
-                unlink(p);
-            }
-        if (s)
-            closedir(s);
-        rmdir(sub);
-    }
-    closedir(d);
+    kvq_fuzz_rm_dir(kvq_fuzz_snap_dir);
 }
 
 /* A malloc'd copy of the value of key (NULL when absent). */
@@ -200,10 +160,7 @@ static int kvq_fuzz_snap_setup(void) {
         return 0;
     for (size_t i = 0; i < sizeof kvq_fuzz_snap_center / sizeof kvq_fuzz_snap_center[0]; i++)
         kvq_fuzz_snap_center[i] = 0.05f * (float)((int)(i % 9) - 4);
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    kvq_fuzz_snap_sweep(base);
-    snprintf(kvq_fuzz_snap_dir, sizeof kvq_fuzz_snap_dir, "%s/kvq-fuzz-snap-%ld", base,
-             (long)getpid());
+    kvq_fuzz_dir_make("kvq-fuzz-snap", kvq_fuzz_snap_dir, sizeof kvq_fuzz_snap_dir);
     char url[160];
     snprintf(url, sizeof url, "file:%s", kvq_fuzz_snap_dir);
     if (kvq_store_open(&kvq_fuzz_snap_store, url, NULL, NULL, 0) != KVQ_OK)

@@ -10,6 +10,7 @@
  */
 #define KVQ_FUZZ_NO_ENTRY 1
 #include "../fuzz/fuzz_snapshot.c"
+#include "../fuzz/fuzz_prefix.c"
 
 #include <errno.h>
 #include <sys/stat.h>
@@ -563,18 +564,64 @@ static void corpus_snapshot(void) {
     }
 }
 
+/* ---- prefix entries: page, layer, forge flag, then the entry ---- */
+static void corpus_prefix(void) {
+    static const struct {
+        int j, l, forge;
+        const char *name;
+    } seeds[] = {{0, 0, 0, "valid-page0-layer0"}, {3, 1, 0, "valid-page3-layer1"},
+                 {1, 0, 1, "valid-page1-forged"}, {1, 0, 1, "bad-pending-slot"},
+                 {1, 1, 1, "bad-positions-shifted"}, {2, 0, 1, "bad-state-flag"},
+                 {2, 1, 1, "bad-other-layer"}, {0, 1, 0, "bad-version"},
+                 {3, 0, 0, "bad-truncated"}};
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+        size_t n = 0;
+        const uint8_t *g = kvq_fuzz_prefix_entry(seeds[i].j, seeds[i].l, &n);
+        if (!g) {
+            fprintf(stderr, "make_corpus: no prefix entry\n");
+            exit(1);
+        }
+        uint8_t *b = (uint8_t *)malloc(n + 3);
+        b[0] = (uint8_t)seeds[i].j, b[1] = (uint8_t)seeds[i].l, b[2] = (uint8_t)seeds[i].forge;
+        memcpy(b + 3, g, n);
+        uint8_t *rec = b + 3 + KVQ_FUZZ_PFX_REC, *pos = rec + 64, *stt = pos + 4 * KVQ_FUZZ_PFX_P;
+        size_t m = n;
+        if (strcmp(seeds[i].name, "bad-pending-slot") == 0)
+            stt[KVQ_FUZZ_PFX_P - 1] = 2;
+        if (strcmp(seeds[i].name, "bad-state-flag") == 0)
+            stt[0] |= 0x80;
+        if (strcmp(seeds[i].name, "bad-other-layer") == 0)
+            kvq__st32(rec + 16, (uint32_t)(seeds[i].l + 1) % KVQ_FUZZ_PFX_L);
+        if (strcmp(seeds[i].name, "bad-version") == 0)
+            kvq__st16(b + 3 + 4, 9);
+        if (strcmp(seeds[i].name, "bad-truncated") == 0)
+            m = n - 9;
+        if (strcmp(seeds[i].name, "bad-positions-shifted") == 0) {
+            for (int s = 0; s < KVQ_FUZZ_PFX_P; s++)
+                kvq__st32(pos + 4 * s, kvq__ld32(pos + 4 * s) + 1000);
+            kvq__st32(rec + 36, kvq__ld32(rec + 36) + 1000); /* pos_min, pos_max */
+            kvq__st32(rec + 40, kvq__ld32(rec + 40) + 1000);
+        }
+        put_file("prefix", seeds[i].name, b, m + 3);
+        free(b);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1)
         out_dir = argv[1];
     mkdir(out_dir, 0755);
     (void)kvq_fuzz_snapshot; /* the target's entries, unused here */
     (void)kvq_fuzz_snapshot_accepts;
+    (void)kvq_fuzz_prefix;
+    (void)kvq_fuzz_prefix_accepts;
     corpus_model();
     corpus_tokenizer();
     corpus_codec_state();
     corpus_npy();
     corpus_alloc_json();
     corpus_snapshot();
+    corpus_prefix();
     printf("make_corpus: %d files under %s\n", n_written, out_dir);
     return 0;
 }

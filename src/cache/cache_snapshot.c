@@ -991,10 +991,12 @@ static kvq_status kvq__prefix_check(const kvq_cache *c, const uint8_t *e, size_t
                                     const uint8_t prev[KVQ__SHA256_BYTES], const uint8_t *le,
                                     size_t *rec_off) {
     size_t P = c->P, pre = KVQ__PFX_HDR + 4 * P;
-    if (len < 12 || memcmp(e, KVQ__PFX_MAGIC, 4) != 0 || kvq__ld16(e + 6) != 0)
+    if (len < 8 || memcmp(e, KVQ__PFX_MAGIC, 4) != 0 || kvq__ld16(e + 6) != 0)
         return KVQ_ERR_CORRUPT;
     if (kvq__ld16(e + 4) != KVQ__PFX_VERSION)
         return KVQ_ERR_VERSION;
+    if (len < KVQ__PFX_HDR)
+        return KVQ_ERR_CORRUPT;
     if (kvq__ld32(e + 12) != P)
         return KVQ_ERR_MISMATCH;
     if (len < pre + KVQ__RECORD_HEADER + 4 + 4 || kvq__ld32(e + len - 4) != kvq__crc32c(0, e, len - 4))
