@@ -272,7 +272,9 @@ typedef enum {
     KVQ_LAYOUT_CHANNEL = 1 /* KIVI: per-channel scale/min over the tokens of a page */
 } kvq_layout;
 
-/* Per-layer / per-KV-head codec override. layer or head < 0 means "all".
+/* Per-layer / per-KV-head codec override. layer or head < 0 means "all";
+ * otherwise they must be below n_layers / n_kv_heads, and codec must not be
+ * NULL (kvq_cache_create: KVQ_ERR_INVALID_ARG, naming the override).
  * Key codecs may be given as "chan:int<b>" (b = 1..8) to use the channel
  * layout for that head only. state/state_size optionally carry a codec state
  * blob (kvq_codec_save_state: fitted nuq tables, a norm=8 range); such a
@@ -286,8 +288,23 @@ typedef struct kvq_codec_override {
     size_t state_size;
 } kvq_codec_override;
 
+/* Limits of a kvq_cache_config. kvq_cache_create refuses a count outside
+ * its range with KVQ_ERR_INVALID_ARG (head_dim: KVQ_ERR_HEAD_DIM) and a
+ * message naming the field, and every size it computes from them is
+ * checked for overflow. */
+#define KVQ_MAX_LAYERS 4096        /* n_layers: 1..4096 */
+#define KVQ_MAX_KV_HEADS 4096      /* n_kv_heads: 1..4096 */
+#define KVQ_MAX_Q_HEADS 16384      /* n_q_heads: 1..16384, a multiple of n_kv_heads */
+#define KVQ_MAX_HEAD_DIM 1024      /* head_dim: 1..1024 */
+#define KVQ_MAX_TOKENS (1u << 30)  /* max_tokens: 1..2^30; budget_tokens, sinks,
+                                      protect_recent, hot_tokens, warm_tokens: 0..2^30 */
+#define KVQ_MAX_PAGE_TOKENS 4096   /* page_tokens: 1..4096 */
+#define KVQ_MAX_THREADS 256        /* n_threads: 0..256 (0 = 1) */
+#define KVQ_MAX_OVERRIDES (1u << 20) /* n_overrides: 0..2^20 (overrides not NULL when > 0) */
+#define KVQ_MAX_COLD_TTL_MS ((uint64_t)1 << 40) /* cold_ttl_ms: 0..2^40 (about 35 years) */
+
 typedef struct kvq_cache_config {
-    size_t n_layers, n_kv_heads, n_q_heads, head_dim;
+    size_t n_layers, n_kv_heads, n_q_heads, head_dim; /* limits above */
     size_t max_tokens;          /* per layer: the page pool holds at most this many */
     const char *k_codec;        /* default "f16" */
     const char *v_codec;        /* default "f16" */
@@ -298,14 +315,17 @@ typedef struct kvq_cache_config {
                                    at most max_tokens) */
     size_t sinks;               /* first tokens never evicted (4) */
     kvq_policy policy;          /* default KVQ_POLICY_NONE */
-    size_t budget_tokens;       /* per layer, 0 = none (max_tokens bounds it) */
+    size_t budget_tokens;       /* per layer, 0 = none (max_tokens bounds it: a larger
+                                   budget acts as max_tokens, where kvq_cache_set_budget
+                                   refuses one) */
     double budget_ratio;        /* > 0: budget = ceil(ratio * tokens appended when the first
                                    attend reaching the newest token ends: the prefill's
-                                   length); in decode-only use give budget_tokens instead */
+                                   length), at most max_tokens; in decode-only use give
+                                   budget_tokens instead. Finite, >= 0 */
     size_t protect_recent;      /* most recent tokens never evicted (128) */
     kvq_layout k_layout;        /* default token */
     int k_prerope;              /* keys are given before RoPE; RoPE applied in attention */
-    double rope_theta;          /* 10000 */
+    double rope_theta;          /* 10000; finite and > 0 with k_prerope */
     size_t rope_dims;           /* rotary dims (0 = head_dim); pairs (2i, 2i+1) */
     int k_center;               /* subtract a per-(layer, head) channel mean from keys */
     const float *k_center_values; /* [n_layers][n_kv_heads][head_dim], required with
@@ -364,8 +384,10 @@ typedef struct kvq_cache_config {
      * stay cold. Each demotion writes a fresh record. The file store has no
      * expiry and ignores it (one process holds its directory locked). */
     uint64_t cold_ttl_ms;
-    double link_gbps[2];        /* modeled bandwidth hot<->warm, warm<->cold (32 GB/s) */
-    double link_latency_ms[2];  /* modeled launch overhead per transfer (0.015 ms) */
+    double link_gbps[2];        /* modeled bandwidth hot<->warm, warm<->cold (32 GB/s; 0: the
+                                   default); finite, >= 0 */
+    double link_latency_ms[2];  /* modeled launch overhead per transfer (0.015 ms); finite,
+                                   >= 0 */
     /* Page blocks when allocator (and warm_allocator) is NULL: 0 (default)
      * from 2 MiB aligned regions advised for transparent huge pages, the
      * blocks of each size back to back (a decode step streams 3-15%
@@ -497,9 +519,11 @@ KVQ_API kvq_status kvq_cache_set_precision(kvq_cache *cache, int layer, int kv_h
  * nothing changed. */
 KVQ_API kvq_status kvq_cache_set_threads(kvq_cache *cache, size_t n_threads);
 
-/* Sets the budget (at most max_tokens) and evicts down to it now, new
- * tokens included. Eviction allocates nothing: this never fails for lack of
- * memory. */
+/* Sets the budget and evicts down to it now, new tokens included. A budget
+ * outside 1..max_tokens is KVQ_ERR_INVALID_ARG under every policy (with a
+ * message: kvq_cache_last_error) and changes nothing; under
+ * KVQ_POLICY_NONE any other is KVQ_ERR_UNSUPPORTED. Eviction allocates
+ * nothing: this never fails for lack of memory. */
 KVQ_API kvq_status kvq_cache_set_budget(kvq_cache *cache, size_t budget_tokens);
 
 typedef struct kvq_stats {
@@ -722,12 +746,24 @@ KVQ_API const char *kvq_tokenizer_piece(const kvq_tokenizer *tok, int32_t prev, 
  *                        (roll-over size, default 64 MiB), compact_min=N
  *                        (compaction runs when dead bytes exceed half of at
  *                        least this many, default 16 MiB; 0 disables it).
- *   "redis://HOST[:PORT][/NS]"
+ *   "redis://HOST[:PORT][/NS][?timeout_ms=N]"
  *                        a Redis server (needs a build with hiredis, else
  *                        KVQ_ERR_UNSUPPORTED); keys are "kvq:NS:KEY" (NS
  *                        defaults to "default"; letters, digits, '_', '-',
- *                        '.'), 2 s connect and command timeouts. A dropped
- *                        connection fails the call with KVQ_ERR_CONN; the
+ *                        '.'). Each call has one deadline for all of it
+ *                        (connecting, sending, every reply byte, each SCAN
+ *                        round; for a list, all its rounds, callbacks not
+ *                        counted): timeout_ms, 1..3600000, default 5000;
+ *                        past it the call fails with KVQ_ERR_CONN ("timed
+ *                        out"). Replies are checked before use: a GET
+ *                        value announced over 1 GiB is KVQ_ERR_CORRUPT; a
+ *                        reply bigger than its command can get (other bulk
+ *                        strings over 64 KiB, lines over 4 KiB, over 65536
+ *                        array elements or 32 MiB), malformed RESP, a put
+ *                        answered by another status than OK, or a list or
+ *                        stats whose SCAN cursor comes back (or runs past
+ *                        2^24 rounds) is KVQ_ERR_IO. A dropped, timed-out
+ *                        or out-of-step connection fails the call; the
  *                        next call reconnects once. A put or del whose
  *                        reply does not come back (a timeout, a dropped
  *                        connection) fails, yet the server may have applied

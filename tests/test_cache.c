@@ -10,6 +10,10 @@
  */
 #include "testutil.h"
 
+#include <limits.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #define KVQ__MIN_T(a, b) ((a) < (b) ? (a) : (b))
 
 typedef struct {
@@ -1149,6 +1153,201 @@ static void test_bad_input(tu_rng *r) {
     free_seq(&s);
 }
 
+/* kvq_cache_create must refuse cfg with `want` and a message containing
+ * `msg`, leave the handle NULL and hold no memory (a counting allocator).
+ * It runs in a child process, so a create that writes out of bounds (as an
+ * unchecked size product once did) ends the child and fails the check
+ * instead of ending the test. */
+static void expect_refused(const kvq_cache_config *cfg0, kvq_status want, const char *msg,
+                           const char *what) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        tu_failalloc fa;
+        kvq_allocator al = tu_failalloc_make(&fa, 0);
+        kvq_cache_config cfg = *cfg0;
+        char err[256] = "";
+        cfg.err_msg = err;
+        cfg.err_msg_size = sizeof err;
+        cfg.allocator = &al;
+        kvq_cache *c = (kvq_cache *)&cfg; /* not NULL: a refusal must clear it */
+        kvq_status st = kvq_cache_create(&c, &cfg);
+        int ok = st == want && c == NULL && strstr(err, msg) != NULL && fa.live_bytes == 0;
+        if (!ok)
+            fprintf(stderr, "  %s: status %d (%s), want %d; handle %s; message '%s', want '%s'; "
+                            "%zu bytes held\n",
+                    what, (int)st, kvq_strerror(st), (int)want, c ? "set" : "NULL", err, msg,
+                    fa.live_bytes);
+        if (st == KVQ_OK)
+            kvq_cache_free(c);
+        fflush(stderr);
+        _exit(ok ? 0 : 1);
+    }
+    int ws = 0;
+    if (pid < 0 || waitpid(pid, &ws, 0) != pid) {
+        TU_REPORT(0, "%s: no child process", what);
+        return;
+    }
+    TU_REPORT(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "%s: %s", what,
+              WIFSIGNALED(ws) ? "kvq_cache_create crashed" : "not refused as it should be");
+}
+
+/* The limits of kvq.h: every count just past its limit and at absurd values
+ * (the one of the report: n_layers * sizeof(layer) wrapped to 160 bytes),
+ * overrides NULL or out of range: KVQ_ERR_INVALID_ARG (head_dim:
+ * KVQ_ERR_HEAD_DIM) with a message naming the field; the limits themselves
+ * are accepted. */
+static void test_config_limits(void) {
+    kvq_cache_config base;
+    kvq_cache_config_init(&base);
+    base.n_layers = 2, base.n_kv_heads = 2, base.n_q_heads = 4, base.head_dim = 16;
+    base.max_tokens = 64;
+    base.k_codec = "int8", base.v_codec = "int8";
+    const size_t huge = 52405522936674863ull, T1 = (size_t)KVQ_MAX_TOKENS + 1;
+    kvq_cache_config c;
+    kvq_codec_override ov[2];
+#define REFUSE(field_set, want, msg)                                                               \
+    do {                                                                                           \
+        c = base;                                                                                  \
+        field_set;                                                                                 \
+        expect_refused(&c, want, msg, #field_set);                                                 \
+    } while (0)
+    REFUSE(c.n_layers = huge, KVQ_ERR_INVALID_ARG, "n_layers");
+    REFUSE(c.n_layers = KVQ_MAX_LAYERS + 1, KVQ_ERR_INVALID_ARG, "n_layers 4097");
+    REFUSE(c.n_layers = SIZE_MAX, KVQ_ERR_INVALID_ARG, "n_layers");
+    REFUSE((c.n_kv_heads = huge, c.n_q_heads = huge), KVQ_ERR_INVALID_ARG, "n_kv_heads");
+    REFUSE((c.n_kv_heads = KVQ_MAX_KV_HEADS + 1, c.n_q_heads = KVQ_MAX_KV_HEADS + 1),
+           KVQ_ERR_INVALID_ARG, "n_kv_heads 4097");
+    REFUSE((c.n_kv_heads = 1, c.n_q_heads = KVQ_MAX_Q_HEADS + 1), KVQ_ERR_INVALID_ARG,
+           "n_q_heads 16385");
+    REFUSE(c.n_q_heads = SIZE_MAX, KVQ_ERR_INVALID_ARG, "n_q_heads");
+    REFUSE(c.head_dim = KVQ_MAX_HEAD_DIM + 1, KVQ_ERR_HEAD_DIM, "head_dim 1025");
+    REFUSE(c.head_dim = SIZE_MAX, KVQ_ERR_HEAD_DIM, "head_dim");
+    REFUSE(c.max_tokens = T1, KVQ_ERR_INVALID_ARG, "max_tokens");
+    REFUSE(c.max_tokens = SIZE_MAX, KVQ_ERR_INVALID_ARG, "max_tokens");
+    REFUSE(c.page_tokens = KVQ_MAX_PAGE_TOKENS + 1, KVQ_ERR_INVALID_ARG, "page_tokens 4097");
+    REFUSE(c.page_tokens = SIZE_MAX, KVQ_ERR_INVALID_ARG, "page_tokens");
+    REFUSE(c.n_threads = KVQ_MAX_THREADS + 1, KVQ_ERR_INVALID_ARG, "n_threads 257");
+    REFUSE(c.sinks = T1, KVQ_ERR_INVALID_ARG, "sinks");
+    REFUSE(c.protect_recent = SIZE_MAX, KVQ_ERR_INVALID_ARG, "protect_recent");
+    REFUSE(c.hot_tokens = T1, KVQ_ERR_INVALID_ARG, "hot_tokens");
+    REFUSE(c.warm_tokens = SIZE_MAX, KVQ_ERR_INVALID_ARG, "warm_tokens");
+    REFUSE(c.recent_window = 65, KVQ_ERR_INVALID_ARG, "recent_window 65");
+    /* budgets: above max_tokens a configured one acts as max_tokens (kvq.h;
+     * test_causal), but a count past 2^30 and a ratio that is not a finite
+     * number >= 0 (an infinite ratio times 0 tokens is NaN) are refused */
+    REFUSE((c.policy = KVQ_POLICY_UTILITY, c.budget_tokens = T1), KVQ_ERR_INVALID_ARG,
+           "budget_tokens 1073741825 is above 2^30");
+    REFUSE((c.policy = KVQ_POLICY_WINDOW, c.budget_tokens = SIZE_MAX), KVQ_ERR_INVALID_ARG,
+           "budget_tokens");
+    REFUSE((c.policy = KVQ_POLICY_UTILITY, c.budget_ratio = NAN), KVQ_ERR_INVALID_ARG,
+           "budget_ratio");
+    REFUSE((c.policy = KVQ_POLICY_UTILITY, c.budget_ratio = INFINITY), KVQ_ERR_INVALID_ARG,
+           "budget_ratio");
+    REFUSE(c.budget_ratio = -0.5, KVQ_ERR_INVALID_ARG, "budget_ratio");
+    REFUSE(c.cold_ttl_ms = KVQ_MAX_COLD_TTL_MS + 1, KVQ_ERR_INVALID_ARG, "cold_ttl_ms");
+    REFUSE(c.link_gbps[1] = NAN, KVQ_ERR_INVALID_ARG, "link_gbps");
+    REFUSE(c.link_latency_ms[0] = -1, KVQ_ERR_INVALID_ARG, "link_latency_ms");
+    REFUSE((c.k_prerope = 1, c.rope_theta = INFINITY), KVQ_ERR_INVALID_ARG, "rope_theta");
+    /* overrides: NULL with a count, too many, out of range, without a codec */
+    REFUSE(c.n_overrides = 3, KVQ_ERR_INVALID_ARG, "overrides is NULL");
+    memset(ov, 0, sizeof ov);
+    ov[0].layer = -1, ov[0].kv_head = -1, ov[0].codec = "int4";
+    ov[1] = ov[0];
+    base.overrides = ov;
+    base.n_overrides = 2;
+    REFUSE(c.n_overrides = (size_t)KVQ_MAX_OVERRIDES + 1, KVQ_ERR_INVALID_ARG, "n_overrides");
+    REFUSE(ov[1].layer = 2, KVQ_ERR_INVALID_ARG, "override 1 (int4): layer 2");
+    REFUSE(ov[1].layer = INT_MAX, KVQ_ERR_INVALID_ARG, "override 1");
+    REFUSE(ov[1].kv_head = 2, KVQ_ERR_INVALID_ARG, "kv_head 2");
+    ov[1] = ov[0];
+    REFUSE(ov[0].codec = NULL, KVQ_ERR_INVALID_ARG, "override 0 (layer -1, kv_head -1) has no codec");
+    ov[0] = ov[1];
+#undef REFUSE
+
+    /* the limits themselves, and overrides at the last layer and head */
+    kvq_cache *h = NULL;
+    c = base;
+    ov[0].layer = 1, ov[0].kv_head = 1, ov[0].is_value = 1;
+    c.policy = KVQ_POLICY_UTILITY, c.budget_tokens = KVQ_MAX_TOKENS, c.budget_ratio = 1.5;
+    c.n_threads = 2;
+    h = make_cache(&c);
+    kvq_cache_free(h);
+    struct {
+        size_t L, H, QH, d, P;
+    } edge[] = {{KVQ_MAX_LAYERS, 1, 1, 1, 1},
+                {1, KVQ_MAX_KV_HEADS, KVQ_MAX_KV_HEADS, 1, 1},
+                {1, 1, KVQ_MAX_Q_HEADS, 1, 1},
+                {1, 1, 1, KVQ_MAX_HEAD_DIM, KVQ_MAX_PAGE_TOKENS}};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) {
+        kvq_cache_config_init(&c);
+        c.n_layers = edge[i].L, c.n_kv_heads = edge[i].H, c.n_q_heads = edge[i].QH;
+        c.head_dim = edge[i].d, c.page_tokens = edge[i].P;
+        c.max_tokens = KVQ_MAX_TOKENS;
+        c.sinks = c.protect_recent = c.hot_tokens = c.warm_tokens = KVQ_MAX_TOKENS;
+        c.cold_ttl_ms = KVQ_MAX_COLD_TTL_MS;
+        c.huge_pages = -1; /* no huge-page regions for these one-off shapes */
+        h = make_cache(&c);
+        kvq_cache_free(h);
+    }
+}
+
+/* kvq_cache_set_budget: a budget outside 1..max_tokens is KVQ_ERR_INVALID_ARG
+ * under every policy, with a message, and changes nothing (the next append
+ * still evicts to the budget the cache had); policy none is otherwise
+ * KVQ_ERR_UNSUPPORTED. */
+static void test_set_budget(tu_rng *r) {
+    const size_t H = 2, d = 8, M = 64, B = 48;
+    float k[62 * 2 * 8], v[62 * 2 * 8];
+    tu_fill_gauss(r, k, sizeof k / sizeof k[0], 1.0f);
+    tu_fill_gauss(r, v, sizeof v / sizeof v[0], 1.0f);
+    kvq_policy pols[] = {KVQ_POLICY_NONE, KVQ_POLICY_WINDOW, KVQ_POLICY_FIFO, KVQ_POLICY_UTILITY};
+    for (int pi = 0; pi < 4; pi++) {
+        kvq_cache_config cfg;
+        kvq_cache_config_init(&cfg);
+        cfg.n_layers = 1, cfg.n_kv_heads = H, cfg.n_q_heads = H, cfg.head_dim = d;
+        cfg.max_tokens = M, cfg.k_codec = "int8", cfg.v_codec = "int8";
+        cfg.policy = pols[pi];
+        cfg.budget_tokens = pols[pi] == KVQ_POLICY_NONE ? 0 : B;
+        kvq_cache *c = make_cache(&cfg);
+        if (!c)
+            continue;
+        CHECK_OK(kvq_cache_append(c, 0, k, v, NULL, 60));
+        kvq_stats s0, s1;
+        CHECK_OK(kvq_cache_stats(c, -1, &s0));
+        size_t bad[] = {M + 1, 2 * M, SIZE_MAX, 0};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            kvq_status st = kvq_cache_set_budget(c, bad[i]);
+            TU_REPORT(st == KVQ_ERR_INVALID_ARG, "policy %d: set_budget(%zu) = %d (%s)", pi,
+                      bad[i], (int)st, kvq_strerror(st));
+            TU_REPORT(strstr(kvq_cache_last_error(c), "outside 1..max_tokens") != NULL,
+                      "policy %d: set_budget(%zu): message '%s'", pi, bad[i],
+                      kvq_cache_last_error(c));
+        }
+        CHECK_OK(kvq_cache_stats(c, -1, &s1));
+        CHECK(memcmp(&s0, &s1, sizeof s0) == 0);
+        /* 2 more tokens: the 60 before them are over the budget B with no
+         * attend since, so the append keeps B of them (cache_append.c),
+         * whatever the refused calls asked (a budget of 64 would keep 60) */
+        CHECK_OK(kvq_cache_append(c, 0, k + 60 * H * d, v + 60 * H * d, NULL, 2));
+        size_t n = 0;
+        CHECK_OK(kvq_cache_tokens(c, 0, &n));
+        CHECK_EQ(n, pols[pi] == KVQ_POLICY_NONE ? 62 : B + 2);
+        if (pols[pi] == KVQ_POLICY_NONE) {
+            CHECK_STATUS(kvq_cache_set_budget(c, 20), KVQ_ERR_UNSUPPORTED);
+        } else {
+            CHECK_OK(kvq_cache_set_budget(c, M)); /* the limit itself */
+            CHECK_OK(kvq_cache_set_budget(c, 20));
+            CHECK_EQ(kvq_cache_last_error(c)[0], 0);
+            CHECK_OK(kvq_cache_tokens(c, 0, &n));
+            CHECK_EQ(n, 20);
+        }
+        kvq_cache_free(c);
+    }
+    CHECK_STATUS(kvq_cache_set_budget(NULL, 10), KVQ_ERR_INVALID_ARG);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     uint64_t seed = 4242;
@@ -1163,5 +1362,7 @@ int main(int argc, char **argv) {
     test_eviction();
     test_accounting_and_failures(&r);
     test_bad_input(&r);
+    test_config_limits();
+    test_set_budget(&r);
     return tu_finish();
 }

@@ -105,6 +105,11 @@ class KVCache(_lib.Handle):
                 if conv is int and (isinstance(value, float) or int(value) < 0):
                     raise KvqShapeError("%s must be a non-negative int, got %r" % (field, value),
                                         "KVCache")
+                # ctypes would keep the low 64 bits of a larger int (2**64 + 1
+                # layers would become 1); kvq_cache_create checks the limits
+                if conv is int and int(value) >= 2**64:
+                    raise KvqShapeError("%s must be below 2^64, got %r" % (field, value),
+                                        "KVCache")
                 setattr(cfg, field, conv(value))
 
         setnum("n_layers", layers)
@@ -154,6 +159,12 @@ class KVCache(_lib.Handle):
                 if state is None and isinstance(o["codec"], Codec) and o["codec"].state_bytes:
                     state = o["codec"].save_state()
                 keep.append(spec)
+                for key in ("layer", "head"):
+                    x = o.get(key, -1)
+                    # a C int: 2**32 would wrap to layer 0
+                    if isinstance(x, float) or not -2**31 <= int(x) < 2**31:
+                        raise KvqShapeError("override %d: %s must be an int in -1..2^31-1, got %r"
+                                            % (i, key, x), "KVCache")
                 arr[i].layer = int(o.get("layer", -1))
                 arr[i].kv_head = int(o.get("head", -1))
                 arr[i].is_value = int(bool(o.get("values", False)))
@@ -447,12 +458,17 @@ class KVCache(_lib.Handle):
         return nmse.value
 
     def set_budget(self, budget):
-        """Evicts every layer down to budget tokens now (needs a policy)."""
+        """Evicts every layer down to budget tokens now (needs a policy). The
+        budget is 1..max_tokens (KvqError with KVQ_ERR_INVALID_ARG otherwise,
+        nothing changed)."""
         budget = _index(budget, "budget", "KVCache.set_budget")
         if budget <= 0:
             raise KvqShapeError("budget must be positive, got %d" % budget, "KVCache.set_budget")
+        # ctypes would pass the low 64 bits of a larger int
+        budget = min(budget, 2**64 - 1)
+        self._err.value = b""
         st = self.lib.kvq_cache_set_budget(self.handle, budget)
-        self._check(st, "kvq_cache_set_budget(%d)" % budget)
+        self._check(st, "kvq_cache_set_budget(%d)" % budget, detail=True)
 
     def set_threads(self, n_threads):
         """Sets how many attention threads the next attends use: 1 to the

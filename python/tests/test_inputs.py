@@ -186,5 +186,61 @@ class TestArgumentOrder(unittest.TestCase):
         self.assertEqual(c.stats()["reencodes"], n + n * H)  # the refused calls did nothing
 
 
+class TestLimits(unittest.TestCase):
+    SHAPE = dict(layers=2, kv_heads=2, head_dim=16, max_tokens=64)
+
+    def test_counts_do_not_wrap(self):
+        # ctypes keeps the low 64 bits of an int: 2**64 + 1 layers made a
+        # 1-layer cache, an override of layer 2**32 applied to layer 0
+        for kw in ({"layers": 2**64 + 1}, {"kv_heads": 2**64 + 2, "q_heads": 2**64 + 2},
+                   {"max_tokens": 2**64 + 16}, {"budget": 2**64, "policy": "fifo"},
+                   {"sinks": 2**65}):
+            with self.assertRaises(kvq.KvqShapeError, msg=repr(kw)):
+                kvq.KVCache(**dict(self.SHAPE, **kw))
+        for ov in ((2**32, -1, False, "int4"), (0, 2**32 + 1, True, "int4"),
+                   {"codec": "int4", "layer": -2**31 - 1}, {"codec": "int4", "head": 1.0}):
+            with self.assertRaises(kvq.KvqShapeError, msg=repr(ov)):
+                kvq.KVCache(**dict(self.SHAPE, overrides=[ov]))
+
+    def test_library_limits(self):
+        # kvq.h's KVQ_MAX_* limits and override ranges: refused by
+        # kvq_cache_create with KVQ_ERR_INVALID_ARG and a message naming the field
+        cases = (({"layers": 4097}, "n_layers"),
+                 ({"kv_heads": 4097, "q_heads": 4097}, "n_kv_heads"),
+                 ({"max_tokens": 2**30 + 1}, "max_tokens"),
+                 ({"page": 4097}, "page_tokens"),
+                 ({"threads": 257}, "n_threads"),
+                 ({"protect_recent": 2**64 - 1}, "protect_recent"),
+                 ({"budget": 2**30 + 1, "policy": "window"}, "budget_tokens"),
+                 ({"budget_ratio": float("inf"), "policy": "window"}, "budget_ratio"),
+                 ({"overrides": [(2, 0, False, "int4")]}, "layer 2"),
+                 ({"overrides": [(0, 2, True, "int4")]}, "kv_head 2"))
+        for kw, field in cases:
+            with self.assertRaises(kvq.KvqError, msg=repr(kw)) as cm:
+                kvq.KVCache(**dict(self.SHAPE, **kw))
+            self.assertEqual(cm.exception.status, kvq.Status.ERR_INVALID_ARG, repr(kw))
+            self.assertIn(field, cm.exception.detail, repr(kw))
+        # the last layer and head are fine
+        kvq.KVCache(**dict(self.SHAPE, overrides=[(1, 1, True, "int4")])).close()
+
+    def test_set_budget_at_most_max_tokens(self):
+        r = np.random.default_rng(6)
+        for policy in ("none", "window", "fifo", "utility"):
+            c = kvq.KVCache(**dict(self.SHAPE, policy=policy,
+                                   budget=0 if policy == "none" else 48))
+            c.append(0, gauss(r, 60, 2, 16), gauss(r, 60, 2, 16))
+            for bad in (65, 2**64 - 1, 2**64 + 5):
+                with self.assertRaises(kvq.KvqError, msg=(policy, bad)) as cm:
+                    c.set_budget(bad)
+                self.assertEqual(cm.exception.status, kvq.Status.ERR_INVALID_ARG)
+                self.assertIn("outside 1..max_tokens", cm.exception.detail)
+            self.assertEqual(c.tokens(0), 60)
+            if policy != "none":
+                c.set_budget(64)
+                c.set_budget(20)
+                self.assertEqual(c.tokens(0), 20)
+            c.close()
+
+
 if __name__ == "__main__":
     unittest.main()

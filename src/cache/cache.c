@@ -27,6 +27,11 @@ static void kvq__cerr(const kvq_cache_config *cfg, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Checked size arithmetic: 1 and *r = the result, or 0 when it does not fit
+ * in size_t. */
+static int kvq__mul_ok(size_t *r, size_t a, size_t b) { return !__builtin_mul_overflow(a, b, r); }
+static int kvq__add_ok(size_t *r, size_t a, size_t b) { return !__builtin_add_overflow(a, b, r); }
+
 void kvq_cache_config_init(kvq_cache_config *cfg) {
     if (!cfg)
         return;
@@ -143,33 +148,43 @@ kvq_status kvq__get_codec(kvq_cache *c, const char *spec, kvq_codec **out) {
     return kvq__get_codec_state(c, spec, NULL, 0, out);
 }
 
-/* Lays out a page block for the heads' codecs; returns its size. */
+/* *off += hdr + bytes * P, rounded up to a multiple of 8; 0 when that does
+ * not fit in size_t */
+static int kvq__layout_add(size_t *off, size_t hdr, size_t bytes, size_t P) {
+    size_t area, end;
+    if (!kvq__mul_ok(&area, bytes, P) || !kvq__add_ok(&area, area, hdr) ||
+        !kvq__add_ok(&end, *off, area) || !kvq__add_ok(&end, end, 7))
+        return 0;
+    *off = end & ~(size_t)7;
+    return 1;
+}
+
+/* Lays out a page block for the heads' codecs; returns its size, SIZE_MAX
+ * when it does not fit in size_t (no allocator gives that much). */
 static size_t kvq__layout_heads(kvq_cache *c, kvq__head *heads) {
     size_t off = 0;
+    int ok = 1;
     for (size_t h = 0; h < c->H; h++) {
         kvq__head *hd = &heads[h];
         hd->k_off = off;
         if (hd->kchan_bits) {
             hd->k_hdr = kvq__chan_header_bytes(c->d);
             hd->kbytes = kvq__chan_row_bytes(c->d, hd->kchan_bits);
-            off += hd->k_hdr + hd->kbytes * c->P;
         } else {
             hd->k_hdr = 0;
             hd->kbytes = kvq_codec_vector_bytes(hd->kc);
             hd->ktiled = kvq__tiled(hd->kc, KVQ__ROLE_K, c->P);
-            off += hd->kbytes * c->P;
         }
-        off = (off + 7) & ~(size_t)7;
+        ok = ok && kvq__layout_add(&off, hd->k_hdr, hd->kbytes, c->P);
     }
     for (size_t h = 0; h < c->H; h++) {
         kvq__head *hd = &heads[h];
         hd->v_off = off;
         hd->vbytes = kvq_codec_vector_bytes(hd->vc);
         hd->vtiled = kvq__tiled(hd->vc, KVQ__ROLE_V, c->P);
-        off += hd->vbytes * c->P;
-        off = (off + 7) & ~(size_t)7;
+        ok = ok && kvq__layout_add(&off, 0, hd->vbytes, c->P);
     }
-    return off;
+    return ok ? off : SIZE_MAX;
 }
 
 /* f32 and f16 store a token exactly as staging would: written at once */
@@ -185,12 +200,13 @@ void kvq__layout_layer(kvq_cache *c, kvq__layer *ly) {
      * layout, computed here before its blocks are allocated, too); once
      * the classes are full, further sizes go to posix_memalign */
     if (c->hpool) {
-        (void)kvq__hpool_add_size(c->hpool, ly->block_bytes);
-        if (ly->wheads)
+        if (ly->block_bytes != SIZE_MAX)
+            (void)kvq__hpool_add_size(c->hpool, ly->block_bytes);
+        if (ly->wheads && ly->wblock_bytes != SIZE_MAX)
             (void)kvq__hpool_add_size(c->hpool, ly->wblock_bytes);
     }
     /* staging: [head][slot][d] rows of the staged keys, then of the staged
-     * values */
+     * values; at most 2 H P d halves, which kvq_cache_create checks fit */
     size_t off = 0, row = c->P * c->d;
     for (size_t h = 0; h < c->H; h++) {
         kvq__head *hd = &ly->heads[h];
@@ -345,10 +361,18 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
     *out = NULL;
     if (cfg->err_msg && cfg->err_msg_size)
         cfg->err_msg[0] = 0;
-    /* each refusal names the one rule it breaks */
+    /* each refusal names the one rule it breaks; the limits are kvq.h's */
     if (cfg->n_layers == 0 || cfg->n_kv_heads == 0 || cfg->n_q_heads == 0) {
         kvq__cerr(cfg, "bad shape: n_layers %zu, n_kv_heads %zu, n_q_heads %zu: each must be >= 1",
                   cfg->n_layers, cfg->n_kv_heads, cfg->n_q_heads);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (cfg->n_layers > KVQ_MAX_LAYERS || cfg->n_kv_heads > KVQ_MAX_KV_HEADS ||
+        cfg->n_q_heads > KVQ_MAX_Q_HEADS) {
+        kvq__cerr(cfg, "bad shape: n_layers %zu, n_kv_heads %zu, n_q_heads %zu: the limits are "
+                       "%d, %d and %d",
+                  cfg->n_layers, cfg->n_kv_heads, cfg->n_q_heads, KVQ_MAX_LAYERS, KVQ_MAX_KV_HEADS,
+                  KVQ_MAX_Q_HEADS);
         return KVQ_ERR_INVALID_ARG;
     }
     if (cfg->n_q_heads % cfg->n_kv_heads != 0) {
@@ -356,36 +380,82 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
                   cfg->n_q_heads, cfg->n_kv_heads);
         return KVQ_ERR_INVALID_ARG;
     }
-    if (cfg->max_tokens == 0 || cfg->max_tokens > (1u << 30)) {
+    if (cfg->max_tokens == 0 || cfg->max_tokens > KVQ_MAX_TOKENS) {
         kvq__cerr(cfg, "bad shape: max_tokens %zu is outside 1..2^30", cfg->max_tokens);
         return KVQ_ERR_INVALID_ARG;
     }
-    if (cfg->head_dim < 1 || cfg->head_dim > KVQ__MAX_HEAD_DIM) {
-        kvq__cerr(cfg, "head_dim %zu is outside 1..%d", cfg->head_dim, KVQ__MAX_HEAD_DIM);
+    if (cfg->head_dim < 1 || cfg->head_dim > KVQ_MAX_HEAD_DIM) {
+        kvq__cerr(cfg, "head_dim %zu is outside 1..%d", cfg->head_dim, KVQ_MAX_HEAD_DIM);
         return KVQ_ERR_HEAD_DIM;
     }
-    if (cfg->page_tokens < 1 || cfg->page_tokens > 4096) {
-        kvq__cerr(cfg, "page_tokens %zu is outside 1..4096", cfg->page_tokens);
+    if (cfg->page_tokens < 1 || cfg->page_tokens > KVQ_MAX_PAGE_TOKENS) {
+        kvq__cerr(cfg, "page_tokens %zu is outside 1..%d", cfg->page_tokens,
+                  KVQ_MAX_PAGE_TOKENS);
         return KVQ_ERR_INVALID_ARG;
     }
-    if (cfg->n_threads > 256) {
-        kvq__cerr(cfg, "n_threads %zu is above 256", cfg->n_threads);
+    if (cfg->n_threads > KVQ_MAX_THREADS) {
+        kvq__cerr(cfg, "n_threads %zu is above %d", cfg->n_threads, KVQ_MAX_THREADS);
         return KVQ_ERR_INVALID_ARG;
+    }
+    {
+        const char *name[4] = {"sinks", "protect_recent", "hot_tokens", "warm_tokens"};
+        size_t v[4] = {cfg->sinks, cfg->protect_recent, cfg->hot_tokens, cfg->warm_tokens};
+        for (int i = 0; i < 4; i++)
+            if (v[i] > KVQ_MAX_TOKENS) {
+                kvq__cerr(cfg, "%s %zu is above 2^30", name[i], v[i]);
+                return KVQ_ERR_INVALID_ARG;
+            }
+    }
+    if (cfg->n_overrides > KVQ_MAX_OVERRIDES || (cfg->n_overrides && !cfg->overrides)) {
+        kvq__cerr(cfg, cfg->overrides ? "n_overrides %zu is above 2^20"
+                                      : "n_overrides is %zu but overrides is NULL",
+                  cfg->n_overrides);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    for (size_t i = 0; i < cfg->n_overrides; i++) {
+        const kvq_codec_override *o = &cfg->overrides[i];
+        if (!o->codec) {
+            kvq__cerr(cfg, "override %zu (layer %d, kv_head %d) has no codec", i, o->layer,
+                      o->kv_head);
+            return KVQ_ERR_INVALID_ARG;
+        }
+        if ((o->layer >= 0 && (size_t)o->layer >= cfg->n_layers) ||
+            (o->kv_head >= 0 && (size_t)o->kv_head >= cfg->n_kv_heads)) {
+            kvq__cerr(cfg, "override %zu (%s): layer %d, kv_head %d: the cache has %zu layers "
+                           "and %zu kv heads (< 0: all)",
+                      i, o->codec, o->layer, o->kv_head, cfg->n_layers, cfg->n_kv_heads);
+            return KVQ_ERR_INVALID_ARG;
+        }
     }
     if ((int)cfg->policy < 0 || cfg->policy > KVQ_POLICY_UTILITY) {
         kvq__cerr(cfg, "policy %d is not a kvq_policy", (int)cfg->policy);
         return KVQ_ERR_INVALID_ARG;
     }
-    if (!(cfg->budget_ratio >= 0)) {
-        kvq__cerr(cfg, "budget_ratio %g must be a number >= 0", cfg->budget_ratio);
+    if (cfg->budget_tokens > KVQ_MAX_TOKENS) {
+        kvq__cerr(cfg, "budget_tokens %zu is above 2^30", cfg->budget_tokens);
         return KVQ_ERR_INVALID_ARG;
     }
+    if (!(cfg->budget_ratio >= 0 && isfinite(cfg->budget_ratio))) {
+        kvq__cerr(cfg, "budget_ratio %g must be a finite number >= 0", cfg->budget_ratio);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (cfg->cold_ttl_ms > KVQ_MAX_COLD_TTL_MS) {
+        kvq__cerr(cfg, "cold_ttl_ms %llu is above 2^40", (unsigned long long)cfg->cold_ttl_ms);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    for (int i = 0; i < 2; i++)
+        if (!(isfinite(cfg->link_gbps[i]) && cfg->link_gbps[i] >= 0 &&
+              isfinite(cfg->link_latency_ms[i]) && cfg->link_latency_ms[i] >= 0)) {
+            kvq__cerr(cfg, "link %d: link_gbps %g and link_latency_ms %g must be finite and >= 0",
+                      i, cfg->link_gbps[i], cfg->link_latency_ms[i]);
+            return KVQ_ERR_INVALID_ARG;
+        }
     if (cfg->k_layout != KVQ_LAYOUT_TOKEN && cfg->k_layout != KVQ_LAYOUT_CHANNEL) {
         kvq__cerr(cfg, "k_layout %d is not a kvq_layout", (int)cfg->k_layout);
         return KVQ_ERR_INVALID_ARG;
     }
-    if (cfg->k_prerope && !(cfg->rope_theta > 0)) {
-        kvq__cerr(cfg, "k_prerope needs rope_theta > 0, got %g", cfg->rope_theta);
+    if (cfg->k_prerope && !(cfg->rope_theta > 0 && isfinite(cfg->rope_theta))) {
+        kvq__cerr(cfg, "k_prerope needs a finite rope_theta > 0, got %g", cfg->rope_theta);
         return KVQ_ERR_INVALID_ARG;
     }
     if (cfg->k_prerope && (cfg->rope_dims > cfg->head_dim || cfg->rope_dims % 2 != 0)) {
@@ -408,6 +478,22 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
         kvq__cerr(cfg, "huge_pages is %d: 0 (huge-page regions) or -1 (posix_memalign)",
                   cfg->huge_pages);
         return KVQ_ERR_INVALID_ARG;
+    }
+    {
+        /* the sizes create and a page allocate: the layer and head tables,
+         * the centre values, a layer's f16 staging (keys and values of
+         * every head); page blocks are checked as they are laid out */
+        size_t t;
+        size_t hd = cfg->n_kv_heads * cfg->head_dim; /* <= 2^22 by the limits */
+        if (!kvq__mul_ok(&t, cfg->n_layers, sizeof(kvq__layer)) ||
+            !kvq__mul_ok(&t, cfg->n_kv_heads, sizeof(kvq__head)) ||
+            !kvq__mul_ok(&t, cfg->n_layers, hd) || !kvq__mul_ok(&t, t, sizeof(float)) ||
+            !kvq__mul_ok(&t, hd, cfg->page_tokens) || !kvq__mul_ok(&t, t, 2 * sizeof(uint16_t))) {
+            kvq__cerr(cfg, "n_layers %zu x n_kv_heads %zu x head_dim %zu x page_tokens %zu: its "
+                           "tables do not fit in memory",
+                      cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, cfg->page_tokens);
+            return KVQ_ERR_INVALID_ARG;
+        }
     }
     kvq_allocator al;
     kvq__allocator_init(&al, cfg->allocator);
@@ -485,7 +571,7 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
             for (size_t i = 0; i < cfg->n_overrides; i++) {
                 const kvq_codec_override *o = &cfg->overrides[i];
                 if ((o->layer < 0 || (size_t)o->layer == l) &&
-                    (o->kv_head < 0 || (size_t)o->kv_head == h) && o->codec) {
+                    (o->kv_head < 0 || (size_t)o->kv_head == h)) {
                     if (o->is_value) {
                         vs = o->codec;
                         vo = o;
@@ -529,8 +615,14 @@ kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg) {
                     st = kvq__get_codec(c, cfg->warm_codec, &ly->wheads[h].vc);
             }
         }
-        if (st == KVQ_OK)
+        if (st == KVQ_OK) {
             kvq__layout_layer(c, ly);
+            if (ly->block_bytes == SIZE_MAX || ly->wblock_bytes == SIZE_MAX) {
+                kvq__cerr(cfg, "a page of layer %zu (%zu kv heads x %zu tokens) does not fit in "
+                               "memory", l, c->H, c->P);
+                st = KVQ_ERR_INVALID_ARG;
+            }
+        }
     }
     /* workspace sizes (no f16 codec when its creation failed) */
     c->max_qp = c->f16 ? c->f16->qp_bytes : 0;

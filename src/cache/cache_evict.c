@@ -17,6 +17,7 @@
  */
 #include "cache_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 /* (key, pos) order when by_key, else position order; positions are unique */
@@ -138,11 +139,19 @@ void kvq__evict_to(kvq_cache *c, kvq__layer *ly, size_t target, size_t keep_new)
 }
 
 kvq_status kvq_cache_set_budget(kvq_cache *c, size_t budget) {
-    if (!c || budget == 0)
+    if (!c)
         return KVQ_ERR_INVALID_ARG;
-    if (c->cfg.policy == KVQ_POLICY_NONE)
+    if (budget == 0 || budget > c->cfg.max_tokens) {
+        snprintf(c->errbuf, sizeof c->errbuf, "budget %zu is outside 1..max_tokens (%zu)", budget,
+                 c->cfg.max_tokens);
+        return KVQ_ERR_INVALID_ARG;
+    }
+    if (c->cfg.policy == KVQ_POLICY_NONE) {
+        snprintf(c->errbuf, sizeof c->errbuf, "set_budget needs an eviction policy (policy none)");
         return KVQ_ERR_UNSUPPORTED;
-    c->budget = KVQ__MIN(budget, c->cfg.max_tokens);
+    }
+    c->errbuf[0] = 0;
+    c->budget = budget;
     c->budget_pending_ratio = 0;
     for (size_t l = 0; l < c->L; l++)
         kvq__evict_to(c, &c->layers[l], c->budget, 0);

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define KVQ__MAX_HEAD_DIM 1024
+#define KVQ__MAX_HEAD_DIM KVQ_MAX_HEAD_DIM /* 1024, include/kvq.h */
 #define KVQ__ALIGN 64
 
 #define KVQ__MIN(a, b) ((a) < (b) ? (a) : (b))
