@@ -103,12 +103,13 @@ static int ins_is_store(const char *where) {
         size_t other = 0;
         struct dirent *e;
         while (d && (e = readdir(d))) {
-            unsigned id;
-            char tail[8];
             if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
                 continue;
-            if (sscanf(e->d_name, "seg-%6u.%7s", &id, tail) == 2 &&
-                (!strcmp(tail, "log") || !strcmp(tail, "tmp")))
+            /* seg-<at least six digits>.log or .tmp (ids past 999999 are longer) */
+            const char *nm = e->d_name, *q = nm + 4;
+            size_t nd = strspn(q, "0123456789");
+            if (strncmp(nm, "seg-", 4) == 0 && nd >= 6 && nd <= 20 &&
+                (!strcmp(q + nd, ".log") || !strcmp(q + nd, ".tmp")))
                 segs++;
             else
                 other++;
