@@ -189,7 +189,7 @@ check-valgrind: $(BUILD)/tests/test_cache $(BUILD)/tests/test_tier
 # tests/test_fuzz_replay.c replays every committed corpus (fuzz/corpus/<target>/)
 # through the same property checks in `make check`, without libFuzzer.
 FUZZ_CC       ?= clang
-FUZZ_TARGETS  := record segment model tokenizer codec_state npy alloc_json snapshot filestore
+FUZZ_TARGETS  := record segment model tokenizer codec_state npy alloc_json snapshot filestore redis_reply
 FUZZ_SECONDS  ?= 60
 FUZZ_PARALLEL ?= 0
 FUZZ_OUT      ?= /tmp/kvq-fuzz-long
@@ -207,6 +207,9 @@ $(FUZZ_OBJ)/src/kernels/x86/%.o: src/kernels/x86/%.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(AVX2FLAGS) -MMD -MP -c $< -o $@
 
+# the Redis store's reply handling is a fuzz target too (redis_reply)
+$(FUZZ_OBJ)/src/tier/store_redis.o: FUZZ_FLAGS += $(HIREDIS_CFLAGS)
+
 $(FUZZ_OBJ)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
@@ -216,7 +219,7 @@ $(FUZZ_OBJ)/libkvq.a: $(FUZZ_LIB_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_file.h $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a
-	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a -lm -lpthread
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a $(LDLIBS)
 
 # Rewrites the seed corpora of the file readers (fuzz/make_corpus.c).
 fuzz-corpus: $(BUILD)/make_corpus

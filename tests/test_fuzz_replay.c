@@ -4,7 +4,7 @@
  * check (fuzz/fuzz_<target>.c, included here with KVQ_FUZZ_NO_ENTRY):
  * page records, store segments, model checkpoints, tokenizers, codec state
  * blobs / calibration files, .npy files, --alloc JSON files, snapshot
- * manifests and file-store directories. Files named valid-* must also be
+ * manifests, file-store directories and Redis replies. Files named valid-* must also be
  * accepted by the reader as they are, and bad-* refused (other names, e.g.
  * edge-*, only need the property). The corpus is found next to this source
  * file (the build runs from the repository root) or with --corpus DIR (the
@@ -21,6 +21,7 @@
 #include "../fuzz/fuzz_npy.c"
 #include "../fuzz/fuzz_alloc_json.c"
 #include "../fuzz/fuzz_snapshot.c"
+#include "../fuzz/fuzz_redis_reply.c"
 #include "../fuzz/fuzz_filestore.c"
 
 #include <dirent.h>
@@ -53,6 +54,7 @@ static const replay_target targets[] = {
     {"npy", kvq_fuzz_npy, kvq_fuzz_npy_accepts, 10},
     {"alloc_json", kvq_fuzz_alloc_json, kvq_fuzz_alloc_json_accepts, 10},
     {"snapshot", kvq_fuzz_snapshot, kvq_fuzz_snapshot_accepts, 5},
+    {"redis_reply", kvq_fuzz_redis_reply, NULL, 10}, /* a no-op without hiredis */
     {"filestore", kvq_fuzz_filestore, kvq_fuzz_filestore_accepts, 10},
 };
 
