@@ -506,6 +506,14 @@ static kvq_status kvq__install_page(kvq_cache *c, size_t l, size_t p, const kvq_
     /* staging holds pending tokens, and a channel page's unencoded keys:
      * with neither it holds nothing (and is not kept) */
     size_t keep_sb = pend || ly->chan_mode ? sb : 0;
+    /* staged K/V were finite floats rounded to f16 (saturating): an Inf
+     * or NaN in the staging bytes was not written by a cache, and the
+     * encoders that settle it take finite input only */
+    for (size_t i = 0; i < keep_sb / 2; i++)
+        if ((kvq__ld16(r->block + bb + 2 * i) & 0x7c00u) == 0x7c00u) {
+            *why = "a staged value that is not a finite number";
+            return KVQ_ERR_CORRUPT;
+        }
     kvq_status st = kvq__grow_pages(c, ly, p + 1);
     if (st != KVQ_OK)
         return st;
