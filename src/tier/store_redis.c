@@ -150,8 +150,9 @@ __attribute__((format(printf, 3, 4))) static long rf_fail(rs_frame *f, kvq_statu
     return -1;
 }
 
-/* The number of the line: digits only (or '-' and digits when signed_ok),
- * at most 18 of them. 0 when the line is not one. */
+/* The number of the line, in the one form hiredis reads (string2ll): "0",
+ * or digits without a leading zero ('-' first when signed_ok), at most 18
+ * of them. 0 when the line is not one. */
 static int rf_decimal(const rs_frame *f, int signed_ok, long long *v) {
     size_t i = 0, n = f->line_len;
     int neg = 0;
@@ -159,7 +160,7 @@ static int rf_decimal(const rs_frame *f, int signed_ok, long long *v) {
         neg = 1;
         i = 1;
     }
-    if (i == n || n - i > 18)
+    if (i == n || n - i > 18 || (f->num[i] == '0' && (n - i > 1 || neg)))
         return 0;
     long long x = 0;
     for (; i < n; i++) {
@@ -340,6 +341,7 @@ typedef struct rs_store {
     const uint8_t *mem;
     size_t mem_len, mem_pos, mem_chunk;
     unsigned long drops; /* connections dropped */
+    unsigned long reader_refused; /* framed replies hiredis would not read (never, if framing is right) */
     long disconnect_after; /* -1 = no fault armed */
     int fault_write;       /* 0, or the status puts fail with once write_budget is spent */
     long write_budget;
@@ -541,6 +543,7 @@ static kvq_status rs_read(kvq_store *s, rs_store *r, int get, size_t want, redis
     while (got < want) {
         void *x = NULL;
         if (redisReaderGetReply(r->rd, &x) != REDIS_OK) {
+            r->reader_refused += r->rd->err != REDIS_ERR_OOM;
             st = r->rd->err == REDIS_ERR_OOM ? KVQ_ERR_NOMEM : KVQ_ERR_IO;
             kvq__store_err(s, "redis %s:%d: %s: bad reply: %s", r->host, r->port, r->what,
                            r->rd->errstr);
@@ -551,6 +554,7 @@ static kvq_status rs_read(kvq_store *s, rs_store *r, int get, size_t want, redis
             continue;
         }
         if (f.done > got) { /* framed whole, yet hiredis wants more: never so */
+            r->reader_refused++;
             st = KVQ_ERR_IO;
             kvq__store_err(s, "redis %s:%d: %s: the reply reader lost step", r->host, r->port,
                            r->what);
@@ -1363,6 +1367,7 @@ kvq_status kvq__redis_reply_eval(int call, const uint8_t *bytes, size_t n, size_
     if (st != KVQ_OK)
         snprintf(out->err, sizeof out->err, "%s", s.err);
     out->dropped = r->drops > 0;
+    out->reader_refused = r->reader_refused > 0;
     out->consumed = r->mem_pos - r->pend_len;
     rs_drop(r);
     kvq__free(&s.alloc, r);

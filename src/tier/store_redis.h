@@ -30,6 +30,7 @@ typedef struct kvq__rs_eval {
     kvq_status st;    /* what the call returned */
     char err[KVQ__STORE_ERR_SIZE]; /* its message ("" on success) */
     int dropped;      /* the call dropped its connection */
+    int reader_refused; /* hiredis refused bytes the framing let through */
     size_t consumed;  /* bytes the call read */
     void *value;      /* GET: the value, NULL otherwise */
     size_t size;
