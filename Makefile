@@ -189,7 +189,7 @@ check-valgrind: $(BUILD)/tests/test_cache $(BUILD)/tests/test_tier
 # tests/test_fuzz_replay.c replays every committed corpus (fuzz/corpus/<target>/)
 # through the same property checks in `make check`, without libFuzzer.
 FUZZ_CC       ?= clang
-FUZZ_TARGETS  := record segment model tokenizer codec_state npy alloc_json snapshot filestore redis_reply
+FUZZ_TARGETS  := record segment model tokenizer codec_state npy alloc_json snapshot filestore prefix redis_reply
 FUZZ_SECONDS  ?= 60
 FUZZ_PARALLEL ?= 0
 FUZZ_OUT      ?= /tmp/kvq-fuzz-long
@@ -225,7 +225,8 @@ $(BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_file.h $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/lib
 fuzz-corpus: $(BUILD)/make_corpus
 	$(BUILD)/make_corpus fuzz/corpus
 
-$(BUILD)/make_corpus: fuzz/make_corpus.c fuzz/fuzz_snapshot.c fuzz/snapshot_forge.h $(BUILD)/libkvq.a
+$(BUILD)/make_corpus: fuzz/make_corpus.c fuzz/fuzz_snapshot.c fuzz/fuzz_prefix.c fuzz/snapshot_forge.h \
+                      fuzz/fuzz_dir.h $(BUILD)/libkvq.a
 	$(CC) $(CFLAGS_ALL) -Isrc -o $@ $< $(BUILD)/libkvq.a $(LDLIBS)
 
 fuzz-long: fuzz

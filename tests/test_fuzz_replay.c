@@ -22,6 +22,7 @@
 #include "../fuzz/fuzz_alloc_json.c"
 #include "../fuzz/fuzz_snapshot.c"
 #include "../fuzz/fuzz_redis_reply.c"
+#include "../fuzz/fuzz_prefix.c"
 #include "../fuzz/fuzz_filestore.c"
 
 #include <dirent.h>
@@ -55,6 +56,7 @@ static const replay_target targets[] = {
     {"alloc_json", kvq_fuzz_alloc_json, kvq_fuzz_alloc_json_accepts, 10},
     {"snapshot", kvq_fuzz_snapshot, kvq_fuzz_snapshot_accepts, 5},
     {"redis_reply", kvq_fuzz_redis_reply, NULL, 10}, /* a no-op without hiredis */
+    {"prefix", kvq_fuzz_prefix, kvq_fuzz_prefix_accepts, 5},
     {"filestore", kvq_fuzz_filestore, kvq_fuzz_filestore_accepts, 10},
 };
 
