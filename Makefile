@@ -218,7 +218,7 @@ $(FUZZ_OBJ)/libkvq.a: $(FUZZ_LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_file.h $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a
+$(BUILD)/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a $(LDLIBS)
 
 # Rewrites the seed corpora of the file readers (fuzz/make_corpus.c).

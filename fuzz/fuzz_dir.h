@@ -21,7 +21,7 @@ static void kvq_fuzz_rm_dir(const char *dir) {
         struct dirent *e;
         char p[700];
         while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == '.')
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
                 continue;
             snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
             unlink(p);

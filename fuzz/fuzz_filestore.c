@@ -33,6 +33,7 @@
  */
 #include "kvq.h"
 #include "tier/store_impl.h"
+#include "fuzz_dir.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -90,26 +91,10 @@ typedef struct kvq_fuzz_fs_list {
 
 static char kvq_fuzz_fs_base[128];
 
-static void kvq_fuzz_fs_rm_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        char p[512];
-        while ((de = readdir(d)) != NULL) {
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 static void kvq_fuzz_fs_cleanup(void) {
     char d[160];
     snprintf(d, sizeof d, "%s/d", kvq_fuzz_fs_base);
-    kvq_fuzz_fs_rm_dir(d);
+    kvq_fuzz_rm_dir(d);
     rmdir(kvq_fuzz_fs_base);
 }
 
@@ -187,7 +172,7 @@ static const char *kvq_fuzz_fs_write(const kvq_fuzz_fs_input *in, char *dir, siz
     if (!base)
         return NULL;
     snprintf(dir, dn, "%s/d", base);
-    kvq_fuzz_fs_rm_dir(dir);
+    kvq_fuzz_rm_dir(dir);
     if (mkdir(dir, 0755) != 0)
         return NULL;
     for (int i = 0; i < in->n; i++) {
@@ -464,7 +449,7 @@ static int kvq_fuzz_filestore(const uint8_t *data, size_t size) {
     if (kvq_fuzz_fs_write(&in, dir, sizeof dir))
         bad = kvq_fuzz_fs_check(&in, dir);
     if (dir[0])
-        kvq_fuzz_fs_rm_dir(dir);
+        kvq_fuzz_rm_dir(dir);
     kvq_fuzz_fs_input_free(&in);
     return bad;
 }
@@ -487,7 +472,7 @@ static int kvq_fuzz_filestore_accepts(const uint8_t *data, size_t size) {
         kvq_store_close(s);
     }
     if (dir[0])
-        kvq_fuzz_fs_rm_dir(dir);
+        kvq_fuzz_rm_dir(dir);
     kvq_fuzz_fs_input_free(&in);
     return ok;
 }
