@@ -56,8 +56,8 @@
  *  6. A chunk's queries score its staged tokens as an f16 cache scores its
  *     pages: one prefill over a cache whose K and V codecs stage (int8,
  *     int4:g=32, tq3) gives the same output bits as over an f16/f16 cache,
- *     on every ISA path the CPU runs (the same f16 vectors, and since
- *     session 12 the same kernels: the staged keys are tiled once per head
+ *     on every ISA path the CPU runs (the same f16 vectors, and the
+ *     same kernels: the staged keys are tiled once per head
  *     and scored by the f16 codec's tscore, as f16 pages are; before, the
  *     SIMD paths scored staged rows with the row kernel, a different order
  *     of sums, and this failed there).

@@ -355,7 +355,7 @@ static int bc_ggml_peer(const char *spec) {
  * from memory: the measured half (16 MiB by default) fits in a 32 MiB
  * cache, and without the flush each pass found part of it left there by
  * the other (the ratio moved with the order of the passes: 0.83-1.16 for
- * the same AVX-512 int8 build in session 9). */
+ * the same AVX-512 int8 build). */
 #define BC_PAIR_ROUNDS 15
 static volatile float bc_flush_sink;
 static double bc_paired(bc_ctx *k, bc_ctx *g, int flush) {

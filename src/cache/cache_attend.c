@@ -22,8 +22,8 @@
  * cold at first, and its fold; before its first run was prefetched, see
  * kvq__decode_pages, about 10 us in all), which rules out many small ones.
  * Against 16 equal chunks (in-process A/B, two threads): 4k tokens -7..9%,
- * 16k and 32k -2..5%; one thread even. At least 32 pages since session 12
- * (16 before; in-process A/B: 1k tokens, one thread, -5..6%; 4k -2..7%;
+ * 16k and 32k -2..5%; one thread even. At least 32 pages
+ * (16 at first; in-process A/B: 1k tokens, one thread, -5..6%; 4k -2..7%;
  * 8k -2%; 16k and 32k -0..2%, 2k two threads f16 +4%). A step of at most
  * KVQ__SOLO_CHUNKS chunks runs on the calling thread alone: a worker asleep
  * (it polls 50 us, kvq__pool) wakes about 90 us late on this VM and then
@@ -42,7 +42,7 @@
 #define KVQ__PF_AREA 4096
 /* A decode step prefetches a head's key area one page ahead into L1 (the
  * int and tq kernels of the AVX2 and AVX-512 paths do it themselves, line
- * by line as they read their own page: pf_tscore, session 10) and its
+ * by line as they read their own page: pf_tscore) and its
  * value area (read after the run's keys) into L2; when the areas hold
  * at least this many bytes (K + V of a page and head), both areas of the
  * page after go into L2 too: the L1 takes too few misses in flight to
@@ -616,8 +616,8 @@ static int kvq__page_fast(const kvq_cache *c, const kvq__layer *ly, size_t p, in
  * thread: AVX-512 int4:g=32 -3..8%, int8 -1..5%, tq3/tq4 -1..4%; AVX2
  * int8 -12..24%, AVX-VNNI int8 -15..19%, AVX2 int4:g=32 -1..9%, tq even to
  * -2%. Moving the L2 prefetches (values, the page after) into the kernel
- * as well was 20-36% slower: those must go out early, in a burst. Since
- * session 11 the page after's keys are no longer asked for into L2 where
+ * as well was 20-36% slower: those must go out early, in a burst. Now
+ * the page after's keys are no longer asked for into L2 where
  * the key kernel streams its own (pf_tscore; the page after's values still
  * are): in-process A/B, one thread 32k AVX-512 int8 -4%, int4:g=32 -3%,
  * tq4 -2%, 16k -3..5%; two threads int8 and tq4 even, int4:g=32 -4%; AVX2
@@ -638,7 +638,7 @@ static int kvq__page_fast(const kvq_cache *c, const kvq__layer *ly, size_t p, in
  * run ahead of the chunk's last run are those of the next chunk this job
  * will work: it claims it then (*claim, SIZE_MAX until then; the caller
  * claims one when the chunk ended without), so that a chunk does not start
- * from cold memory. Before session 9 each chunk's first run was read
+ * from cold memory. Without it, each chunk's first run was read
  * unprefetched: int4:g=32 at 32k, its keys took 14.3k TSC ticks against
  * 9.1k in the other runs, its values 13.8k against 5.8k; in-process A/B of
  * the change: one thread 4k -1..6%, 16k -1..7%, 32k -0.5..1%; two threads

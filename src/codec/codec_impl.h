@@ -189,7 +189,7 @@ static inline void kvq__codec_prep(const kvq_codec *c, void *qp, const float *q,
 #endif
 extern _Thread_local const uint8_t *kvq__pf_next KVQ__TLS_IE;
 
-/* A kernel's paced prefetch of the bytes at kvq__pf_next (session 11): a
+/* A kernel's paced prefetch of the bytes at kvq__pf_next: a
  * share of their lines at each of its steps, step / 65536 lines (16.16
  * fixed point, no division in the loop: two per step made f16 50% slower),
  * rather than all of them in a burst, which fills the L1's miss buffers

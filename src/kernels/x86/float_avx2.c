@@ -102,7 +102,7 @@ static void kvq__float_score_avx2(const kvq_codec *c, float *out, size_t ostride
  * the prefetchers follow poorly: f32 at 32k streaming -12%; f16 showed no
  * gain and keeps the 4-row strips). The sums are formed in the same order
  * as by the 4-row strips, so the results are the same.
- * Prefetch (session 11): the next page's area (kvq__pf_next, its n * vb
+ * Prefetch: the next page's area (kvq__pf_next, its n * vb
  * bytes) is asked for at an even pace (kvq__pace), a share per value row of
  * every strip of both row pairs: f32 at 32k 26% shorter than the whole area
  * in the first strip, 8 lines per row, whose burst filled the L1's miss

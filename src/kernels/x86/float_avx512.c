@@ -104,8 +104,8 @@ KVQ__T512 static void kvq__float_tscore_avx512(const kvq_codec *c, float *out, s
  * weights and a value fit the 32 registers without a spill). Each value
  * line feeds 4 FMAs, as in tscore, so memory is asked for at an even pace;
  * so is the next page's area (kvq__pf_next, kvq__pace): a share per value
- * row of every strip (the first strip took it all, 4 lines a row before
- * session 11: f16 5% slower at 16k and 32k in an in-process A/B). */
+ * row of every strip (the first strip took it all, 4 lines a row at first:
+ * f16 5% slower at 16k and 32k in an in-process A/B). */
 KVQ__T512 static inline __attribute__((always_inline)) void
 kvq__accum_strip(const int kind, const int NS, float *const *a, const float *const *wr, size_t g,
                  const uint8_t *vals, size_t vb, size_t es, size_t s, size_t n, kvq__pace *pc) {

@@ -147,13 +147,13 @@ static inline void kvq__tile_run_rows(const kvq_codec *c, unsigned ok, size_t nr
  * was most likely just written (a token's K or V), so in cache, where the
  * prefetches only take load slots (11% of a hot AVX2 int4:g=32 encode).
  * The distance in bytes, not batches (whose size goes from 1 KiB, AVX2
- * int4:g=32, to 8 KiB, AVX-512 int8): two batches ahead before session 9,
+ * int4:g=32, to 8 KiB, AVX-512 int8): two batches ahead at first,
  * against which 8 KiB measured AVX-512 int8 +7..16%, AVX2 int4:g=32
  * +3..7%, AVX-512 int4:g=32 +0..4% (streaming, flushed, in-process A/B). */
 #define KVQ__ENC_PF_BYTES 8192
 /* The distance in floats from the batch of vector j to the input it
  * prefetches, 0 for none. The int4/int2 reductions prefetch it line by
- * line next to their loads (session 11, paired against ggml's q4_0
+ * line next to their loads (paired against ggml's q4_0
  * streaming: AVX2 0.94 -> 0.96-0.98, AVX-512 1.09-1.13 -> 1.19-1.24;
  * distances of 4 and 16 KiB were even or slower); int8 in the two bursts
  * of kvq__enc_prefetch_part (paced, it was 4-12% slower). */
@@ -166,7 +166,7 @@ static inline size_t kvq__enc_pf_dist(size_t j, size_t batch, size_t n, size_t d
 /* The batch at x (vector j) prefetches, part 0: the whole batch ahead; 1,
  * 2: its first and second half (a one-pass encode asks for the first
  * before its reduction and the second before its codes, so that the memory
- * is also busy while the codes are formed: session 11, paired against
+ * is also busy while the codes are formed: paired against
  * ggml's q8_0 streaming, AVX-512 int8 0.93-0.96 -> 1.02-1.07, AVX2 int8
  * 0.99-1.05 -> 1.04-1.19). */
 static inline __attribute__((always_inline)) void

@@ -8,7 +8,7 @@
 #include "simd_avx2.h"
 
 static inline __m256 kvq__exp256(__m256 y) {
-    /* no clamps (session 12): below -87.3 (-inf too) whatever 2^n's bits
+    /* no clamps: below -87.3 (-inf too) whatever 2^n's bits
      * become, the mask gives 0; the callers' y stay below
      * KVQ__SOFTMAX_SLACK, far from 88 where 2^n would overflow; the same
      * bits as with y clamped to [-87.3, 88] (18.4 million values compared) */
