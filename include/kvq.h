@@ -433,10 +433,17 @@ KVQ_API kvq_status kvq_cache_append(kvq_cache *cache, size_t layer, const float 
  * q_positions[n_queries] (a key at position p is visible to a query at
  * position qp when p <= qp); out is [n_queries][n_q_heads][head_dim] =
  * softmax(q.K^T/sqrt(head_dim)).V. When token_attn is not NULL it receives,
- * for each KV head and stored token (in ascending position order, the order
- * of kvq_cache_positions), the attention that token received summed over the
- * query heads of its group and over the queries: [n_kv_heads][n_tokens]
- * (token_attn_capacity floats). Under the utility policy, attention received
+ * for each KV head and each token the queries saw, the attention that token
+ * received summed over the query heads of its group and over the queries:
+ * [n_kv_heads][n_tokens] (token_attn_capacity floats). The tokens the
+ * queries saw are those stored when the call starts, in ascending position
+ * order: call kvq_cache_tokens and kvq_cache_positions before the attend, not
+ * after it, because the eviction an attend makes (utility or FIFO policy over
+ * the budget) comes after the attention and removes tokens that token_attn
+ * still covers. (The one exception: a cold page found lost during the call
+ * is dropped before the attention, so its tokens are not covered; a
+ * caller that needs exact positions then compares lost_tokens of
+ * kvq_cache_tier_stats before and after.) Under the utility policy, attention received
  * updates the scores whether or not token_attn is given. On error no score,
  * counter or page changed: with tiers, every cold record is read and every
  * block allocated before a page moves, so no page came back from warm or
