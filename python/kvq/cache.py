@@ -290,9 +290,11 @@ class KVCache(_lib.Handle):
         Returns out with q's shape (and type: a tensor for a tensor q, in
         its dtype); with return_token_attention also the attention each
         stored token received, summed over the query heads of its KV head's
-        group and over the queries: float32 [kv_heads, n_tokens] in
-        ascending position order (the order of positions(layer)). Under the
-        utility policy every attend updates the eviction scores."""
+        group and over the queries: float32 [kv_heads, n_tokens] over the
+        tokens stored when the call starts, in ascending position order:
+        read positions(layer) before the attend, not after it (an eviction
+        the attend makes comes after the attention). Under the utility
+        policy every attend updates the eviction scores."""
         where = "KVCache.attend"
         layer = self._layer(layer, where)
         q, kind = _arrays.floats(q, "q", where)
