@@ -26,7 +26,7 @@
  * (16 at first; in-process A/B: 1k tokens, one thread, -5..6%; 4k -2..7%;
  * 8k -2%; 16k and 32k -0..2%, 2k two threads f16 +4%). A step of at most
  * KVQ__SOLO_CHUNKS chunks runs on the calling thread alone: a worker asleep
- * (it polls 50 us, kvq__pool) wakes about 90 us late on this VM and then
+ * (it polls 50 us, kvq__pool) wakes about 90 us late on a shared 2-vCPU VM and then
  * holds the caller until its chunk is done; 1k tokens, two threads,
  * int4:g=32 / int8 / f16 -14..21%, f32 -3% (as fast as one thread, where
  * two chunks had made two threads 20-30% slower than one). */
