@@ -33,6 +33,7 @@
  */
 #include "kvq.h"
 #include "tier/store_impl.h"
+#include "fuzz_seg.h"
 #include "fuzz_dir.h"
 
 #include <dirent.h>
@@ -147,23 +148,6 @@ static void kvq_fuzz_fs_input_free(kvq_fuzz_fs_input *in) {
     for (int i = 0; i < in->n; i++)
         free(in->files[i].bytes);
     in->n = 0;
-}
-
-/* Recomputes the checksums of every entry whose lengths fit, walking from 0. */
-static void kvq_fuzz_fs_fix(uint8_t *buf, size_t len) {
-    size_t off = 0;
-    while (len - off >= KVQ__SEG_HDR) {
-        uint8_t *h = buf + off;
-        uint32_t klen = kvq__ld16(h + 6), vlen = kvq__ld32(h + 8);
-        uint64_t elen = (uint64_t)KVQ__SEG_HDR + klen + vlen;
-        if (elen > len - off)
-            break;
-        uint32_t crc = kvq__crc32c(0, h, 12);
-        crc = kvq__crc32c(crc, h + KVQ__SEG_HDR, (size_t)elen - KVQ__SEG_HDR);
-        kvq__st32(h + 12, crc);
-        kvq__st32(h + 16, kvq__crc32c(0, h, 16));
-        off += (size_t)elen;
-    }
 }
 
 /* Writes the files into a fresh directory; its path, or NULL. */
@@ -443,7 +427,7 @@ static int kvq_fuzz_filestore(const uint8_t *data, size_t size) {
     kvq_fuzz_fs_split(data, size, &in);
     if (size && (data[0] & 1))
         for (int i = 0; i < in.n; i++)
-            kvq_fuzz_fs_fix(in.files[i].bytes, in.files[i].len);
+            kvq_fuzz_seg_fix(in.files[i].bytes, in.files[i].len);
     char dir[200] = "";
     int bad = 0;
     if (kvq_fuzz_fs_write(&in, dir, sizeof dir))

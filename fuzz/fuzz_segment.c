@@ -9,6 +9,7 @@
  * tests/test_fuzz_replay.c replays fuzz/corpus/segment/ through it.
  */
 #include "tier/store_impl.h"
+#include "fuzz_seg.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -72,23 +73,6 @@ static int kvq_fuzz_segment_once(const uint8_t *buf, size_t len) {
     return 0;
 }
 
-/* Recomputes the checksums of every entry whose lengths fit, walking from 0. */
-static void kvq_fuzz_fix(uint8_t *buf, size_t len) {
-    size_t off = 0;
-    while (len - off >= KVQ__SEG_HDR) {
-        uint8_t *h = buf + off;
-        uint32_t klen = kvq__ld16(h + 6), vlen = kvq__ld32(h + 8);
-        uint64_t elen = (uint64_t)KVQ__SEG_HDR + klen + vlen;
-        if (elen > len - off)
-            break;
-        uint32_t crc = kvq__crc32c(0, h, 12);
-        crc = kvq__crc32c(crc, h + KVQ__SEG_HDR, (size_t)elen - KVQ__SEG_HDR);
-        kvq__st32(h + 12, crc);
-        kvq__st32(h + 16, kvq__crc32c(0, h, 16));
-        off += (size_t)elen;
-    }
-}
-
 static int kvq_fuzz_segment(const uint8_t *data, size_t size) {
     uint8_t *buf = (uint8_t *)calloc(size ? size : 1, 1);
     if (!buf)
@@ -97,7 +81,7 @@ static int kvq_fuzz_segment(const uint8_t *data, size_t size) {
         memcpy(buf, data, size);
     int bad = kvq_fuzz_segment_once(buf, size);
     if (!bad) {
-        kvq_fuzz_fix(buf, size);
+        kvq_fuzz_seg_fix(buf, size);
         bad = kvq_fuzz_segment_once(buf, size);
     }
     free(buf);

@@ -103,6 +103,20 @@ static void fake_stop(fake *f) {
     f->pid = -1;
 }
 
+/* 1 when the test of mode runs (--only) and its fake server started;
+ * a server that did not start is a failure. */
+static int fake_begin(fake *f, const char *mode) {
+    f->pid = -1;
+    if (g_only && strcmp(g_only, mode) != 0)
+        return 0;
+    if (fake_start(f, mode) != 0) {
+        TU_REPORT(0, "%s: the fake server did not start", mode);
+        fake_stop(f);
+        return 0;
+    }
+    return 1;
+}
+
 static void url_of(char *buf, size_t n, const fake *f, long timeout_ms) {
     if (timeout_ms)
         snprintf(buf, n, "redis://127.0.0.1:%d/fk?timeout_ms=%ld", f->port, timeout_ms);
@@ -179,14 +193,9 @@ static kvq_status run_call(kvq_store *s, int call, double *ms) {
 /* Opens a store on a fake of mode and runs every call; w[call] says what
  * each must do (st == 1: skip the call). */
 static void run_mode(const char *mode, long timeout_ms, const want *w) {
-    if (g_only && strcmp(g_only, mode) != 0)
-        return;
     fake f;
-    if (fake_start(&f, mode) != 0) {
-        TU_REPORT(0, "%s: the fake server did not start", mode);
-        fake_stop(&f);
+    if (!fake_begin(&f, mode))
         return;
-    }
     char url[128], err[256] = "";
     url_of(url, sizeof url, &f, timeout_ms);
     kvq_store *s = NULL;
@@ -271,14 +280,9 @@ static void test_modes(void) {
 /* A server that takes the PING and never reads again: a put larger than
  * the socket buffers cannot be sent, and the deadline ends it. */
 static void test_noread(void) {
-    if (g_only && strcmp(g_only, "noread") != 0)
-        return;
     fake f;
-    if (fake_start(&f, "noread") != 0) {
-        TU_REPORT(0, "noread: the fake server did not start");
-        fake_stop(&f);
+    if (!fake_begin(&f, "noread"))
         return;
-    }
     char url[128], err[256] = "";
     url_of(url, sizeof url, &f, g_timeout_ms);
     kvq_store *s = NULL;
@@ -299,14 +303,9 @@ static void test_noread(void) {
 /* A server that never answers: open itself fails within its deadline, with
  * timeout_ms and with the documented default. */
 static void test_silent(void) {
-    if (g_only && strcmp(g_only, "silent") != 0)
-        return;
     fake f;
-    if (fake_start(&f, "silent") != 0) {
-        TU_REPORT(0, "silent: the fake server did not start");
-        fake_stop(&f);
+    if (!fake_begin(&f, "silent"))
         return;
-    }
     long tos[2] = {g_timeout_ms, 0};
     for (int i = g_timeout_ms ? 0 : 1; i < 2; i++) {
         char url[128], err[256] = "";
@@ -326,14 +325,9 @@ static void test_silent(void) {
 /* After a missed deadline the connection is dropped; the next call makes
  * a new one (the epoch moves: the server may have lost its data). */
 static void test_reconnect(void) {
-    if (g_only && strcmp(g_only, "slowfirst") != 0)
-        return;
     fake f;
-    if (fake_start(&f, "slowfirst") != 0) {
-        TU_REPORT(0, "slowfirst: the fake server did not start");
-        fake_stop(&f);
+    if (!fake_begin(&f, "slowfirst"))
         return;
-    }
     char url[128], err[256] = "";
     url_of(url, sizeof url, &f, g_timeout_ms);
     kvq_store *s = NULL;
