@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 /* Removes the files of dir, then dir. */
-static void kvq_fuzz_rm_dir(const char *dir) {
+__attribute__((unused)) static void kvq_fuzz_rm_dir(const char *dir) {
     DIR *d = opendir(dir);
     if (d) {
         struct dirent *e;
@@ -33,7 +33,7 @@ static void kvq_fuzz_rm_dir(const char *dir) {
 
 /* Writes base/<stem>-<pid> to dir (n bytes) after removing the folders
  * base/<stem>-<pid2> of processes that are gone. */
-static void kvq_fuzz_dir_make(const char *stem, char *dir, size_t n) {
+__attribute__((unused)) static void kvq_fuzz_dir_make(const char *stem, char *dir, size_t n) {
     const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     DIR *d = opendir(base);
     size_t sl = strlen(stem);

@@ -453,7 +453,8 @@ typedef struct {
  * staged K/V in the record (a hot page with staging), or the next append
  * would encode it from a staging block that does not exist. */
 static const char *kvq__slots_why(const kvq_cache *c, const kvq__layer *ly, const kvq__record *r,
-                                  int warm, int stage, const kvq__restore_rule *rule) {
+                                  int warm, int stage, const kvq__restore_rule *rule,
+                                  size_t *n_pending) {
     size_t P = c->P, npend = 0;
     int32_t prev = -1;
     for (size_t i = 0; i < P; i++) {
@@ -479,6 +480,7 @@ static const char *kvq__slots_why(const kvq_cache *c, const kvq__layer *ly, cons
         return "a warm page with staged tokens";
     if (npend && (!stage || ly->stage_bytes == 0))
         return "pending tokens without their staged K/V";
+    *n_pending = npend;
     return NULL;
 }
 
@@ -498,11 +500,9 @@ static kvq_status kvq__install_page(kvq_cache *c, size_t l, size_t p, const kvq_
     if (r->layer != l || r->page_tokens != P || r->n_kv_heads != c->H || r->head_dim != c->d ||
         r->layout_len != wl || memcmp(r->layout, want, wl) != 0 || r->block_len != bb + sb)
         return KVQ_ERR_MISMATCH;
-    if ((*why = kvq__slots_why(c, ly, r, warm, stage, rule)) != NULL)
+    size_t pend = 0;
+    if ((*why = kvq__slots_why(c, ly, r, warm, stage, rule, &pend)) != NULL)
         return KVQ_ERR_CORRUPT;
-    int pend = 0;
-    for (size_t i = 0; i < P; i++)
-        pend |= r->states[i] == KVQ__PEND;
     /* staging holds pending tokens, and a channel page's unencoded keys:
      * with neither it holds nothing (and is not kept) */
     size_t keep_sb = pend || ly->chan_mode ? sb : 0;
