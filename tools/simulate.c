@@ -590,6 +590,7 @@ int kvq_tool_simulate(int argc, char **argv) {
     sim_quality qa = {0}, fqa = {0};
     double hot_err2 = 0, hot_ref2 = 0;
     double t_dec = 0, t_dec_ref = 0, t_dapp = 0;
+    long skipped_lost = 0; /* samples (per KV head) not taken: a cold page was lost */
     size_t n_dapp = 0;
     for (size_t s = 0; s < D.decode && st == KVQ_OK; s++) {
         size_t t = D.prompt + s;
@@ -650,7 +651,9 @@ int kvq_tool_simulate(int argc, char **argv) {
             /* a lost cold page's tokens were dropped inside the attend, so
              * its token_attn covers fewer tokens: that step is not sampled */
             if (st == KVQ_OK && sample && kvq_cache_tier_stats(cache, &ls) == KVQ_OK &&
-                ls.lost_tokens == lost0) {
+                ls.lost_tokens != lost0)
+                skipped_lost += H;
+            else if (st == KVQ_OK && sample) {
                 sim_view vw[2] = {{out, tattn, pos, n, &qa}, {fo, ftattn, fpos, fn, &fqa}};
                 sim_reference(&D, l, t, vw, 2, p, pg);
             }
@@ -712,10 +715,11 @@ int kvq_tool_simulate(int argc, char **argv) {
                (unsigned long long)tst.bytes[2], res_bits, cold_bits);
         printf(", \"quality\": {\"attn_rel_err\": %.6g, \"attn_kl\": %.6g, "
                "\"attn_mass_kept\": %.6g, \"attn_kl_eviction_only\": %.6g, \"samples\": %ld, "
+               "\"samples_skipped_lost\": %ld, "
                "\"f32_same_eviction\": "
                "{\"attn_rel_err\": %.6g, \"attn_kl\": %.6g, \"attn_mass_kept\": %.6g, "
                "\"tokens\": %llu, \"tokens_evicted\": %llu}",
-               rel, kl, kept, qa.n_kl ? qa.nlk / (double)qa.n_kl : 0.0, qa.n_kl, frel, fkl, fkept,
+               rel, kl, kept, qa.n_kl ? qa.nlk / (double)qa.n_kl : 0.0, qa.n_kl, skipped_lost, frel, fkl, fkept,
                (unsigned long long)ftot.tokens, (unsigned long long)ftot.tokens_evicted);
         if (allhot)
             printf(", \"attn_rel_err_vs_all_hot\": %.6g, \"lost_pages\": %llu, \"lost_tokens\": "
