@@ -1,7 +1,8 @@
 # kvq - GNU Makefile. Targets:
 #   make            build/libkvq.a, build/libkvq.so, build/kvq
 #   make examples   the example programs $(BUILD)/examples/<name> (examples/*.c)
-#   make check      every suite (tests, examples, install, Python, ASan+UBSan, TSan,
+#   make deps       installs (as root) or names what the test suites need (tests/deps.sh)
+#   make check      tests/deps.sh, then every suite (tests, examples, install, Python, ASan+UBSan, TSan,
 #                   valgrind), each logged to $(BUILD)/check-logs/<suite>.log, then one
 #                   summary line; it fails when any suite failed
 #   make bench      the benchmarks (kvq bench ...)
@@ -64,6 +65,27 @@ else ifeq ($(MAKELEVEL),0)
   endif
 endif
 AVX2FLAGS := -mavx2 -mfma -mf16c -mbmi2
+FUZZ_CC  ?= clang
+
+# The build tracks its configuration: $(BUILD)/config.txt holds what the
+# objects depend on besides their sources (the compiler and its version,
+# every flag, hiredis found or not, SIMDe present or not). It is rewritten
+# when that text changes, and every object, library, program and test
+# depends on it, so installing or removing hiredis or SIMDe, another CC or
+# other CFLAGS rebuild what they change; an unchanged configuration builds
+# nothing.
+SIMDE_FOUND := $(if $(wildcard /usr/include/simde/x86/avx512.h),1,0)
+CONFIG   := $(BUILD)/config.txt
+CONFIG_TEXT := cc=$(CC) [$(shell $(CC) --version 2>/dev/null | head -n 1)] cflags=$(CFLAGS_ALL) \
+               avx2=$(AVX2FLAGS) ldlibs=$(LDLIBS) hiredis=$(if $(HIREDIS_FOUND),1,0) \
+               hiredis_cflags=$(HIREDIS_CFLAGS) simde=$(SIMDE_FOUND) fuzz_cc=$(FUZZ_CC) \
+               fuzz_cc_version=[$(shell $(FUZZ_CC) --version 2>/dev/null | head -n 1)]
+ifeq ($(filter clean uninstall deps,$(MAKECMDGOALS)),)
+  ifneq ($(strip $(CONFIG_TEXT)),$(strip $(file <$(CONFIG))))
+    $(shell mkdir -p $(BUILD))
+    $(file >$(CONFIG),$(strip $(CONFIG_TEXT)))
+  endif
+endif
 
 LIB_SRC  := $(sort $(shell find src -name '*.c'))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
@@ -78,39 +100,39 @@ EX_BIN   := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 VERSION  := $(shell sed -n 's/^\#define KVQ_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' include/kvq.h | paste -sd. -)
 SOMAJOR  := $(firstword $(subst ., ,$(VERSION)))
 
-.PHONY: all check check-run check-run-inner check-san check-tsan tsan check-valgrind bench demo \
+.PHONY: all deps check-suites check check-run check-run-inner check-san check-tsan tsan check-valgrind bench demo \
         install uninstall clean python-test fuzz fuzz-long fuzz-corpus examples check-examples
 
 all: $(BUILD)/libkvq.a $(BUILD)/libkvq.so $(BUILD)/kvq
 
-$(BUILD)/obj/src/kernels/x86/%.o: src/kernels/x86/%.c
+$(BUILD)/obj/src/kernels/x86/%.o: src/kernels/x86/%.c $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/src/tier/store_redis.o: CFLAGS_ALL += $(HIREDIS_CFLAGS)
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(BUILD)/libkvq.a: $(LIB_OBJ)
+$(BUILD)/libkvq.a: $(LIB_OBJ) $(CONFIG)
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(LIB_OBJ)
 
-$(BUILD)/libkvq.so: $(LIB_OBJ)
-	$(CC) -shared $(SANFLAGS) -Wl,-soname,libkvq.so.$(SOMAJOR) -o $@ $^ $(LDLIBS)
+$(BUILD)/libkvq.so: $(LIB_OBJ) $(CONFIG)
+	$(CC) -shared $(SANFLAGS) -Wl,-soname,libkvq.so.$(SOMAJOR) -o $@ $(LIB_OBJ) $(LDLIBS)
 
-$(BUILD)/kvq: $(TOOL_OBJ) $(BUILD)/libkvq.a
+$(BUILD)/kvq: $(TOOL_OBJ) $(BUILD)/libkvq.a $(CONFIG)
 	$(CC) $(SANFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libkvq.a $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(TEST_HELP) tests/testutil.h $(BUILD)/libkvq.a
+$(BUILD)/tests/%: tests/%.c $(TEST_HELP) tests/testutil.h $(BUILD)/libkvq.a $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Isrc -o $@ $< $(TEST_HELP) $(BUILD)/libkvq.a $(LDLIBS)
 
 # The examples see only the public header (no -Isrc, no _GNU_SOURCE: each
 # says what it needs), as a program built against an installed kvq does.
 EX_CFLAGS := -std=c11 -Iinclude -g $(OPT) $(WARN) $(SANFLAGS) $(CFLAGS)
-$(BUILD)/examples/%: examples/%.c include/kvq.h $(BUILD)/libkvq.a
+$(BUILD)/examples/%: examples/%.c include/kvq.h $(BUILD)/libkvq.a $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(EX_CFLAGS) -o $@ $< $(BUILD)/libkvq.a $(LDLIBS)
 
@@ -150,7 +172,19 @@ check-san:
 CHECK_LOGS   := $(BUILD)/check-logs
 CHECK_SUITES := tests examples install python asan asan-examples tsan valgrind
 RUN_SUITE    := sh tests/check_suite.sh $(CHECK_LOGS)
-check: all
+# `make check` first runs tests/deps.sh (the one list of the Debian packages
+# the suites need: installed when run as root, otherwise it stops with the
+# apt-get command), then the suites in a new make, which sees what was just
+# installed (hiredis, SIMDe). DEPS=0 skips that step.
+DEPS ?= 1
+check:
+	@if [ "$(DEPS)" != 0 ]; then sh tests/deps.sh; fi
+	@$(MAKE) --no-print-directory check-suites
+
+deps:
+	@sh tests/deps.sh
+
+check-suites: all
 	@rm -rf $(CHECK_LOGS)
 	@$(RUN_SUITE) tests $(MAKE) --no-print-directory check-run
 	@$(RUN_SUITE) examples $(MAKE) --no-print-directory check-examples
@@ -188,7 +222,6 @@ check-valgrind: $(BUILD)/tests/test_cache $(BUILD)/tests/test_tier
 #   cp -r fuzz/corpus/record /tmp/c && $(BUILD)/fuzz_record -max_total_time=300 /tmp/c
 # tests/test_fuzz_replay.c replays every committed corpus (fuzz/corpus/<target>/)
 # through the same property checks in `make check`, without libFuzzer.
-FUZZ_CC       ?= clang
 FUZZ_TARGETS  := record segment model tokenizer codec_state npy alloc_json snapshot filestore prefix redis_reply
 FUZZ_SECONDS  ?= 60
 FUZZ_PARALLEL ?= 0
@@ -203,20 +236,20 @@ FUZZ_BIN      := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 
 fuzz: $(FUZZ_BIN)
 
-$(FUZZ_OBJ)/src/kernels/x86/%.o: src/kernels/x86/%.c
+$(FUZZ_OBJ)/src/kernels/x86/%.o: src/kernels/x86/%.c $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(AVX2FLAGS) -MMD -MP -c $< -o $@
 
 # the Redis store's reply handling is a fuzz target too (redis_reply)
 $(FUZZ_OBJ)/src/tier/store_redis.o: FUZZ_FLAGS += $(HIREDIS_CFLAGS)
 
-$(FUZZ_OBJ)/%.o: %.c
+$(FUZZ_OBJ)/%.o: %.c $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
 
-$(FUZZ_OBJ)/libkvq.a: $(FUZZ_LIB_OBJ)
+$(FUZZ_OBJ)/libkvq.a: $(FUZZ_LIB_OBJ) $(CONFIG)
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(FUZZ_LIB_OBJ)
 
 $(BUILD)/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_TOOL_OBJ) $(FUZZ_OBJ)/libkvq.a $(LDLIBS)
@@ -247,7 +280,7 @@ $(BUILD)/tests/test_fuzz_replay: tests/test_fuzz_replay.c $(wildcard fuzz/*.c fu
 SIMDE_KERNELS := $(filter $(wildcard src/kernels/x86/*_avx512.c),$(patsubst %,src/kernels/x86/%_avx512.c,float int tq vmath)) \
                  src/kernels/x86/int_avxvnni.c
 SIMDE_OBJ     := $(SIMDE_KERNELS:src/kernels/x86/%.c=$(BUILD)/simde/%.o)
-$(SIMDE_OBJ): $(BUILD)/simde/%.o: src/kernels/x86/%.c
+$(SIMDE_OBJ): $(BUILD)/simde/%.o: src/kernels/x86/%.c $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -DKVQ_SIMDE -Wno-unused-function -Wno-psabi -MMD -MP -c $< -o $@
 -include $(SIMDE_OBJ:.o=.d)

@@ -6,7 +6,8 @@
 # with SKIP, named by what they skip), or that the whole suite was skipped
 # (a line "SKIP suite: REASON"). A suite fails when it exited non-zero or
 # counted a failure; the line then names the programs that failed and the
-# log. Exits 1 when any suite failed.
+# log, and for a suite that failed before it counted anything the first
+# build or setup error in its log (a missing header, a missing program). Exits 1 when any suite failed.
 dir=$1
 shift
 line=""
@@ -32,6 +33,15 @@ for s in "$@"; do
                 p += $1; f += $3; counted = 1
                 if ($3 > 0 && block != "") failed_in = failed_in (failed_in == "" ? "" : ", ") block
             }
+            # the first error of a build or a missing program: why a suite
+            # that counted nothing could not run
+            why == "" && (/fatal error: / || /: error: / || /No rule to make target/ ||
+                          /: not found$/ || /command not found/ || /cannot open shared object/ ||
+                          /^deps: missing/) {
+                why = $0
+                sub(/^[^ ]*: (fatal )?error: /, "", why)
+                if (length(why) > 100) why = substr(why, 1, 100) "..."
+            }
             /^SKIP suite: / { whole = substr($0, 13) }
             /^[ \t]*SKIP(PED)?[: ]/ && !/^SKIP suite: / && !/^SKIPPED: [0-9]+ checks/ {
                 n_skip++
@@ -56,6 +66,7 @@ for s in "$@"; do
                     out = out " FAILED"
                     if (failed_in != "") out = out " in " failed_in
                     if (rc != 0) out = out sprintf(" (exit %s)", rc)
+                    if (rc != 0 && p + f == 0 && why != "") out = out " could not run: " why
                     out = out " [" logf "]"
                 }
                 printf "%s", out

@@ -870,7 +870,8 @@ int main(int argc, char **argv) {
     test_prefix_forgery(url, url_b, url_c);
     /* the same in a shared Redis (tests/with_redis.sh), where anyone with
      * access could plant an entry */
-    const char *redis = getenv("KVQ_TEST_REDIS");
+    const char *why = "";
+    const char *redis = tu_redis_env("KVQ_TEST_REDIS", &why);
     const char *ns = redis ? strrchr(redis, '/') : NULL;
     if (ns && ns > redis + 8) {
         int hl = (int)(ns - redis);
@@ -879,7 +880,7 @@ int main(int argc, char **argv) {
         snprintf(url_c, sizeof url_c, "%.*s/snap_pc", hl, redis);
         test_prefix_forgery(url, url_b, url_c);
     } else {
-        printf("SKIP redis prefix entries: KVQ_TEST_REDIS is not set\n");
+        printf("SKIP redis prefix entries: %s\n", why);
     }
     tu_rng lr;
     tu_seed(&lr, 8);

@@ -1010,24 +1010,25 @@ int main(int argc, char **argv) {
     char url[300];
     snprintf(url, sizeof url, "file:%s", dir);
     run_store(url, "file store", &r);
-    const char *redis = getenv("KVQ_TEST_REDIS"); /* set by the test harness when it runs one */
-    if (redis && *redis)
+    const char *why = "", *why_server = "";
+    const char *redis = tu_redis_env("KVQ_TEST_REDIS", &why); /* tests/with_redis.sh */
+    if (redis)
         run_store(redis, "redis store", &r);
     else
-        printf("SKIP redis: KVQ_TEST_REDIS is not set\n");
+        printf("SKIP redis: %s\n", why);
     test_warm_codec_and_drop(&r);
     test_lost_file(dir, &r);
-    const char *server = getenv("KVQ_TEST_REDIS_SERVER"); /* tests/with_redis.sh: redis-server */
-    if (server && *server)
+    const char *server = tu_redis_env("KVQ_TEST_REDIS_SERVER", &why_server); /* its binary */
+    if (server)
         test_redis_restart(server, &r);
     else
-        printf("SKIP redis restart: KVQ_TEST_REDIS_SERVER is not set\n");
-    if (redis && *redis)
+        printf("SKIP redis restart: %s\n", why_server);
+    if (redis)
         test_redis_ttl(redis, &r);
     else
-        printf("SKIP redis ttl: KVQ_TEST_REDIS is not set\n");
+        printf("SKIP redis ttl: %s\n", why);
     test_snapshot_prefix(url, &r);
-    if (redis && *redis)
+    if (redis)
         test_snapshot_prefix(redis, &r);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -17,6 +17,25 @@ int tu_finish(void) {
 
 const char *tu_data_dir(void) { return tu_data; }
 
+const char *tu_redis_env(const char *name, const char **why) {
+    const char *v = getenv(name);
+    if (!v || !*v) {
+        *why = "no redis-server (tests/with_redis.sh did not start one)";
+        return NULL;
+    }
+    /* nothing listens on port 1: a build with hiredis says so, one without
+     * says the store is unsupported before it tries */
+    kvq_store *s = NULL;
+    if (kvq_store_open(&s, "redis://127.0.0.1:1", NULL, NULL, 0) == KVQ_ERR_UNSUPPORTED) {
+        *why = "libkvq was built without hiredis";
+        return NULL;
+    }
+    if (s)
+        kvq_store_close(s);
+    *why = "";
+    return v;
+}
+
 void tu_seed(tu_rng *r, uint64_t seed) { r->s = seed * 0x9e3779b97f4a7c15ull + 0x1234567ull; }
 uint64_t tu_next(tu_rng *r) {
     uint64_t x = r->s;

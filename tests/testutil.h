@@ -23,6 +23,13 @@ void tu_init(int argc, char **argv);
 int tu_finish(void);
 const char *tu_data_dir(void);
 
+/* The environment variable NAME (KVQ_TEST_REDIS or KVQ_TEST_REDIS_SERVER,
+ * exported by tests/with_redis.sh when it started a redis-server), or NULL
+ * when it is unset or this libkvq was built without hiredis; *why then says
+ * which, for the SKIP line. Every Redis test asks here, so that all of them
+ * run, or all skip, for the same reason. */
+const char *tu_redis_env(const char *name, const char **why);
+
 /* deterministic RNG for tests (xorshift64* + Box-Muller) */
 typedef struct {
     uint64_t s;

@@ -16,6 +16,12 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     echo "SKIP: redis-server or redis-cli not installed"
     exit 0
 fi
+# a kvq built without hiredis says so before it connects (nothing listens on
+# port 1): then the test skips, as every Redis test does for that build
+if "$KVQ" inspect redis://127.0.0.1:1/probe 2>&1 | grep -q "hiredis not found"; then
+    echo "SKIP: $KVQ was built without hiredis"
+    exit 0
+fi
 if ! "$PY" -c 'import json' 2>/dev/null; then
     echo "SKIP: no python3 to read the JSON"
     exit 0
