@@ -243,7 +243,60 @@ grep -q "prefix store: 0 of" "$TMP/e1" && grep -q "prefix store: 32 of" "$TMP/e2
 "$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --k-codec nope > /dev/null 2>"$TMP/err"; [ $? -eq 2 ] && grep -q "unknown codec" "$TMP/err" && ok || bad "eval with a bad codec exits 2"
 "$KVQ" eval --model /nonexistent --tokenizer "$T" --text "$TMP/two.txt" > /dev/null 2>&1; [ $? -eq 1 ] && ok || bad "eval with a missing model"
 echo '{"kvq_alloc": 2}' > "$TMP/bad.json"
-"$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --alloc "$TMP/bad.json" > /dev/null 2>&1; [ $? -eq 2 ] && ok || bad "eval with a bad alloc file"
+# a file that is missing, not an allocation or a directory is a failure (exit 1), not a usage error
+run 1 "eval with a bad alloc file" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --alloc "$TMP/bad.json"
+expect_in "$TMP/err" "--alloc $TMP/bad.json: not a kvq allocation file" "bad alloc file message"
+run 1 "eval --alloc missing" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --alloc "$TMP/none.json"
+expect_in "$TMP/err" "--alloc $TMP/none.json: No such file or directory" "missing alloc message"
+run 1 "generate --alloc a directory" generate --model "$M" --tokenizer "$T" -n 4 --alloc "$TMP"
+expect_in "$TMP/err" "is a directory" "alloc directory message"
+: > "$TMP/empty.json"
+run 1 "eval --alloc empty" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --alloc "$TMP/empty.json"
+expect_in "$TMP/err" "the file is empty" "empty alloc message"
+# usage errors come before the file is read
+run 2 "eval --alloc missing, no --text" eval --model "$M" --tokenizer "$T" --alloc "$TMP/none.json"
+# --alloc sets every head's codecs: --k-codec / --v-codec / --k-layout beside it are refused
+# (they were ignored, and the header named the file's fallback codecs)
+for o in "--k-codec int8" "--v-codec int4" "--k-layout channel" "--k-codec int8 --v-codec int8"; do
+    run 2 "eval --alloc with $o" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" $o --alloc "$TMP/a.json"
+    expect_in "$TMP/err" "sets the codecs of every layer and head" "--alloc with $o message"
+    run 2 "generate $o after --alloc" generate --model "$M" --tokenizer "$T" -n 4 --alloc "$TMP/a.json" $o
+done
+# the header says what the cache uses: the per-head codecs, and --page over the file's
+run 0 "eval --alloc header" eval --model "$M" --tokenizer "$T" --text "$TMP/other.txt" --max-lines 1 --alloc "$TMP/a.json"
+expect_in "$TMP/out" "cache K per head .*; V per head .*; keys pre-RoPE centred;.* page 32, alloc $TMP/a.json" "eval --alloc header names the per-head codecs"
+expect_not_in "$TMP/out" "cache K f16" "eval --alloc header does not name the fallback as the codec"
+run 0 "eval --alloc --page 16" eval --model "$M" --tokenizer "$T" --text "$TMP/other.txt" --max-lines 1 --alloc "$TMP/a.json" --page 16 --json
+check_json "--page over --alloc's page" "
+a = json.load(open('$TMP/e3.json'))
+assert d['asymptotic_bits_per_value'] > a['asymptotic_bits_per_value'], (d, a)  # chan:int's per-page scales cost more
+"
+run 1 "sweep alloc: not an allocation" sweep --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --configs "int8,alloc:$TMP/bad.json" -o "$TMP/sw4"
+[ -e "$TMP/sw4" ] && bad "a sweep with a bad alloc: created its directory" || ok
+
+# a tokenizer whose size is not the model's vocabulary is refused by every model command
+# (the stories15M tokenizer with stories260K: 32000 tokens against 512; the loader read the
+# first 512 and the text came out as gibberish)
+T15=$DATA/stories15M/tokenizer.bin
+if [ -r "$T15" ]; then
+    for c in "generate -n 4" "eval --text $TMP/two.txt" "calibrate --text $TMP/short.txt --target-bits 5 -o $TMP/x.json" "sweep --text $TMP/two.txt --configs int8 -o $TMP/sw5"; do
+        run 1 "${c%% *} with a tokenizer of another vocabulary" $c --model "$M" --tokenizer "$T15"
+        expect_in "$TMP/err" "--tokenizer $T15: a tokenizer of 32000 tokens, but the model's vocabulary is 512 tokens" "${c%% *} tokenizer size message"
+        [ -s "$TMP/out" ] && bad "${c%% *} with the wrong tokenizer printed: $(head -c 100 "$TMP/out")" || ok
+    done
+    [ -e "$TMP/sw5" ] && bad "sweep with the wrong tokenizer created its directory" || ok
+    M15=$DATA/stories15M/stories15M.bin
+    if [ -r "$M15" ]; then
+        run 1 "generate: a tokenizer smaller than the vocabulary" generate --model "$M15" --tokenizer "$T" -n 4
+        expect_in "$TMP/err" "a tokenizer of 512 tokens, but the model's vocabulary is 32000 tokens" "small tokenizer message"
+    fi
+else
+    cannot_run "tokenizer of another vocabulary" "no $T15"
+fi
+cp "$T" "$TMP/tok-tail.bin"
+printf 'abc' >> "$TMP/tok-tail.bin"
+run 1 "a tokenizer with bytes after its tokens" generate --model "$M" --tokenizer "$TMP/tok-tail.bin" -n 4
+expect_in "$TMP/err" "not a whole token" "tokenizer tail message"
 
 # ---- issue 12: the model commands say what is true ----
 G="generate --model $M --tokenizer $T"
@@ -375,7 +428,8 @@ run 2 "sweep --configs bogus" $SW --configs "int8,bogus" -o "$TMP/sw3"
 expect_in "$TMP/err" "bogus: unknown codec" "sweep names the bad entry's codec"
 expect_not_in "$TMP/err" "asym" "sweep bad codec fails before any eval"
 [ -e "$TMP/sw3" ] && bad "a refused sweep created its directory" || ok
-run 2 "sweep alloc: missing" $SW --configs "alloc:$TMP/none.json" -o "$TMP/sw3"
+run 1 "sweep alloc: missing" $SW --configs "alloc:$TMP/none.json" -o "$TMP/sw3"
+expect_in "$TMP/err" "alloc:$TMP/none.json: $TMP/none.json: No such file or directory" "sweep alloc: missing message"
 run 2 "sweep calib: below the cheapest" sweep --model "$M" --tokenizer "$T" --text "$TXT" --max-lines 2 --calib-lines 1 --configs "calib:1" -o "$TMP/sw3"
 expect_in "$TMP/err" "below the cheapest allocation" "sweep calib:1 message"
 run 2 "sweep without -o" $SW --configs int8

@@ -12,40 +12,48 @@
 #include "alloc_json.h"
 #include "json.h"
 
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static char *kvqt_slurp(const char *path, size_t max) {
+/* The whole file, NUL-terminated (*n bytes), or NULL with *why set. */
+static char *kvqt_slurp(const char *path, size_t max, size_t *n, const char **why) {
+    *n = 0;
     FILE *f = fopen(path, "rb");
-    if (!f)
+    if (!f) {
+        *why = strerror(errno);
         return NULL;
-    size_t cap = 1 << 16, n = 0;
+    }
+    size_t cap = 1 << 16;
     char *b = malloc(cap + 1);
     size_t r;
-    while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) {
-            if (cap >= max) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            cap *= 2;
-            char *b2 = realloc(b, cap + 1);
+    *why = b ? NULL : "out of memory";
+    while (b && (r = fread(b + *n, 1, cap - *n, f)) > 0) {
+        *n += r;
+        if (*n == cap) {
+            char *b2 = cap < max ? realloc(b, 2 * cap + 1) : NULL;
             if (!b2) {
+                *why = cap < max ? "out of memory" : "too large for an allocation file";
                 free(b);
                 b = NULL;
                 break;
             }
             b = b2;
+            cap *= 2;
         }
+    }
+    if (b && ferror(f)) {
+        *why = errno == EISDIR ? "is a directory, not a file" : errno ? strerror(errno)
+                                                                     : "read error";
+        free(b);
+        b = NULL;
     }
     fclose(f);
     if (b)
-        b[n] = 0;
+        b[*n] = 0;
     return b;
 }
 
@@ -83,9 +91,13 @@ static int kvqt_int_in(const kj_value *v, double lo, double hi, long long *out) 
 }
 
 int kvqt_alloc_load(const char *path, kvqt_cacheopts *o, char *err, size_t err_size) {
-    char *text = kvqt_slurp(path, (size_t)1 << 28);
-    if (!text) {
-        snprintf(err, err_size, "cannot read the file");
+    size_t len;
+    const char *why = NULL;
+    errno = 0;
+    char *text = kvqt_slurp(path, (size_t)1 << 28, &len, &why);
+    if (!text || !len) {
+        snprintf(err, err_size, "%s", text ? "the file is empty" : why ? why : "cannot read it");
+        free(text);
         return -1;
     }
     kj_value *root = kj_parse(text, err, err_size);

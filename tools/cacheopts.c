@@ -37,6 +37,7 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
     }
     if (!strcmp(a, "--k-center")) {
         o->k_center = 1;
+        o->k_center_set = 1;
         return 1;
     }
     static const char *valued[] = {"--k-codec", "--v-codec", "--k-layout", "--alloc",  "--policy",
@@ -62,12 +63,17 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
         }
         snprintf(dst, sizeof o->k_codec, "%s", v);
         o->codec_set = 1;
+        if (a[2] == 'k')
+            o->k_codec_set = 1;
+        else
+            o->v_codec_set = 1;
     } else if (!strcmp(a, "--k-layout")) {
         if (strcmp(v, "token") && strcmp(v, "channel")) {
             fprintf(stderr, "kvq %s: --k-layout must be token or channel, got '%s'\n", cmd, v);
             return -1;
         }
         o->k_layout_channel = !strcmp(v, "channel");
+        o->k_layout_set = 1;
     } else if (!strcmp(a, "--prefix-store")) {
         if (!*v) {
             fprintf(stderr, "kvq %s: --prefix-store needs a store URL (file:DIR or "
@@ -76,12 +82,12 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
         }
         o->prefix_url = v;
     } else if (!strcmp(a, "--alloc")) {
-        o->alloc_path = v;
-        char err[256];
-        if (kvqt_alloc_load(v, o, err, sizeof err) != 0) {
-            fprintf(stderr, "kvq %s: --alloc %s: %s\n", cmd, v, err);
+        if (!*v) {
+            fprintf(stderr, "kvq %s: --alloc needs a file name (kvq calibrate -o FILE writes "
+                            "one), got ''\n", cmd);
             return -1;
         }
+        o->alloc_path = v; /* read by kvqt_cacheopts_load_alloc, after every check */
     } else if (!strcmp(a, "--policy")) {
         if (!strcmp(v, "none"))
             o->policy = KVQ_POLICY_NONE;
@@ -107,10 +113,12 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
         o->sinks_set = 1;
         return kvqt_arg_size(cmd, a, v, 0, M, &o->sinks) ? -1 : 1;
     } else if (!strcmp(a, "--page")) {
+        o->page_set = 1;
         return kvqt_arg_size(cmd, a, v, 1, 4096, &o->page) ? -1 : 1;
     } else if (!strcmp(a, "--threads")) {
         return kvqt_arg_size(cmd, a, v, 1, 256, &o->threads) ? -1 : 1;
     } else if (!strcmp(a, "--recent")) {
+        o->recent_set = 1;
         return kvqt_arg_size(cmd, a, v, 0, M, &o->recent) ? -1 : 1;
     } else if (!strcmp(a, "--isa")) {
         if (kvqt_parse_isa(v, &o->isa)) {
@@ -147,13 +155,53 @@ int kvqt_cacheopts_check(const kvqt_cacheopts *o, const char *cmd) {
                         "without one it evicts nothing\n", cmd, pn);
         return -1;
     }
-    if (o->k_center && !o->center_values) {
+    if (o->alloc_path && (o->k_codec_set || o->v_codec_set || o->k_layout_set)) {
+        fprintf(stderr,
+                "kvq %s: --alloc %s sets the codecs of every layer and head (and the key "
+                "layout): give --alloc or %s, not both\n", cmd, o->alloc_path,
+                o->k_codec_set && o->v_codec_set ? "--k-codec/--v-codec"
+                : o->k_codec_set                 ? "--k-codec"
+                : o->v_codec_set                 ? "--v-codec"
+                                                 : "--k-layout");
+        return -1;
+    }
+    if (o->k_center && !o->alloc_path && !o->center_values) {
         fprintf(stderr,
                 "kvq %s: --k-center needs the centre from calibration data: give --alloc FILE "
                 "with a \"center\" (kvq calibrate writes one); the text under evaluation is "
                 "never used to estimate it\n",
                 cmd);
         return -1;
+    }
+    return 0;
+}
+
+int kvqt_cacheopts_load_alloc(kvqt_cacheopts *o, const char *cmd) {
+    if (!o->alloc_path)
+        return 0;
+    size_t page = o->page, recent = o->recent;
+    int prerope = o->k_prerope, center = o->k_center;
+    char err[256];
+    if (kvqt_alloc_load(o->alloc_path, o, err, sizeof err) != 0) {
+        fprintf(stderr, "kvq %s: --alloc %s: %s\n", cmd, o->alloc_path, err);
+        return -1;
+    }
+    if (o->k_center && !o->center_values && !center) {
+        fprintf(stderr, "kvq %s: --alloc %s: not a valid allocation: k_center is true but it "
+                        "has no \"center\"\n", cmd, o->alloc_path);
+        return -1;
+    }
+    if (o->page_set)
+        o->page = page;
+    if (o->recent_set)
+        o->recent = recent;
+    o->k_prerope |= prerope;
+    o->k_center |= center;
+    if (o->k_center && !o->center_values) {
+        fprintf(stderr,
+                "kvq %s: --k-center needs the centre from calibration data, and --alloc %s "
+                "has no \"center\" (kvq calibrate writes one)\n", cmd, o->alloc_path);
+        return -2;
     }
     return 0;
 }
@@ -214,9 +262,52 @@ void kvqt_cacheopts_usage(FILE *f) {
             "                            prompt prefixes stored by an earlier run\n");
 }
 
+/* The codecs of one kind (K or V) among the overrides, each with its
+ * count ("chan:int3 x12, nuq4 x8"), appended to buf; 0 when none. */
+static size_t kvqt_describe_ovr(const kvqt_cacheopts *o, int is_value, char *buf, size_t size) {
+    size_t kinds = 0;
+    for (size_t i = 0; i < o->n_ovr; i++) {
+        if (o->ovr[i].is_value != is_value)
+            continue;
+        int seen = 0;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = o->ovr[j].is_value == is_value && !strcmp(o->ovr_codec[j], o->ovr_codec[i]);
+        if (seen)
+            continue;
+        size_t cnt = 0;
+        for (size_t j = i; j < o->n_ovr; j++)
+            cnt += o->ovr[j].is_value == is_value && !strcmp(o->ovr_codec[j], o->ovr_codec[i]);
+        size_t at = strlen(buf);
+        if (at < size)
+            snprintf(buf + at, size - at, "%s%s x%zu", kinds ? ", " : "", o->ovr_codec[i], cnt);
+        kinds++;
+    }
+    return kinds;
+}
+
 void kvqt_cacheopts_describe(const kvqt_cacheopts *o, char *buf, size_t size) {
-    snprintf(buf, size, "K %s%s%s%s, V %s, page %zu%s%s", o->k_codec,
-             o->k_layout_channel ? " per-channel" : "", o->k_prerope ? " pre-RoPE" : "",
-             o->k_center ? " centred" : "", o->v_codec, o->page, o->alloc_path ? ", alloc " : "",
-             o->alloc_path ? o->alloc_path : "");
+    const char *keys = o->k_layout_channel ? " per-channel" : "";
+    char kh[64];
+    snprintf(kh, sizeof kh, "%s%s", o->k_prerope ? " pre-RoPE" : "", o->k_center ? " centred" : "");
+    if (!o->n_ovr) {
+        snprintf(buf, size, "K %s%s%s, V %s, page %zu", o->k_codec, keys, kh, o->v_codec,
+                 o->page);
+    } else {
+        /* an allocation: the codecs per head, the file's K and V codecs
+         * where no override names one */
+        char k[160] = "", v[160] = "";
+        if (!kvqt_describe_ovr(o, 0, k, sizeof k))
+            snprintf(k, sizeof k, "%s", o->k_codec);
+        if (!kvqt_describe_ovr(o, 1, v, sizeof v))
+            snprintf(v, sizeof v, "%s", o->v_codec);
+        int kk = *keys || *kh; /* the key handling, when there is any */
+        snprintf(buf, size, "K per head %s; V per head %s;%s%s%s%s where no head is named K %s, "
+                 "V %s; page %zu", k, v, kk ? " keys" : "", keys, kh, kk ? ";" : "", o->k_codec,
+                 o->v_codec, o->page);
+    }
+    size_t at = strlen(buf);
+    if (o->recent && at < size)
+        snprintf(buf + at, size - at, ", recent %zu in f16", o->recent), at = strlen(buf);
+    if (o->alloc_path && at < size)
+        snprintf(buf + at, size - at, ", alloc %s", o->alloc_path);
 }

@@ -79,8 +79,11 @@ static int kvqt_model_cmd_start(int argc, char **argv, const char *cmd, const kv
         kvqt_cacheopts_free(o);
         return -1;
     }
-    *exit_code = KVQT_EXIT_FAIL;
-    if (kvqt_model_session_open(ms, &mo, 1, cmd) != 0) {
+    int al = kvqt_cacheopts_load_alloc(o, cmd);
+    if (al == -2)
+        kvqt_usage_hint(cmd);
+    *exit_code = al == -2 ? KVQT_EXIT_USAGE : KVQT_EXIT_FAIL;
+    if (al != 0 || kvqt_model_session_open(ms, &mo, 1, cmd) != 0) {
         kvqt_cacheopts_free(o);
         return -1;
     }
@@ -276,7 +279,7 @@ static void kvqt_eval_print_json(const kvqt_eval_result *r, const kvqt_cacheopts
 }
 
 static void kvqt_eval_print_text(const kvqt_eval_result *r, const kvqt_cacheopts *o) {
-    char desc[256];
+    char desc[512];
     kvqt_cacheopts_describe(o, desc, sizeof desc);
     printf("kvq eval: %zu sequences, %zu predicted tokens, ", r->sequences, r->tokens);
     if (r->prefill)

@@ -8,6 +8,7 @@
 #include "cliargs.h"
 
 #include <sys/stat.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,10 +164,63 @@ int kvqt_load_model(const char *cmd, const char *path, kvq_model **m) {
     return 0;
 }
 
+/* The entries of a llama2.c tokenizer file (a u32 max_token_length, then
+ * per token a f32 score, a u32 length and the piece), counted as far as
+ * they are whole: 0 with *n when the file is exactly n entries, -1 when it
+ * cannot be read or does not end at an entry's end. */
+static int kvqt_tokenizer_entries(const char *path, size_t *n) {
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    unsigned char b[8];
+    long off = 4;
+    int rc = size >= 4 && fseek(f, 4, SEEK_SET) == 0 ? 0 : -1;
+    while (rc == 0 && off < size) {
+        if (size - off < 8 || fread(b, 1, 8, f) != 8) {
+            rc = -1;
+            break;
+        }
+        uint32_t len = (uint32_t)b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 |
+                       (uint32_t)b[7] << 24;
+        off += 8;
+        if ((unsigned long)(size - off) < len || fseek(f, (long)len, SEEK_CUR) != 0) {
+            rc = -1;
+            break;
+        }
+        off += (long)len;
+        ++*n;
+    }
+    fclose(f);
+    return rc;
+}
+
 int kvqt_load_tokenizer(const char *cmd, const char *path, size_t vocab, kvq_tokenizer **t) {
     *t = NULL;
     char why[256];
     kvq_status st = kvq_tokenizer_load_msg(t, path, vocab, NULL, why, sizeof why);
+    /* the loader reads the model's vocab_size entries: a tokenizer of another
+     * size is refused here, whether it is shorter or longer */
+    size_t have = 0;
+    if ((st == KVQ_OK || st == KVQ_ERR_CORRUPT) && kvqt_tokenizer_entries(path, &have) == 0 &&
+        have != vocab) {
+        kvq_tokenizer_free(*t);
+        *t = NULL;
+        fprintf(stderr,
+                "kvq %s: --tokenizer %s: a tokenizer of %zu tokens, but the model's vocabulary "
+                "is %zu tokens: give the tokenizer the model was trained with\n",
+                cmd, path, have, vocab);
+        return -1;
+    }
+    if (st == KVQ_OK && kvqt_tokenizer_entries(path, &have) != 0) {
+        kvq_tokenizer_free(*t);
+        *t = NULL;
+        fprintf(stderr,
+                "kvq %s: --tokenizer %s: not a valid llama2.c tokenizer: bytes after the "
+                "model's %zu tokens that are not a whole token\n", cmd, path, vocab);
+        return -1;
+    }
     if (st != KVQ_OK) {
         char what[96];
         snprintf(what, sizeof what, "llama2.c tokenizer for the model's %zu tokens", vocab);

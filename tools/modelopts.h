@@ -68,7 +68,8 @@ typedef struct kvqt_opt {
  * mo is not NULL), then against opts. Returns KVQT_ARGS_OK, KVQT_ARGS_HELP or KVQT_ARGS_BAD,
  * stopping at the first error (unknown option, missing value, bad value,
  * an argument that is no option). With co, the cache options must also be
- * consistent as a whole (cacheopts.h). */
+ * consistent as a whole (cacheopts.h); --alloc's file is not read here
+ * (kvqt_cacheopts_load_alloc, once every usage error is ruled out). */
 int kvqt_model_args(int argc, char **argv, const char *cmd, kvqt_modelopts *mo, kvqt_cacheopts *co,
                     const kvqt_opt *opts, size_t nopts);
 /* 0 when --model, --tokenizer (and --text, with_text) were given; else a

@@ -366,15 +366,11 @@ static int sw_parse_entry(const char *tok, sw_entry *e) {
 }
 
 /* The cache options of an entry, but for a calib: entry's allocation and
- * the centre (set by the caller); 0, or -1 with a message. */
+ * the centre (set by the caller); an alloc: entry's file is read and its
+ * +page= and +recent= apply over the file's; 0, or -1 with a message (the
+ * file failed). */
 static int sw_entry_opts(const sw_entry *e, kvqt_cacheopts *o) {
     kvqt_cacheopts_init(o);
-    if (e->prerope)
-        o->k_prerope = 1;
-    if (e->page_set)
-        o->page = e->page;
-    if (e->recent_set)
-        o->recent = e->recent;
     if (e->kind == SW_FIXED) {
         snprintf(o->k_codec, sizeof o->k_codec, "%s", e->k);
         snprintf(o->v_codec, sizeof o->v_codec, "%s", e->v);
@@ -386,6 +382,12 @@ static int sw_entry_opts(const sw_entry *e, kvqt_cacheopts *o) {
         }
         o->alloc_path = e->alloc;
     }
+    if (e->prerope)
+        o->k_prerope = 1;
+    if (e->page_set)
+        o->page = e->page;
+    if (e->recent_set)
+        o->recent = e->recent;
     return 0;
 }
 
@@ -494,7 +496,7 @@ int kvq_tool_sweep(int argc, char **argv) {
     for (size_t i = 0; rc == 0 && i < n; i++) {
         kvqt_cacheopts o;
         if (ent[i].kind == SW_ALLOC && sw_entry_opts(&ent[i], &o) != 0)
-            rc = kvqt_usage_hint(cmd);
+            rc = KVQT_EXIT_FAIL; /* a missing or bad file: exit 1 */
         if (ent[i].kind == SW_ALLOC)
             kvqt_cacheopts_free(&o);
     }
@@ -527,7 +529,7 @@ int kvq_tool_sweep(int argc, char **argv) {
             continue;
         }
         if (sw_entry_opts(e, &o) != 0) {
-            rc = KVQT_EXIT_USAGE;
+            rc = KVQT_EXIT_FAIL;
             continue;
         }
         if (e->center) { /* the centre comes from calibration: any values of the right size */
