@@ -68,7 +68,7 @@ EOF
 
 missing() {
     list | while read -r pkg probe; do
-        eval "$probe" || printf '%s ' "$pkg"
+        eval "$probe" >/dev/null 2>&1 || printf '%s ' "$pkg"
     done
 }
 
