@@ -68,8 +68,19 @@ run 0 "eval f32 --prefill 512" $E --text "$TMP/two.txt" --json --prefill 512
 check_json "eval f32 with a whole-story prefill is exact" "
 assert d['kl'] == 0 and d['kl_max'] == 0 and d['kl_median'] == 0 and d['kl_stderr'] == 0, d
 assert d['nll'] == d['nll_f32'] and d['delta_nll'] == 0 and d['top1_agree'] == 1, d
-assert d['dp_top_mean_abs'] == 0 and d['prefill'] == 512, d
+assert d['dp_top_mean_abs'] == 0, d
+# the stories are 409 and 408 tokens: --prefill 512 prefills each whole, and says so
+assert d['prefill'] == 409 and d['tokens'] == 408 + 407, d
 "
+expect_in "$TMP/err" "--prefill 512 is longer than every sequence (the longest is 409 tokens)" "--prefill past every story: the note"
+# the header says what was done, not the number given (it said 'prefill 100000')
+run 0 "eval --prefill 100000 on a 408-token story" $E --text "$TMP/two.txt" --skip 1 --prefill 100000
+expect_in "$TMP/out" "prefill 408: every sequence whole in one chunk, nothing decoded" "--prefill 100000 header"
+expect_not_in "$TMP/out" "100000" "--prefill 100000 is not reported as done"
+expect_in "$TMP/err" "--prefill 100000 is longer than every sequence (the longest is 408 tokens)" "--prefill 100000 note"
+run 0 "eval --prefill 408 on stories of 409 and 408 tokens" $E --text "$TMP/two.txt" --prefill 408
+expect_in "$TMP/out" "prefill 408 then decoding (1 of the sequences no longer than that: prefilled whole)" "--prefill 408 header"
+expect_not_in "$TMP/err" "longer than every" "--prefill 408: no note"
 # one story of n tokens without a policy: prediction t attends to t + 1 tokens
 run 0 "eval one story" $E --text "$TXT" --max-lines 1 --json
 check_json "tokens_kept_mean without a policy" "

@@ -282,7 +282,13 @@ static void kvqt_eval_print_text(const kvqt_eval_result *r, const kvqt_cacheopts
     char desc[512];
     kvqt_cacheopts_describe(o, desc, sizeof desc);
     printf("kvq eval: %zu sequences, %zu predicted tokens, ", r->sequences, r->tokens);
-    if (r->prefill)
+    if (r->prefill && r->prefill_whole == r->sequences)
+        printf("prefill %zu: every sequence whole in one chunk, nothing decoded; cache %s\n",
+               r->prefill, desc);
+    else if (r->prefill && r->prefill_whole)
+        printf("prefill %zu then decoding (%zu of the sequences no longer than that: prefilled "
+               "whole); cache %s\n", r->prefill, r->prefill_whole, desc);
+    else if (r->prefill)
         printf("prefill %zu then decoding; cache %s\n", r->prefill, desc);
     else
         printf("decoding token by token; cache %s\n", desc);

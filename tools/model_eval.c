@@ -484,6 +484,19 @@ int kvqt_eval_run_opts(const kvq_model *m, const kvq_tokenizer *tok, char **line
                 cmd);
         rc = -1;
     }
+    /* what --prefill really does: each sequence takes at most its own length
+     * in the chunk */
+    size_t longest = 0;
+    for (size_t i = 0; rc == 0 && i < text.n; i++) {
+        longest = text.len[i] > longest ? text.len[i] : longest;
+        res->prefill_whole += eo->prefill && text.len[i] <= eo->prefill;
+    }
+    if (rc == 0 && eo->prefill > longest) {
+        fprintf(stderr, "kvq %s: --prefill %zu is longer than every sequence (the longest is %zu "
+                        "tokens): each is prefilled whole, nothing is decoded; prefill %zu "
+                        "reported\n", cmd, eo->prefill, longest, longest);
+        res->prefill = longest;
+    }
     if (rc == 0)
         rc = ev_ctx_init(&cx, m, o, eo, text.predicted);
     else

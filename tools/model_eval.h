@@ -18,7 +18,9 @@ typedef struct kvqt_eval_result {
     double asymptotic_bits_per_value; /* kvq_stats, mean over sequences */
     double fixed_bytes_per_sequence;  /* kvq_stats.fixed_bytes at each sequence's end, mean */
     double tokens_kept_mean;          /* tokens of layer 0 each prediction's query attended to */
-    size_t prefill;
+    size_t prefill;       /* the longest prefill chunk run: --prefill, or less when every
+                             sequence is shorter (each is prefilled at most whole) */
+    size_t prefill_whole; /* sequences no longer than --prefill: prefilled whole, not decoded */
 } kvqt_eval_result;
 
 /* How eval runs beside the cache options. */
