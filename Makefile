@@ -158,7 +158,8 @@ check-run-inner:
 	echo "== tests/inspect_test.sh ($(BUILD))"; sh tests/inspect_test.sh $(BUILD) || fail=1; \
 	echo "== tests/tier_restart_test.sh ($(BUILD))"; sh tests/tier_restart_test.sh $(BUILD)/kvq || fail=1; \
 	if [ "$(SAN)" != 1 ]; then echo "== tests/model_cli_test.sh ($(BUILD))"; \
-	  KVQ_DATA=$(DATA) sh tests/model_cli_test.sh $(BUILD)/kvq || fail=1; fi; \
+	  KVQ_DATA=$(DATA) sh tests/model_cli_test.sh $(BUILD)/kvq || fail=1; \
+	  echo "== tests/build_config_test.sh"; sh tests/build_config_test.sh "$(MAKE)" || fail=1; fi; \
 	if [ $$fail -ne 0 ]; then echo "SOME TESTS FAILED ($(BUILD))"; exit 1; fi; \
 	echo "all test binaries passed ($(BUILD))"
 

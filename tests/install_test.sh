@@ -46,6 +46,13 @@ readelf -d "$P/bin/kvq" | grep NEEDED | grep -q libkvq && bad "bin/kvq needs lib
 out=$(env -u LD_LIBRARY_PATH "$P/bin/kvq" version 2>&1)
 [ "$out" = "kvq $V" ] && ok || bad "installed kvq version printed '$out', want 'kvq $V'"
 
+echo "-- kvq.pc and the install message name hiredis exactly when libkvq links it"
+if readelf -d "$P/lib/libkvq.so.$V" | grep NEEDED | grep -q libhiredis; then with_hr=1; else with_hr=0; fi
+grep '^Libs.private:' "$P/lib/pkgconfig/kvq.pc" | grep -q -- -lhiredis && pc_hr=1 || pc_hr=0
+grep '^To link statically:' "$TMP/install.log" | grep -q -- -lhiredis && msg_hr=1 || msg_hr=0
+[ $pc_hr = $with_hr ] && ok || bad "kvq.pc Libs.private names -lhiredis: $pc_hr, libkvq.so links it: $with_hr"
+[ $msg_hr = $with_hr ] && ok || bad "the install hint names -lhiredis: $msg_hr, libkvq.so links it: $with_hr"
+
 echo "-- the install message says what the loader needs"
 grep -q "LD_LIBRARY_PATH=$PREFIX/lib" "$TMP/install.log" && ok || bad "no LD_LIBRARY_PATH hint"
 grep -q "rpath,$PREFIX/lib" "$TMP/install.log" && ok || bad "no rpath hint"
