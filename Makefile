@@ -2,7 +2,7 @@
 #   make            build/libkvq.a, build/libkvq.so, build/kvq
 #   make examples   the example programs $(BUILD)/examples/<name> (examples/*.c)
 #   make deps       installs (as root) or names what the test suites need (tests/deps.sh)
-#   make check      tests/deps.sh, then every suite (tests, examples, install, Python, ASan+UBSan, TSan,
+#   make check      tests/deps.sh, then every suite (SUITES="tests python": only those) (tests, examples, install, Python, ASan+UBSan, TSan,
 #                   valgrind), each logged to $(BUILD)/check-logs/<suite>.log, then one
 #                   summary line; it fails when any suite failed
 #   make bench      the benchmarks (kvq bench ...)
@@ -171,8 +171,10 @@ check-san:
 # line of every suite's passed/failed/skipped counts and fails if any
 # suite failed. Another suite: a line here and its name in CHECK_SUITES.
 CHECK_LOGS   := $(BUILD)/check-logs
+# SUITES="tests install" runs only those (default: all of them).
 CHECK_SUITES := tests examples install python asan asan-examples tsan valgrind
-RUN_SUITE    := sh tests/check_suite.sh $(CHECK_LOGS)
+SUITES       ?= $(CHECK_SUITES)
+RUN_SUITE    := sh tests/check_suite.sh $(CHECK_LOGS) "$(SUITES)"
 # `make check` first runs tests/deps.sh (the one list of the Debian packages
 # the suites need: installed when run as root, otherwise it stops with the
 # apt-get command), then the suites in a new make, which sees what was just
@@ -186,6 +188,7 @@ deps:
 	@sh tests/deps.sh
 
 check-suites: all
+	$(if $(filter-out $(CHECK_SUITES),$(SUITES)),$(error SUITES: unknown suite '$(filter-out $(CHECK_SUITES),$(SUITES))' (the suites: $(CHECK_SUITES))))
 	@rm -rf $(CHECK_LOGS)
 	@$(RUN_SUITE) tests $(MAKE) --no-print-directory check-run
 	@$(RUN_SUITE) examples $(MAKE) --no-print-directory check-examples
@@ -195,7 +198,7 @@ check-suites: all
 	@$(RUN_SUITE) asan-examples $(MAKE) --no-print-directory BUILD=build-san SAN=1 check-examples
 	@$(RUN_SUITE) tsan $(MAKE) --no-print-directory check-tsan
 	@$(RUN_SUITE) valgrind $(MAKE) --no-print-directory check-valgrind
-	@sh tests/check_summary.sh $(CHECK_LOGS) $(CHECK_SUITES)
+	@sh tests/check_summary.sh $(CHECK_LOGS) $(filter $(SUITES),$(CHECK_SUITES))
 
 # ThreadSanitizer over the tests that run attention on worker threads.
 TSAN_TESTS := test_cache test_tier test_hpool test_pool
