@@ -194,20 +194,29 @@ run 0 "npy --count" bench codecs --data "$TMP/f32.npy" --count 40 --codec f32 --
 check_json "npy --count" 'assert d["count"] == 40'
 run 2 "npy --count too large" bench codecs --data "$TMP/f32.npy" --count 151 --codec f32
 run 2 "npy --head-dim mismatch" bench codecs --data "$TMP/f32.npy" --head-dim 32 --codec f32
-run 2 "npy float64" bench codecs --data "$TMP/f64.npy" --codec f32
+# a --data file that is missing, unreadable or not valid .npy data is a failure (exit 1, as
+# every command's files); a name that is no data set and no file is a usage error
+run 1 "npy float64" bench codecs --data "$TMP/f64.npy" --codec f32
 expect_in "$TMP/err" "<f8" "float64 message names the dtype"
-run 2 "npy fortran" bench codecs --data "$TMP/fortran.npy" --codec f32
+run 1 "npy fortran" bench codecs --data "$TMP/fortran.npy" --codec f32
 expect_in "$TMP/err" "Fortran" "fortran message"
-run 2 "npy truncated" bench codecs --data "$TMP/trunc.npy" --codec f32
+run 1 "npy truncated" bench codecs --data "$TMP/trunc.npy" --codec f32
 expect_in "$TMP/err" "truncated" "truncated message"
-run 2 "npy big-endian" bench codecs --data "$TMP/big.npy" --codec f32
-run 2 "npy one vector" bench codecs --data "$TMP/one.npy" --codec f32
-run 2 "npy NaN" bench codecs --data "$TMP/nan.npy" --codec f32
+run 1 "npy big-endian" bench codecs --data "$TMP/big.npy" --codec f32
+run 1 "npy one vector" bench codecs --data "$TMP/one.npy" --codec f32
+run 1 "npy NaN" bench codecs --data "$TMP/nan.npy" --codec f32
 expect_in "$TMP/err" "NaN" "NaN message"
-run 2 "npy junk" bench codecs --data "$TMP/junk.npy" --codec f32
+run 1 "npy junk" bench codecs --data "$TMP/junk.npy" --codec f32
 expect_in "$TMP/err" "magic" "junk message"
-run 2 "npy missing" bench codecs --data "$TMP/nope.npy" --codec f32
+run 1 "npy missing" bench codecs --data "$TMP/nope.npy" --codec f32
+expect_in "$TMP/err" "--data $TMP/nope.npy: No such file or directory" "npy missing message"
+run 1 "npy a directory" bench codecs --data "$TMP" --codec f32
+expect_in "$TMP/err" "is a directory" "npy directory message"
+: > "$TMP/empty.npy"
+run 1 "npy empty" bench codecs --data "$TMP/empty.npy" --codec f32
+expect_in "$TMP/err" "the file is empty" "npy empty message"
 run 2 "bad data name" bench codecs --data gaussian --codec f32
+expect_in "$TMP/err" "--data must be gauss, outlier or a .npy file, got 'gaussian'" "bad data name message"
 if [ -f "$DATA/stories260K/kv-story1/k.npy" ]; then
     run 0 "real keys" bench codecs --data "$DATA/stories260K/kv-story1/k.npy" --codec f32,nuq3,nuq4 --reps 1 --json
     check_json "real keys" '

@@ -151,6 +151,10 @@ printf '\377' | dd of="$TMP/bad.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
 run 1 "corrupt --base-logits" $E --text "$TMP/two.txt" --base-logits "$TMP/bad.bin"
 expect_in "$TMP/err" "corrupt" "--base-logits corrupt"
 run 1 "--base-logits not a reference" $E --text "$TMP/two.txt" --base-logits "$TXT"
+run 1 "--base-logits a directory" $E --text "$TMP/two.txt" --base-logits "$TMP"
+expect_in "$TMP/err" "--base-logits $TMP: is a directory, not a file" "--base-logits directory message"
+run 1 "--base-logits missing" $E --text "$TMP/two.txt" --base-logits "$TMP/none.bin"
+expect_in "$TMP/err" "--base-logits $TMP/none.bin: No such file or directory" "--base-logits missing message"
 run 2 "--save-logits with --base-logits" $E --text "$TMP/two.txt" --save-logits "$TMP/x.bin" --base-logits "$TMP/ref.bin"
 run 1 "--save-logits into a missing folder" $E --text "$TMP/two.txt" --save-logits "$TMP/no/such/x.bin"
 

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define BC_DEFAULT_CODECS                                                                          \
     "f32,f16,bf16,int8,int4,int4:g=32,int2,int2:g=32,tq1,tq2,tq3,tq4,tq1:nc=0,tq2:nc=0,tq3:nc=0,"  \
@@ -128,7 +129,8 @@ static void bc_usage(FILE *f) {
         "quantizers on the same input (encode_vs_ggml, encode_hot_vs_ggml: the median of 15\n"
         "rounds that time one pass of each back to back, kvq's speed over ggml's; the streaming\n"
         "rounds flush the last-level cache before each pass).\n"
-        "Exit status: 0 ok, 1 a codec failed at run time, 2 usage.\n",
+        "Exit status: 0 ok, 1 a --data file that is missing, unreadable or not valid .npy\n"
+        "data, or a codec that failed at run time, 2 usage.\n",
         BC_DEFAULT_HEAD_DIM, BC_DEFAULT_COUNT, BC_DEFAULT_CODECS);
 }
 
@@ -784,17 +786,26 @@ static int bc_data(bc_opts *o, float **out) {
         char err[512];
         float *x = NULL;
         size_t rows = 0, cols = 0;
+        struct stat sb;
+        /* a name that is neither a data set nor a file is a usage error; a
+         * file that is missing, unreadable or not valid .npy data a failure */
+        if (stat(o->data, &sb) != 0 && errno == ENOENT && !strchr(o->data, '/') &&
+            !strchr(o->data, '.')) {
+            fprintf(stderr, "kvq bench codecs: --data must be gauss, outlier or a .npy file, got "
+                            "'%s'\n", o->data);
+            return 2;
+        }
+        if (kvqt_check_input("bench codecs", "--data", o->data) != 0)
+            return 1;
         if (kvqt_npy_load(o->data, &x, &rows, &cols, err, sizeof err) != 0) {
             fprintf(stderr, "kvq bench codecs: --data: %s\n", err);
-            if (!strstr(o->data, ".npy"))
-                fprintf(stderr, "  (--data takes gauss, outlier or a .npy file)\n");
-            return 2;
+            return 1;
         }
         if (cols > 1024) {
             fprintf(stderr, "kvq bench codecs: %s: last axis %zu is not a head_dim in 1..1024\n",
                     o->data, cols);
             free(x);
-            return 2;
+            return 1;
         }
         if (o->head_dim_set && o->head_dim != cols) {
             fprintf(stderr, "kvq bench codecs: --head-dim %zu but %s has a last axis of %zu\n",
@@ -814,14 +825,14 @@ static int bc_data(bc_opts *o, float **out) {
             fprintf(stderr, "kvq bench codecs: %s holds %zu vector(s); need at least 2\n", o->data,
                     rows);
             free(x);
-            return 2;
+            return 1;
         }
         o->head_dim = cols;
         for (size_t i = 0; i < o->count * cols; i++)
             if (!isfinite(x[i])) {
                 fprintf(stderr, "kvq bench codecs: %s: value %zu is NaN or Inf\n", o->data, i);
                 free(x);
-                return 2;
+                return 1;
             }
         *out = x;
         return 0;

@@ -343,7 +343,8 @@ int kvq_tool_eval(int argc, char **argv) {
     if (kvqt_model_cmd_start(argc, argv, "eval", opts, KVQT_NOPTS(opts), eval_check, &eo, &o, &ms,
                              &rc) != 0)
         return rc;
-    if (eo.save_logits && kvqt_check_output_file("eval", "--save-logits", eo.save_logits) != 0) {
+    if ((eo.save_logits && kvqt_check_output_file("eval", "--save-logits", eo.save_logits) != 0) ||
+        (eo.base_logits && kvqt_check_input("eval", "--base-logits", eo.base_logits) != 0)) {
         kvqt_model_session_close(&ms);
         kvqt_cacheopts_free(&o);
         return KVQT_EXIT_FAIL;
