@@ -366,6 +366,27 @@ run 2 "eval --k-codec bogus" $E2 --k-codec bogus
 expect_in "$TMP/err" "--k-codec bogus: unknown codec" "eval --k-codec bogus names the option"
 run 2 "eval --v-codec int4:g=32 (head_dim 8)" $E2 --v-codec int4:g=32
 expect_in "$TMP/err" "--v-codec int4:g=32: .*does not divide head_dim 8" "eval group rule"
+# a codec the command line cannot use says what to do instead: chan: is for keys only,
+# and nuq tables come from kvq calibrate (the library's "load them into a codec first" and
+# "unknown codec 'chan'" name no option)
+run 2 "eval --v-codec chan:int3" $E2 --v-codec chan:int3
+expect_in "$TMP/err" "--v-codec chan:int3: chan: is a key-only layout" "--v-codec chan: message"
+expect_in "$TMP/err" "such as int4 or tq3" "--v-codec chan: names per-token codecs"
+expect_not_in "$TMP/err" "unknown codec" "--v-codec chan: is not an unknown codec"
+run 2 "eval --v-codec chan:int4 with chan:int4 keys" $E2 --k-codec chan:int4 --v-codec chan:int4
+expect_in "$TMP/err" "--v-codec chan:int4: chan: is a key-only layout.* such as int4 " "chan:int4 values message"
+run 2 "sweep --configs int8/chan:int3" sweep --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --configs int8/chan:int3 -o "$TMP/sw6"
+expect_in "$TMP/err" "--configs int8/chan:int3: chan: is a key-only layout" "sweep chan: values message"
+run 2 "eval --k-codec nuq4" $E2 --k-codec nuq4
+expect_in "$TMP/err" "--k-codec nuq4: nuq4 needs per-channel tables fitted to calibration data" "--k-codec nuq4 message"
+expect_in "$TMP/err" "kvq calibrate --codecs nuq4 --target-bits 4 -o FILE fits them for every head, and --alloc FILE" "--k-codec nuq4 names the CLI way"
+expect_not_in "$TMP/err" "load them into a codec" "--k-codec nuq4 does not point at the C API"
+run 2 "eval --v-codec nuq8" $E2 --v-codec nuq8
+expect_in "$TMP/err" "candidates are nuq2..nuq6" "--v-codec nuq8 message"
+# the way the message gives works
+run 0 "calibrate --codecs nuq4 --target-bits 4 (the message's way)" calibrate --model "$M" --tokenizer "$T" --text "$TMP/short.txt" --codecs nuq4 --target-bits 4 --max-tokens 16 -o "$TMP/nuq4.json"
+run 0 "eval --alloc of nuq4 tables" $E2 --alloc "$TMP/nuq4.json"
+expect_in "$TMP/out" "K per head nuq4 x20; V per head nuq4 x20" "nuq4 allocation header"
 run 2 "eval --isa bogus" $E2 --isa bogus
 expect_in "$TMP/err" "--isa must be auto, scalar, avx2, avxvnni or avx512, got 'bogus'" "eval --isa message"
 run 0 "eval --isa scalar" $E2 --isa scalar --k-codec int8 --v-codec int8

@@ -61,6 +61,38 @@ kvq_cache *kvqt_make_cache(const kvq_model *m, const kvqt_cacheopts *o, const ch
     return c;
 }
 
+/* What the command line can do about a codec the cache refused, in place
+ * of the library's message (msg, which names the codec): a nuq codec needs
+ * tables that only kvq calibrate fits (and --alloc loads); chan: codecs are
+ * keys only. 1 when msg was replaced. */
+static int kvqt_codec_hint(const kvqt_cacheopts *o, kvq_status st, char *msg, size_t size) {
+    if (st == KVQ_ERR_NOT_FITTED) {
+        const char *at = strstr(msg, "codec nuq");
+        char spec[16] = "";
+        if (!at || sscanf(at + 6, "%15[^ ;]", spec) != 1)
+            return 0;
+        int b = spec[3] >= '2' && spec[3] <= '6' && !spec[4] ? spec[3] - '0' : 0;
+        char how[96] = "kvq calibrate --codecs LIST -o FILE (its candidates are nuq2..nuq6)";
+        if (b)
+            snprintf(how, sizeof how, "kvq calibrate --codecs nuq%d --target-bits %d -o FILE", b,
+                     b);
+        snprintf(msg, size, "%s needs per-channel tables fitted to calibration data, which no "
+                            "option gives: %s fits them for every head, and --alloc FILE (sweep: "
+                            "alloc:FILE) loads them", spec, how);
+        return 1;
+    }
+    if (!o->n_ovr && !strncmp(o->v_codec, "chan:", 5)) {
+        const char *b = o->v_codec + 5; /* chan:intB: intB per token, where there is one */
+        int same = !strcmp(b, "int2") || !strcmp(b, "int4") || !strcmp(b, "int8");
+        snprintf(msg, size, "chan: is a key-only layout (per-channel scales over each page's "
+                            "tokens, as KIVI keys); values are stored per token: give the values "
+                            "a per-token codec such as %s (kvq codecs lists them)",
+                 same ? b : "int4 or tq3");
+        return 1;
+    }
+    return 0;
+}
+
 int kvqt_check_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cmd,
                      int name_option) {
     if (!kvqt_center_fits(m, o, cmd))
@@ -113,8 +145,11 @@ int kvqt_check_cache(const kvq_model *m, const kvqt_cacheopts *o, const char *cm
                 (st == KVQ_ERR_UNKNOWN_CODEC || st == KVQ_ERR_BAD_OPTION || st == KVQ_ERR_GROUP))
                 opt = "--k-codec and --v-codec", val = o->k_codec;
         }
+        int hinted = kvqt_codec_hint(o, st, msg, sizeof msg);
+        if (hinted && st != KVQ_ERR_NOT_FITTED && !t->n_ovr) /* chan: values */
+            opt = name_option ? "--v-codec" : NULL, val = o->v_codec;
         char hd[32] = ""; /* the model's head_dim, where the message leaves it out */
-        if (!strstr(msg, "head_dim"))
+        if (!strstr(msg, "head_dim") && !hinted)
             snprintf(hd, sizeof hd, " (head_dim %zu)", in.head_dim);
         if (opt)
             fprintf(stderr, "kvq %s: %s %s: %s%s\n", cmd, opt, val, msg, hd);
