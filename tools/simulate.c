@@ -799,8 +799,27 @@ static void sim_figures(const sim_quality *q, double *rel, double *kl, double *k
     *nlk = q->n_kl ? q->nlk / (double)q->n_kl : 0;
 }
 
+/* What a figure is, under its row: indented 8, in lines of at most 96
+ * characters broken at spaces. */
+static void sim_meaning(const char *s) {
+    while (*s) {
+        size_t n = strlen(s);
+        if (n > 88) {
+            n = 88;
+            while (n > 0 && s[n] != ' ')
+                n--;
+            if (n == 0)
+                n = strcspn(s, " ");
+        }
+        printf("        %.*s\n", (int)n, s);
+        s += n;
+        while (*s == ' ')
+            s++;
+    }
+}
+
 /* A row of the text tables: the label, ncol figures with prec decimals,
- * and below it, indented, what the figure is. */
+ * and below it what the figure is. */
 static void sim_row(int ncol, const char *label, int prec, double a, double b, double c,
                     const char *meaning) {
     const double v[3] = {a, b, c};
@@ -808,7 +827,8 @@ static void sim_row(int ncol, const char *label, int prec, double a, double b, d
     printf("  %-30s", label);
     for (int i = 0; i < ncol; i++)
         printf(" %*.*f", w[i], prec, v[i]);
-    printf("\n        %s\n", meaning);
+    printf("\n");
+    sim_meaning(meaning);
 }
 
 int kvq_tool_simulate(int argc, char **argv) {
@@ -1197,8 +1217,9 @@ int kvq_tool_simulate(int argc, char **argv) {
                step_ms, app_ns, ref_ms, ref_ms > 0 ? step_ms / ref_ms : 0,
                (unsigned long long)rtot.stored_bytes, app_ref_ns, fev_ms, app_fev_ns);
         printf(", \"memory\": {\"estimate_bytes\": %.0f, \"limit_bytes\": %.0f, "
-               "\"limit_source\": \"%s\", \"peak_rss_bytes\": %.0f}}\n",
-               mem.total, limit, lim_src, rss);
+               "\"limit_source\": ", mem.total, limit);
+        kvqb_json_str(stdout, lim_src);
+        printf(", \"peak_rss_bytes\": %.0f}}\n", rss);
     } else {
         printf("kvq simulate: %zu layers, %zu KV heads, %zu query heads, head_dim %zu, prompt %zu, "
                "decode %zu, %zu thread(s)\n",
@@ -1214,10 +1235,11 @@ int kvq_tool_simulate(int argc, char **argv) {
             printf(" (budget %zu%s, sinks %zu, protected %zu)",
                    o.budget ? o.budget : (size_t)ceil(o.budget_ratio * (double)D.prompt),
                    o.budget_ratio > 0 ? " from ratio" : "", o.sinks, o.window);
-        printf("\nbaselines, run beside this cache on the same K/V/Q: an f32 cache with the same "
-               "eviction (what\n  eviction alone costs), an f32 cache without eviction (keeping "
-               "everything, the time\n  baseline) and exact attention in double precision over "
-               "every token (the 0 of the errors);\n  under each figure, what it is\n\n");
+        printf("\nbaselines, run beside this cache on the same K/V/Q: exact attention in double "
+               "precision\n  over every token (the 0 of the error figures), an f32 cache with "
+               "the same eviction (what\n  eviction alone costs) and an f32 cache without "
+               "eviction (every token kept; the time\n  baseline). Under each figure, what it "
+               "measures.\n\n");
         const double MiB = 1048576.0;
         printf("  %-30s %12s %18s %16s\n", "memory and time (all layers)", "this cache",
                "f32 same eviction", "f32 no eviction");
@@ -1276,7 +1298,7 @@ int kvq_tool_simulate(int argc, char **argv) {
                 "bytes the encoders produced over the run (appends and re-encodes)");
         sim_row(3, "decode step ms", 4, step_ms, fev_ms, ref_ms,
                 "one decode step: append + attention in every layer; lower is faster (this "
-                "machine, this run)");
+                "machine)");
         sim_row(3, "append ns/token/layer", 1, app_ns, app_fev_ns, app_ref_ns,
                 "appending (encoding and storing) one token in one layer, prefill and decode");
         printf("\n  %-30s %12s %18s\n",
@@ -1284,28 +1306,25 @@ int kvq_tool_simulate(int argc, char **argv) {
         printf("  (%ld samples: one every %zu decode steps and the last, in each layer and KV "
                "head)\n", qa.n_kl, o.every);
         sim_row(2, "attention output rel. error", 5, rel, frel, 0,
-                "||out - exact|| / ||exact||; 0 = exact, 1 = as far off as an output of 0; "
-                "lower is better");
+                "||out - exact|| / ||exact||; 0 = exact, 1 = as far off as an output of 0");
         sim_row(2, "rel. error vs the f32 cache", 5, cfrel, 0, 0,
                 "||out - out of the f32 cache with the same eviction|| / ||that||: what the "
                 "codecs add");
-        char m[320];
-        size_t G = QH / H;
-        snprintf(m, sizeof m,
-                 "KL of the attention weights (per KV head, nats) from the exact ones; 0 = the "
-                 "same; lower is better");
-        sim_row(2, "KL(cache || exact) of weights", 5, kl, fkl, 0, m);
+        char m[400];
+        sim_row(2, "KL(cache || exact) of weights", 5, kl, fkl, 0,
+                "KL divergence of the attention weights (per KV head, nats) from the exact; 0 = "
+                "the same");
         snprintf(m, sizeof m,
                  "-log(exact mass kept), JSON attn_kl_eviction_only: no cache holding only the "
-                 "kept tokens has a\n        lower KL; 0 without eviction; an exact cache "
-                 "reaches it when each KV head serves one\n        query head%s",
-                 G > 1 ? " (here query heads share a KV head and renormalise apart, so the f32 "
-                         "cache\n        stays above it)"
-                       : " (as here: the f32 cache's KL equals it)");
+                 "kept tokens has a lower KL; 0 without eviction; an exact cache reaches it when "
+                 "each KV head serves one query head %s",
+                 QH > H ? "(here several share one and renormalise apart: the f32 cache stays "
+                         "above it)"
+                       : "(as here: the f32 cache's KL equals it)");
         sim_row(2, "KL floor from eviction", 5, nlk, fnlk, 0, m);
         sim_row(2, "exact attention mass kept", 5, kept, fkept, 0,
-                "share of the exact attention weight on the tokens still held; 1 = nothing "
-                "attended was evicted");
+                "exact attention weight on the tokens still held; 1 = nothing attended was "
+                "evicted");
         printf("  (the f32 same eviction column shows what eviction alone costs%s)\n",
                pol == KVQ_POLICY_NONE ? "; no policy: nothing" : "");
         if (allhot) {
