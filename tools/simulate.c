@@ -561,11 +561,12 @@ static int sim_args(int argc, char **argv, sim_opts *o, kvq_policy *pol) {
 
 /* Codec names and options, which do not depend on head_dim: checked before
  * .npy data is read (its head_dim comes from the files). A group that may
- * not divide the files' head_dim is left to sim_try_cache. 0 or the exit
- * code of a usage error. */
+ * not divide the files' head_dim is left to sim_try_cache, and so is a key
+ * codec in the channel layout (int1..int8, not codecs of their own). 0 or
+ * the exit code of a usage error. */
 static int sim_check_codec_names(const sim_opts *o) {
     const char *opt[3] = {"--k-codec", "--v-codec", "--warm-codec"};
-    const char *val[3] = {o->kc, o->vc, o->warm_codec};
+    const char *val[3] = {strcmp(o->layout, "channel") ? o->kc : NULL, o->vc, o->warm_codec};
     for (int i = 0; i < 3; i++) {
         if (!val[i])
             continue;
