@@ -72,8 +72,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: %s (%s)\n", url, kvq_strerror(rc), err);
         return 1;
     }
-    CHECK(kvq_cache_save(kv, s, "session-1", INT32_MAX));  /* kvq_cache_load restores it */
-    printf("saved snapshot 'session-1' to %s\n", url);
+    CHECK(kvq_cache_save(kv, s, "quickstart", INT32_MAX));  /* kvq_cache_load restores it */
+    printf("saved snapshot 'quickstart' to %s\n", url);
     kvq_store_close(s);
     kvq_cache_free(kv);
     return st.tokens == BUDGET && st.tokens + st.tokens_evicted == STEPS ? 0 : 1;
