@@ -154,6 +154,7 @@ check-run-inner:
 	  echo "== $$t"; KVQ_DATA=$(DATA) $$t --data $(DATA) || fail=1; \
 	done; \
 	echo "== tests/cli_test.sh ($(BUILD))"; KVQ_DATA=$(DATA) sh tests/cli_test.sh $(BUILD)/kvq || fail=1; \
+	echo "== tests/simulate_test.sh ($(BUILD))"; KVQ_DATA=$(DATA) sh tests/simulate_test.sh $(BUILD)/kvq || fail=1; \
 	echo "== tests/bench_attend_test.sh ($(BUILD))"; sh tests/bench_attend_test.sh $(BUILD)/kvq || fail=1; \
 	echo "== tests/inspect_test.sh ($(BUILD))"; sh tests/inspect_test.sh $(BUILD) || fail=1; \
 	echo "== tests/tier_restart_test.sh ($(BUILD))"; sh tests/tier_restart_test.sh $(BUILD)/kvq || fail=1; \
