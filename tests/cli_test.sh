@@ -282,6 +282,23 @@ for c in simulate generate eval calibrate sweep inspect codecs version "bench co
         grep -q -- "$opt\b" "$TMP/overview" && ok || bad "kvq --help lacks $opt of kvq $c"
     done
 done
+# --isa: every value a command accepts is in every help text and manual that describes --isa
+# (the cache options' help listed auto, scalar, avx2 and avx512; avxvnni was accepted too)
+"$KVQ" eval --isa bogus > /dev/null 2>"$TMP/err"
+ISAS=$(sed -n "s/.*--isa must be \(.*\), got 'bogus'.*/\1/p" "$TMP/err" | sed 's/,//g; s/ or / /')
+[ "$(echo $ISAS | wc -w)" -ge 5 ] && ok || bad "--isa values from the message: '$ISAS'"
+"$KVQ" eval --help | awk '/--isa/ {p = 1; print; next} p && /^ *--/ {p = 0} p' > "$TMP/isa-eval"
+"$KVQ" bench codecs --help | awk '/--isa P/ {p = 1; print; next} p && /^ *--/ {p = 0} p' > "$TMP/isa-bench"
+DOCS=$(dirname "$0")/..
+grep -- "--isa" "$DOCS/docs/cli.md" > "$TMP/isa-md"
+awk '/isa/ {p = 3} p > 0 {print; p--}' "$DOCS/kvq.1" > "$TMP/isa-man"
+for v in $ISAS; do
+    "$KVQ" bench codecs --isa "$v" --help > /dev/null 2>&1 && ok || bad "bench codecs --isa $v is refused"
+    for f in isa-eval isa-bench isa-md isa-man; do
+        grep -q -- "\b$v\b" "$TMP/$f" && ok || bad "--isa $v missing from $f: $(tr '\n' ' ' < "$TMP/$f")"
+    done
+    grep -q -- "--isa [a-z0-9|]*\b$v\b" "$TMP/overview" && ok || bad "kvq --help: --isa lacks $v"
+done
 run 0 "kvq help eval" help eval
 expect_in "$TMP/out" "usage: kvq eval" "kvq help eval"
 run 0 "kvq help bench codecs" help bench codecs
@@ -403,6 +420,33 @@ expect_in "$TMP/err" "is not a kvq store" "inspect empty directory message"
 run 1 "inspect a file" inspect "$TMP/notastore/readme.txt"
 expect_in "$TMP/err" "is not a directory" "inspect file message"
 run 0 "inspect a store" inspect "$TMP/cold"
+# a segment file that does not begin as a segment does is no store's data: exit 1, named
+# (a short one was a torn tail, a longer one a corrupt entry: the status was 0 or 1 and
+# stderr said nothing); an empty segment, a cut header and zero bytes are a crash's leftovers
+mkdir "$TMP/junkstore"
+for c in "junkjunk" "hello world, this is not a kvq segment"; do
+    printf '%s' "$c" > "$TMP/junkstore/seg-000001.log"
+    run 1 "inspect a junk segment ($c)" inspect "$TMP/junkstore"
+    expect_in "$TMP/err" "seg-000001.log is not a kvq segment: it begins with the bytes 6[a8] " "junk segment message"
+    expect_in "$TMP/err" "is not sound: .*1 files that are not segments" "junk segment summary"
+done
+run 1 "inspect a junk segment --json" inspect "$TMP/junkstore" --json
+check_json "junk segment json" 'assert d["summary"]["ok"] is False and d["summary"]["files_not_segments"] == 1, d'
+printf 'KVQE\001' > "$TMP/junkstore/seg-000001.log"
+run 0 "inspect a store whose segment is a cut header" inspect "$TMP/junkstore"
+expect_in "$TMP/out" "1 torn tails" "a cut header is a torn tail"
+head -c 100 /dev/zero > "$TMP/junkstore/seg-000001.log"
+run 0 "inspect a store whose segment is zero bytes" inspect "$TMP/junkstore"
+: > "$TMP/junkstore/seg-000001.log"
+run 0 "inspect a store with an empty segment" inspect "$TMP/junkstore"
+# a store URL of a scheme kvq has no store for is named as such, not as a missing directory
+for u in "http://x" "bogus:/x"; do
+    run 1 "inspect $u" inspect "$u"
+    expect_in "$TMP/err" "$u: unknown store '${u%%:*}:' (known: DIR, file:DIR, redis://HOST\[:PORT\]\[/NAMESPACE\]" "inspect $u message"
+    expect_not_in "$TMP/err" "directory:" "inspect $u does not blame a directory"
+done
+run 1 "inspect redis:x" inspect "redis:x"
+expect_in "$TMP/err" "a Redis store is redis://HOST" "inspect redis:x message"
 run 2 "inspect two stores" inspect "$TMP/cold" "$TMP/cold2"
 run 2 "inspect --prefix without a value" inspect "$TMP/cold" --prefix
 

@@ -253,6 +253,18 @@ P="Once upon a time, there was a little girl named Lily. She loved to play outsi
 "$KVQ" generate --model "$M" --tokenizer "$T" --temperature 0 --steps 100 --prompt "$P" --k-codec int8 --v-codec int8 --prefix-store "file:$TMP/pfx" > "$TMP/g2.txt" 2>"$TMP/e2"
 cmp -s "$TMP/g0.txt" "$TMP/g1.txt" && cmp -s "$TMP/g0.txt" "$TMP/g2.txt" && ok || bad "prefix-store changes the generated text"
 grep -q "prefix store: 0 of" "$TMP/e1" && grep -q "prefix store: 32 of" "$TMP/e2" && ok || bad "prefix-store did not load the prompt pages: $(cat "$TMP/e2")"
+# kvq inspect: a junk file among a store's segments is named and the status is 1; the
+# store's records are still listed
+cp -r "$TMP/pfx" "$TMP/pfxj"
+printf 'this is not a segment' > "$TMP/pfxj/seg-000009.log"
+run 1 "inspect a store with a junk segment" inspect "$TMP/pfxj"
+expect_in "$TMP/err" "seg-000009.log is not a kvq segment" "junk segment named"
+expect_in "$TMP/out" "^kvqp/.*value ok" "the good segment is still listed"
+run 0 "inspect the store without it" inspect "$TMP/pfx"
+# --prefix-store of a scheme kvq has no store for: a usage error, nothing created
+run 2 "generate --prefix-store bogus:/x" generate --model "$M" --tokenizer "$T" -n 2 --prefix-store "bogus:$TMP/x"
+expect_in "$TMP/err" "--prefix-store bogus:$TMP/x: unknown store 'bogus:' (known: DIR, file:DIR, redis://" "--prefix-store bogus: message"
+[ -e "bogus:$TMP" ] && bad "--prefix-store bogus: created a directory" || ok
 
 "$KVQ" eval --model "$M" --tokenizer "$T" > /dev/null 2>&1; [ $? -eq 2 ] && ok || bad "eval without --text exits 2"
 "$KVQ" eval --model "$M" --tokenizer "$T" --text "$TMP/two.txt" --k-codec nope > /dev/null 2>"$TMP/err"; [ $? -eq 2 ] && grep -q "unknown codec" "$TMP/err" && ok || bad "eval with a bad codec exits 2"
@@ -360,6 +372,28 @@ run 0 "generate --stats" $G -n 8 --temperature 0 --stats
 expect_in "$TMP/err" "^cache stats: {" "--stats prints the statistics"
 "$KVQ" $G -n 8 --temperature 0 --stats > "$TMP/both" 2>&1
 sed -n 2p "$TMP/both" | grep -q "^achieved tok/s" && ok || bad "stdout is not flushed before stderr: $(head -c 200 "$TMP/both")"
+# --stats-json FILE: the same statistics as clean JSON, alone in a file; - : on stdout, as the
+# line after the text; --stats keeps its stderr line
+run 0 "generate --stats-json FILE" $G -n 8 --temperature 0 --stats-json "$TMP/stats.json"
+if need_py "--stats-json FILE parses"; then
+    "$PY" -m json.tool "$TMP/stats.json" > /dev/null 2>&1 && ok || bad "--stats-json FILE is not JSON: $(head -c 200 "$TMP/stats.json")"
+fi
+expect_in "$TMP/stats.json" '^{"total": {"tokens": 40,' "--stats-json FILE holds the statistics (5 layers x 8 positions)"
+expect_not_in "$TMP/err" "cache stats" "--stats-json FILE leaves stderr alone"
+ls "$TMP"/stats.json.tmp.* > /dev/null 2>&1 && bad "--stats-json left its temporary file" || ok
+run 0 "generate --stats-json -" $G -n 8 --temperature 0 --stats-json -
+sed -n 1p "$TMP/out" | grep -q "^Once upon a time" && ok || bad "--stats-json -: the text first: $(head -c 100 "$TMP/out")"
+[ "$(wc -l < "$TMP/out")" -eq 2 ] && ok || bad "--stats-json -: the text, then one JSON line"
+if need_py "--stats-json - parses"; then
+    tail -n 1 "$TMP/out" | "$PY" -m json.tool > /dev/null 2>&1 && ok || bad "--stats-json - is not JSON: $(tail -n 1 "$TMP/out" | head -c 200)"
+fi
+run 0 "generate --stats --stats-json" $G -n 8 --temperature 0 --stats --stats-json "$TMP/stats2.json"
+expect_in "$TMP/err" "^cache stats: {" "--stats with --stats-json keeps its line"
+cmp -s "$TMP/stats.json" "$TMP/stats2.json" && ok || bad "--stats-json differs with --stats"
+run 1 "generate --stats-json into a missing folder" $G -n 8 --stats-json "$TMP/no/such/s.json"
+expect_in "$TMP/err" "--stats-json $TMP/no/such/s.json: No such file or directory" "--stats-json missing folder message"
+[ -s "$TMP/out" ] && bad "--stats-json into a missing folder generated text first" || ok
+run 2 "generate --stats-json ''" $G -n 8 --stats-json ""
 # exit codes: 2 for every usage error, whichever command
 E2="eval --model $M --tokenizer $T --text $TMP/two.txt"
 run 2 "eval --k-codec bogus" $E2 --k-codec bogus

@@ -80,6 +80,8 @@ int kvqt_cacheopts_parse(kvqt_cacheopts *o, int argc, char **argv, int *i, const
                             "redis://HOST:PORT), got ''\n", cmd);
             return -1;
         }
+        if (kvqt_check_store_url(cmd, "--prefix-store", v) != 0)
+            return -1;
         o->prefix_url = v;
     } else if (!strcmp(a, "--alloc")) {
         if (!*v) {
@@ -257,7 +259,7 @@ void kvqt_cacheopts_usage(FILE *f) {
             "  --recent N                newest tokens kept in f16, 0..2^30 (0)\n"
             "  --threads N               attention threads, 1..256 (1)\n"
             "  --isa P                   the cache's kernels: auto (the best this CPU has),\n"
-            "                            scalar (the reference), avx2 or avx512\n"
+            "                            scalar (the reference), avx2, avxvnni or avx512\n"
             "  --prefix-store URL        file:DIR or redis://HOST:PORT: reuse the pages of\n"
             "                            prompt prefixes stored by an earlier run\n");
 }

@@ -48,6 +48,37 @@ static inline int kvqt_parse_isa(const char *s, kvq_isa *out) {
     return 0;
 }
 
+/* The length of the URL scheme v begins with (a letter, then letters,
+ * digits, '+', '-' or '.', then ':'; "file" of "file:DIR"), or 0. A store
+ * argument with a scheme kvq has no store for is refused before anything
+ * is opened or created (a directory whose name looks so is ./NAME). */
+static inline size_t kvqt_url_scheme(const char *v) {
+    size_t n = 0;
+    if ((*v >= 'a' && *v <= 'z') || (*v >= 'A' && *v <= 'Z'))
+        for (n = 1; (v[n] >= 'a' && v[n] <= 'z') || (v[n] >= 'A' && v[n] <= 'Z') ||
+                    (v[n] >= '0' && v[n] <= '9') || v[n] == '+' || v[n] == '-' || v[n] == '.';
+             n++)
+            ;
+    return n && v[n] == ':' ? n : 0;
+}
+
+/* 0 when the store URL v names a store kvq has (a directory, file:DIR or
+ * redis://...); -1 with "kvq CMD: OPT V: unknown store 'S:' (known: ...)"
+ * printed. opt may be "" for a positional argument. */
+static inline int kvqt_check_store_url(const char *cmd, const char *opt, const char *v) {
+    size_t n = kvqt_url_scheme(v);
+    if (!n || (n == 4 && !strncmp(v, "file", 4)) || !strncmp(v, "redis://", 8))
+        return 0;
+    if (n == 5 && !strncmp(v, "redis", 5))
+        fprintf(stderr, "kvq %s: %s%s%s: a Redis store is redis://HOST[:PORT][/NAMESPACE]\n", cmd,
+                opt, *opt ? " " : "", v);
+    else
+        fprintf(stderr, "kvq %s: %s%s%s: unknown store '%.*s:' (known: DIR, file:DIR, "
+                        "redis://HOST[:PORT][/NAMESPACE]; a directory named so: ./%s)\n",
+                cmd, opt, *opt ? " " : "", v, (int)(n < 40 ? n : 40), v, v);
+    return -1;
+}
+
 /* Prints "kvq CMD: <message>" and the line that points at --help to
  * stderr; returns KVQT_EXIT_USAGE. */
 int kvqt_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -80,10 +80,49 @@ static void ins_json_str(FILE *f, const char *s, size_t n) {
     fputc('"', f);
 }
 
+/* The start of every segment entry (docs/record-format.md): the magic
+ * "KVQE" and version 1. */
+static const unsigned char ins_seg_start[5] = {'K', 'V', 'Q', 'E', 1};
+
+/* 1 when the segment file dir/name begins as a segment does: empty, the
+ * start of an entry header (whole, or cut short by a crash), or zero bytes
+ * (a file the filesystem grew but never filled); else 0 with the message
+ * printed. The store itself calls a file that begins otherwise a corrupt
+ * entry, or, when it is shorter than a header, a torn tail: neither says
+ * that the file is no segment at all. */
+static int ins_seg_begins(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *path = malloc(n);
+    if (!path)
+        return 0;
+    snprintf(path, n, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    unsigned char b[sizeof ins_seg_start];
+    size_t got = f ? fread(b, 1, sizeof b, f) : 0;
+    if (f)
+        fclose(f);
+    int zero = 1, ok = 1;
+    for (size_t i = 0; i < got; i++)
+        zero &= b[i] == 0;
+    if (f && !zero && memcmp(b, ins_seg_start, got) != 0) {
+        char hex[3 * sizeof b + 1] = "";
+        for (size_t i = 0; i < got; i++)
+            snprintf(hex + strlen(hex), sizeof hex - strlen(hex), "%s%02x", i ? " " : "", b[i]);
+        fprintf(stderr, "kvq inspect: %s is not a kvq segment: it begins with the bytes %s, not "
+                        "an entry (magic \"KVQE\", version 1; docs/record-format.md)\n", path, hex);
+        ok = 0;
+    }
+    free(path);
+    return ok;
+}
+
 /* A local store (DIR or file:DIR[?options]) must be a directory holding
  * segment files (seg-NNNNNN.log, docs/record-format.md); a missing path is
- * left to the store's own message. 1, or 0 with the message printed. */
-static int ins_is_store(const char *where) {
+ * left to the store's own message. 1, or 0 with the message printed.
+ * *junk counts the segment files that do not begin as a segment does
+ * (each named on stderr): the store can still be listed, but it is not
+ * sound. */
+static int ins_is_store(const char *where, size_t *junk) {
     const char *p = strncmp(where, "file:", 5) == 0 ? where + 5 : where;
     size_t n = strcspn(p, "?");
     char *dir = malloc(n + 1);
@@ -109,10 +148,12 @@ static int ins_is_store(const char *where) {
             const char *nm = e->d_name, *q = nm + 4;
             size_t nd = strspn(q, "0123456789");
             if (strncmp(nm, "seg-", 4) == 0 && nd >= 6 && nd <= 20 &&
-                (!strcmp(q + nd, ".log") || !strcmp(q + nd, ".tmp")))
+                (!strcmp(q + nd, ".log") || !strcmp(q + nd, ".tmp"))) {
                 segs++;
-            else
+                *junk += !ins_seg_begins(dir, nm);
+            } else {
                 other++;
+            }
         }
         if (d)
             closedir(d);
@@ -162,7 +203,10 @@ int kvq_tool_inspect(int argc, char **argv) {
     }
     if (!where || !*where)
         return kvqt_usage_error("inspect", "which store? give DIR, file:DIR or redis://HOST:PORT");
-    if (strncmp(where, "redis://", 8) != 0 && !ins_is_store(where))
+    if (kvqt_check_store_url("inspect", "", where) != 0)
+        return KVQT_EXIT_FAIL; /* a store kvq cannot open, as a missing directory */
+    size_t junk = 0;
+    if (strncmp(where, "redis://", 8) != 0 && !ins_is_store(where, &junk))
         return KVQT_EXIT_FAIL;
     /* directories are opened readonly: no repair, and a shared lock */
     size_t wl = strlen(where);
@@ -312,15 +356,15 @@ int kvq_tool_inspect(int argc, char **argv) {
         kvq_store_free_buf(s, data);
     }
     size_t n_keys = l.n - n_gone;
-    int bad = n_corrupt > 0 || n_errors > 0 || m0.corrupt_skipped > 0;
+    int bad = n_corrupt > 0 || n_errors > 0 || m0.corrupt_skipped > 0 || junk > 0;
     if (json) {
         printf("%s],\n \"summary\": {\"keys\": %zu, \"records_ok\": %zu, \"corrupt\": %zu, "
                "\"unsupported\": %zu, \"other_values\": %zu, \"errors\": %zu, "
                "\"torn_tails\": %llu, \"corrupt_skipped_at_open\": %llu, \"live_bytes\": %llu, "
-               "\"stored_bytes\": %llu, \"ok\": %s}}\n",
+               "\"stored_bytes\": %llu, \"files_not_segments\": %zu, \"ok\": %s}}\n",
                l.n ? "\n" : "", n_keys, n_ok, n_corrupt, n_unsupported, n_other, n_errors,
                (unsigned long long)m0.torn_tails, (unsigned long long)m0.corrupt_skipped,
-               (unsigned long long)m0.live_bytes, (unsigned long long)m0.stored_bytes,
+               (unsigned long long)m0.live_bytes, (unsigned long long)m0.stored_bytes, junk,
                bad ? "false" : "true");
     } else {
         printf("%zu keys: %zu records ok, %zu corrupt, %zu unsupported, %zu other values, "
@@ -328,6 +372,11 @@ int kvq_tool_inspect(int argc, char **argv) {
                n_keys, n_ok, n_corrupt, n_unsupported, n_other, n_errors,
                (unsigned long long)m0.torn_tails, (unsigned long long)m0.corrupt_skipped);
     }
+    fflush(stdout);
+    if (bad) /* stdout has the detail; stderr says why the status is 1 */
+        fprintf(stderr, "kvq inspect: %s is not sound: %zu corrupt values, %zu read errors, %llu "
+                        "corrupt entries skipped at open, %zu files that are not segments\n",
+                where, n_corrupt, n_errors, (unsigned long long)m0.corrupt_skipped, junk);
     for (size_t i = 0; i < l.n; i++)
         free(l.keys[i].key);
     free(l.keys);
