@@ -30,12 +30,13 @@ static const kvq_command kvq_commands[] = {
      "             [--recent N] [--threads N] [--data synthetic|DIR] [--quality-every N]\n"
      "             [--seed N] [--json] [--hot-tokens N] [--warm-tokens N] [--warm-codec C]\n"
      "             [--cold file:DIR|redis://HOST:PORT|none] [--verify] [--strict-tiers]\n"
-     "             [--cold-ttl MS]",
+     "             [--cold-ttl MS] [--progress | --quiet]",
      "prefill + decode through a kvq cache against exact f32 attention, an f32 cache\n"
      "with the same eviction and one without (the main job; make demo runs it)"},
     {"generate",
      "kvq generate --model M --tokenizer T [--prompt TEXT] [-n N | --n-predict N |\n"
-     "             --steps N] [--temperature F] [--seed N] [--stats] [cache options]",
+     "             --steps N] [--temperature F] [--seed N] [--stats] [--stats-json FILE|-]\n"
+     "             [cache options]",
      "text from a llama2.c model whose attention runs through a kvq cache"},
     {"eval",
      "kvq eval --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
@@ -65,7 +66,7 @@ static const kvq_command kvq_commands[] = {
      "kvq bench attend [--context LIST|none] [--codec LIST] [--threads N[,N...]]\n"
      "                 [--baselines LIST|all|none] [--prefill N] [--reps N] [--warm]\n"
      "                 [--isa LIST] [--huge-pages on|off] [--json]",
-     "one decode step (and a prefill) over compressed caches against the memory-bandwidth "
+     "one decode step (and a prefill) over compressed caches against the memory-bandwidth\n"
      "floor, kvq's f32 cache, a dense f32 attention and llama.cpp's quantized path"},
     {"version", "kvq version", "the library's version"},
     {"help", "kvq help [COMMAND]", "this overview, or a command's usage (kvq COMMAND --help)"},

@@ -24,7 +24,8 @@ static void kvqt_model_usage(FILE *f, const char *cmd) {
     if (!strcmp(cmd, "generate"))
         fprintf(f,
                 "usage: kvq generate --model M --tokenizer T [--prompt TEXT] [-n N | --steps N]\n"
-                "                    [--temperature F] [--seed N] [--stats] [cache options]\n"
+                "                    [--temperature F] [--seed N] [--stats]\n"
+                "                    [--stats-json FILE|-] [cache options]\n"
                 "  text from a llama2.c model whose attention runs through a kvq cache; the\n"
                 "  text on stdout, a summary (and with --stats the cache's statistics as\n"
                 "  JSON) on stderr\n"
@@ -36,7 +37,11 @@ static void kvqt_model_usage(FILE *f, const char *cmd) {
                 "                        when the model's context (seq_len) is full\n"
                 "  --temperature F       0..100, 0 = greedy (1)\n"
                 "  --seed N              the sampling seed, 0..2^64-1 (0: a fixed default)\n"
-                "  --stats               the cache's statistics as JSON on stderr at the end\n");
+                "  --stats               the cache's statistics as JSON on stderr at the end,\n"
+                "                        behind \"cache stats: \"\n"
+                "  --stats-json FILE     the same JSON alone in FILE (written whole, checked\n"
+                "                        writable before the run); - : on stdout, as its last\n"
+                "                        line, after the text\n");
     else
         fprintf(f,
                 "usage: kvq eval --model M --tokenizer T --text FILE [--skip N] [--max-lines N]\n"
@@ -101,6 +106,7 @@ static int kvqt_model_cmd_start(int argc, char **argv, const char *cmd, const kv
 
 typedef struct gen_args {
     size_t n_predict, steps; /* SIZE_MAX: not given */
+    const char *stats_json;  /* --stats-json FILE, "-" for stdout, or NULL */
 } gen_args;
 
 static int gen_check(void *ctx) {
@@ -108,7 +114,13 @@ static int gen_check(void *ctx) {
     if (g->n_predict != SIZE_MAX && g->steps != SIZE_MAX)
         return kvqt_usage_error("generate", "give -n/--n-predict (tokens generated) or --steps "
                                             "(positions, the prompt's included), not both");
+    if (g->stats_json && !*g->stats_json)
+        return kvqt_usage_error("generate", "--stats-json needs a file name, or - for stdout");
     return 0;
+}
+
+static int gen_write_json(FILE *f, void *ctx) {
+    return fprintf(f, "%s\n", (const char *)ctx) < 0 ? -1 : 0;
 }
 
 /* The next token: argmax at temperature 0, else a sample of softmax(lg / temp). */
@@ -142,7 +154,7 @@ static int32_t gen_sample(const float *lg, size_t V, double temp, double *p, uin
 
 int kvq_tool_generate(int argc, char **argv) {
     const char *prompt = "";
-    gen_args g = {SIZE_MAX, SIZE_MAX};
+    gen_args g = {SIZE_MAX, SIZE_MAX, NULL};
     double temp = 1.0;
     unsigned long long seed = 0;
     int stats = 0;
@@ -152,13 +164,20 @@ int kvq_tool_generate(int argc, char **argv) {
                              KVQT_SIZE("--steps", &g.steps, 1, KVQT_MAX_COUNT),
                              KVQT_DOUBLE("--temperature", &temp, 0, 100, 0),
                              KVQT_ULL("--seed", &seed, 0, ULLONG_MAX),
-                             KVQT_FLAG("--stats", &stats)};
+                             KVQT_FLAG("--stats", &stats),
+                             KVQT_STR("--stats-json", &g.stats_json)};
     kvqt_cacheopts o;
     kvqt_model_session ms;
     int rc;
     if (kvqt_model_cmd_start(argc, argv, "generate", opts, KVQT_NOPTS(opts), gen_check, &g, &o,
                              &ms, &rc) != 0)
         return rc;
+    int to_file = g.stats_json && strcmp(g.stats_json, "-") != 0;
+    if (to_file && kvqt_check_output_file("generate", "--stats-json", g.stats_json) != 0) {
+        kvqt_model_session_close(&ms);
+        kvqt_cacheopts_free(&o);
+        return KVQT_EXIT_FAIL;
+    }
     kvq_model_info in;
     kvq_model_get_info(ms.model, &in);
     size_t plen = strlen(prompt), n = 0;
@@ -233,6 +252,20 @@ int kvq_tool_generate(int argc, char **argv) {
         cur = next;
     }
     printf("\n");
+    /* the cache's statistics as one JSON object, read before stdout is
+     * flushed so that --stats-json - is the text's next line */
+    char *js = NULL;
+    if (stats || g.stats_json) {
+        size_t jl = 0;
+        kvq_cache_stats_json(c, NULL, 0, &jl);
+        js = malloc(jl + 1);
+        if (js && kvq_cache_stats_json(c, js, jl + 1, &jl) != KVQ_OK) {
+            free(js);
+            js = NULL;
+        }
+    }
+    if (js && g.stats_json && !to_file)
+        printf("%s\n", js);
     fflush(stdout); /* the text is out before anything on stderr */
     double el = kvqb_now() - t0;
     if (st != KVQ_OK)
@@ -243,15 +276,16 @@ int kvq_tool_generate(int argc, char **argv) {
             eos                                  ? "; stopped at the end-of-text token"
             : produced < want && st == KVQ_OK ? "; stopped: the model's context is full"
                                                  : "");
-    if (stats) {
-        size_t jl;
-        kvq_cache_stats_json(c, NULL, 0, &jl);
-        char *js = malloc(jl + 1);
-        if (js && kvq_cache_stats_json(c, js, jl + 1, &jl) == KVQ_OK)
-            fprintf(stderr, "cache stats: %s\n", js);
-        free(js);
-    }
+    if (js && stats)
+        fprintf(stderr, "cache stats: %s\n", js);
     rc = st == KVQ_OK ? KVQT_EXIT_OK : KVQT_EXIT_FAIL;
+    if ((stats || g.stats_json) && !js) {
+        fprintf(stderr, "kvq generate: the cache's statistics: out of memory\n");
+        rc = KVQT_EXIT_FAIL;
+    } else if (to_file && kvqt_write_file("generate", g.stats_json, gen_write_json, js) != 0) {
+        rc = KVQT_EXIT_FAIL;
+    }
+    free(js);
 done:
     free(tk), free(lg), free(p);
     kvq_cache_free(c);
