@@ -3,11 +3,13 @@
 # input (issue 12's list and more), each row the command, the first line it
 # prints (stderr, else stdout) and its exit code, in markdown.
 # Paths are shown short: M and T are the stories260K model and tokenizer,
-# TXT the shared text, $TMP a scratch folder with the files made below.
+# T15 the stories15M tokenizer (32000 tokens), TXT the shared text, $TMP a
+# scratch folder with the files made below.
 KVQ=${1:-build/kvq}
 DATA=${2:-../shared/data}
 M=$DATA/stories260K/stories260K.bin
 T=$DATA/stories260K/tok512.bin
+T15=$DATA/stories15M/tokenizer.bin
 TXT=$DATA/text/tinystories-valid-sample.txt
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvq_cli_errors.XXXXXX") || exit 2
 trap 'rm -rf "$TMP"' EXIT INT TERM
@@ -18,6 +20,8 @@ head -c 100000 "$M" > "$TMP/cut.bin"
 head -n 2 "$TXT" > "$TMP/two.txt"
 echo "keep me" > "$TMP/file"
 mkdir -p "$TMP/notastore" && echo hi > "$TMP/notastore/readme.txt"
+mkdir -p "$TMP/junkstore" && echo "not a segment" > "$TMP/junkstore/seg-000001.log"
+echo '{"kvq_alloc": 1, "k_codec": "int8", "v_codec": "int8"}' > "$TMP/a.json"
 cp "$TMP/two.txt" "$TMP/locked.txt" && chmod 000 "$TMP/locked.txt"
 P38="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her"
 LONG=$(head -c 4000 "$TXT" | tr '\n' ' ')
@@ -102,3 +106,19 @@ row "inspect" inspect
 row "inspect \$TMP/notastore \$TMP" inspect "$TMP/notastore" "$TMP"
 row "codecs --page 5000" codecs --page 5000
 row "version extra" version extra
+# a tokenizer of another size, files that are missing, options that exclude each other
+row "generate --model M --tokenizer T15 -n 4" generate --model "$M" --tokenizer "$T15" -n 4
+row "eval --model M --tokenizer T15 --text TXT" eval --model "$M" --tokenizer "$T15" --text "$TXT"
+row "eval $G --text TXT --alloc \$TMP/a.json --k-codec int8" eval --model "$M" --tokenizer "$T" --text "$TXT" --alloc "$TMP/a.json" --k-codec int8
+row "eval $G --text TXT --alloc \$TMP/none.json" eval --model "$M" --tokenizer "$T" --text "$TXT" --alloc "$TMP/none.json"
+row "eval $G --text TXT --skip 1 --max-lines 1 --prefill 100000" eval --model "$M" --tokenizer "$T" --text "$TXT" --skip 1 --max-lines 1 --prefill 100000
+row "eval $G --text TXT --v-codec chan:int3" eval --model "$M" --tokenizer "$T" --text "$TXT" --v-codec chan:int3
+row "eval $G --text TXT --k-codec nuq4" eval --model "$M" --tokenizer "$T" --text "$TXT" --k-codec nuq4
+row "eval $G --text TXT --isa bogus" eval --model "$M" --tokenizer "$T" --text "$TXT" --isa bogus
+row "generate $G --stats-json \$TMP/no/s.json" generate --model "$M" --tokenizer "$T" --stats-json "$TMP/no/s.json"
+row "generate $G --prefix-store bogus:/x" generate --model "$M" --tokenizer "$T" --prefix-store bogus:/x
+row "bench codecs --data \$TMP/none.npy" bench codecs --data "$TMP/none.npy"
+row "bench codecs --data gaussian" bench codecs --data gaussian
+row "simulate --cold bogus:/x --hot-tokens 64" simulate --cold bogus:/x --hot-tokens 64
+row "inspect http://x" inspect http://x
+row "inspect \$TMP/junkstore" inspect "$TMP/junkstore"
