@@ -414,7 +414,11 @@ typedef struct kvq_tier_stats {
     double modeled_transfer_ms, measured_transfer_ms;
 } kvq_tier_stats;
 
-/* Fills every field with its default (and zeros the shape). */
+/* Fills every field with its default and zeros the shape: n_layers,
+ * n_kv_heads, n_q_heads, head_dim and max_tokens are 0, which
+ * kvq_cache_create refuses with KVQ_ERR_INVALID_ARG and a message naming
+ * the field ("bad shape: max_tokens 0 is outside 1..2^30"). Set them, or
+ * call kvq_model_cache_shape for a model, before kvq_cache_create. */
 KVQ_API void kvq_cache_config_init(kvq_cache_config *cfg);
 KVQ_API kvq_status kvq_cache_create(kvq_cache **out, const kvq_cache_config *cfg);
 KVQ_API void kvq_cache_free(kvq_cache *cache);

@@ -9,8 +9,9 @@
     out = cache.attend(0, q, positions)        # [n_queries, q_heads, head_dim]
     cache.observe_attention(0, weights)        # or: attention you computed drives eviction
 
-Arrays are numpy arrays or CPU torch tensors (float32 read in place; float16,
-bfloat16, float64 converted; other dtypes raise TypeError); results come back
+Arrays are numpy float32 arrays (any other dtype raises TypeError naming it:
+nothing is cast, convert with x.astype(numpy.float32)) or CPU torch tensors
+(float32 read in place; float16 and bfloat16 converted); results come back
 in the caller's type. torch is optional and never imported by the package.
 
 The library is libkvq.so, found (first match wins) at an explicit path

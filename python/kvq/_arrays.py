@@ -4,10 +4,14 @@ the caller's type out.
 Every entry point turns its array arguments into C-contiguous numpy arrays
 through the functions here, which check the dtype instead of casting:
 
-  floats(x)  K/V, queries, weights, samples: numpy float16/float32/float64,
-             torch float32/float16/bfloat16/float64, or a list of floats.
-             Integer, bool and complex data raise TypeError (kvq never turns
-             codes or token ids into values silently).
+  floats(x)  K/V, queries, weights, samples: numpy float32 arrays (any
+             other dtype, float64 and float16 included, raises TypeError
+             naming it and the fix, x.astype(numpy.float32): kvq casts no
+             array), CPU torch tensors of float32, float16 or bfloat16 (a
+             torch model's own dtypes: converted, results in the same
+             dtype), or a list of Python floats (no dtype to keep: made
+             float32). Integer, bool and complex data raise TypeError in
+             every form (kvq never turns codes or token ids into values).
   codes(b)   encoded bytes: numpy or torch uint8, bytes, bytearray,
              memoryview. Anything else raises TypeError (a float array is
              not encoded data; int values above 255 would wrap).
@@ -16,8 +20,9 @@ through the functions here, which check the dtype instead of casting:
 
 No copy is made when the data already is C-contiguous float32 (or uint8
 for codes), numpy or torch: the C call reads the caller's buffer (a torch
-tensor's data_ptr()). float16, bfloat16 and float64 are converted to float32
-once, non-contiguous data made contiguous once.
+tensor's data_ptr()). float32 that is not C-contiguous (a transpose, a
+slice with steps) is made contiguous once; float16 and bfloat16 tensors are
+converted to float32 once.
 
 torch is optional: it is never imported here. A tensor can only come from a
 program that imported torch, so sys.modules tells whether one may be given.
@@ -73,7 +78,6 @@ class Kind:
 
 
 NUMPY = Kind()
-_FLOAT_NP = (np.float16, np.float32, np.float64)
 
 
 def _where(where, what):
@@ -91,14 +95,15 @@ def _cpu_tensor(t, what, where):
 
 
 def floats(x, what="x", where=""):
-    """(float32 C-contiguous numpy array, Kind) for a float array or tensor;
-    no copy for C-contiguous float32 input."""
+    """(float32 C-contiguous numpy array, Kind) for a float32 array, a float
+    tensor or a list of floats; no copy for C-contiguous float32 input. Any
+    other numpy dtype raises TypeError (nothing is cast)."""
     if is_tensor(x):
         torch = torch_module()
         t = _cpu_tensor(x, what, where)
-        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-            raise TypeError(_where(where, "%s must be a float tensor (float32, float16, bfloat16 "
-                                          "or float64), got %s" % (what, t.dtype)))
+        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(_where(where, "%s must be a float32, float16 or bfloat16 tensor, got "
+                                          "%s: convert it with %s.float()" % (what, t.dtype, what)))
         dtype = t.dtype
         if dtype != torch.float32:
             t = t.to(torch.float32)
@@ -106,12 +111,17 @@ def floats(x, what="x", where=""):
         return t.numpy(), Kind(True, dtype)
     if isinstance(x, (bytes, bytearray, memoryview, str)):
         raise TypeError(_where(where, "%s must be floats, got %s" % (what, type(x).__name__)))
-    a = x if isinstance(x, np.ndarray) else np.asarray(x)
-    if a.dtype.type not in _FLOAT_NP:
-        kind = {"i": "integer", "u": "integer", "b": "bool", "c": "complex"}.get(a.dtype.kind)
-        raise TypeError(_where(where, "%s must be a float array (float32, float16 or float64), "
-                                      "got %s%s" % (what, a.dtype, ": kvq does not cast %s data "
-                                                    "to floats" % kind if kind else "")))
+    if isinstance(x, (np.ndarray, np.generic)):
+        if x.dtype != np.float32:
+            kind = {"i": "integer", "u": "integer", "b": "bool", "c": "complex"}.get(x.dtype.kind)
+            raise TypeError(_where(where, "%s must be a float32 array, got %s%s: convert it with "
+                                          "%s.astype(numpy.float32) (kvq casts no array)"
+                                   % (what, x.dtype, " (%s data)" % kind if kind else "", what)))
+        return np.ascontiguousarray(x), NUMPY
+    a = np.asarray(x)  # a list (of lists) of numbers: no dtype of its own
+    if a.dtype.kind != "f":
+        raise TypeError(_where(where, "%s must be float32 values, got %s (%s): kvq does not turn "
+                                      "them into floats" % (what, type(x).__name__, a.dtype)))
     return np.ascontiguousarray(a, dtype=np.float32), NUMPY
 
 

@@ -5,9 +5,9 @@ A codec turns each vector of head_dim floats into vector_bytes bytes. Arrays
 of any leading shape are accepted: the last axis is the vector (head_dim
 floats, or vector_bytes bytes once encoded). The fused score and accumulate
 calls work on the encoded bytes, exactly as the cache's attention does.
-Values are float arrays or tensors (float32 read in place; float16,
-bfloat16, float64 converted), encoded data is uint8 (or bytes); any other
-dtype raises TypeError (see _arrays.py). Results come back as the caller's
+Values are numpy float32 arrays (read in place) or float32, float16 or
+bfloat16 tensors, encoded data is uint8 (or bytes); any other dtype
+raises TypeError, nothing is cast (see _arrays.py). Results come back as the caller's
 type: numpy in, numpy out; torch in, torch out.
 
 Ownership: the Codec owns its kvq_codec handle and frees it in close() (or

@@ -9,9 +9,10 @@ head_dim). All memory figures are real: they are the byte sizes of the
 encoded numpy buffers and codec state blobs held, or the library's own
 accounting of what the cache has allocated.
 
-Both take numpy arrays or CPU torch tensors (float32 read in place;
-float16, bfloat16, float64 converted; other dtypes raise TypeError) and
-give results back in the caller's type.
+Both take numpy float32 arrays (read in place when C-contiguous; any other
+dtype raises TypeError: nothing is cast) or CPU torch tensors (float32 read
+in place; float16 and bfloat16 converted) and give results back in the
+caller's type.
 """
 
 import numpy as np
@@ -170,21 +171,16 @@ class KVCompressor:
         or any [..., head_dim]; NaN/Inf raise KvqError, other dtypes
         TypeError."""
         where = "KVCompressor.compress"
-        original = 0
-        for x in (k, v):
-            if _arrays.is_tensor(x):
-                original += x.element_size() * x.numel()
-            elif isinstance(x, np.ndarray):
-                original += x.nbytes
-            else:
-                original += np.asarray(x).nbytes
         kx, kind = _arrays.floats(k, "k", where)
         vx, _ = _arrays.floats(v, "v", where)
+        # the bytes given: a tensor's own dtype (2 for float16), else float32
+        original = sum(x.element_size() * x.numel() if _arrays.is_tensor(x) else a.nbytes
+                       for x, a in ((k, kx), (v, vx)))
         if kx.ndim == 0 or vx.ndim == 0:
             raise KvqShapeError("k and v must be arrays [..., head_dim]", where)
         kc, ks, kst = self._encode(self.k_codec, kx)
         vc, vs, vst = self._encode(self.v_codec, vx)
-        dtype = kind.dtype if kind.torch else np.asarray(k).dtype
+        dtype = kind.dtype if kind.torch else np.dtype(np.float32)
         c = CompressedKV(kc, vc, ks, vs, kx.shape, vx.shape, kst, vst, original, dtype)
         c.torch = kind.torch
         return c
@@ -272,7 +268,7 @@ class AdaptiveKVCache:
 
     def _tokens_major(self, x, what):
         """(heads, n, d) / (1, heads, n, d) / (heads, d) -> [n, heads, d]."""
-        x, kind = _arrays.floats(x, what, "AdaptiveKVCache")
+        x, kind = _arrays.floats(x, what, "AdaptiveKVCache.update")
         if x.ndim == 4 and x.shape[0] == 1:
             x = x[0]
         if x.ndim == 2:
@@ -393,21 +389,57 @@ class AdaptiveKVCache:
     def positions(self, layer=0):
         return self._kind.wrap_raw(self.cache.positions(layer))
 
+    def tokens(self, layer=0):
+        """Tokens the layer holds now."""
+        return self.cache.tokens(layer)
+
     def __len__(self):
-        return self.cache.tokens(0)
+        """Tokens stored per layer: what each layer holds once a step has
+        updated every layer (at most the effective budget after eviction).
+        Between the layers' updates of one step they differ, and len() is
+        the most any layer holds; stats()["tokens"] is the total over the
+        layers (len() x layers between steps)."""
+        return max(self.cache.tokens(layer) for layer in range(self.layers))
 
     def stats(self, layer=-1):
-        """The cache's kvq_stats (layer=-1: all layers) plus: effective_budget,
-        fp16_bytes / fp32_bytes (the kept tokens stored plainly),
-        ratio_vs_fp16 (fp16_bytes / stored_bytes), attention_updates (attends
-        and observed weights), observed_weights (updates whose weights drove
-        eviction)."""
+        """The cache's kvq_stats (layer=-1: the total over the layers) plus:
+
+        effective_budget   tokens kept per layer, min(budget, max_tokens)
+        fp16_bytes         the kept tokens' K and V as plain fp16 arrays:
+                           (tokens - tokens_cold) x heads x head_dim x 2 x 2 bytes
+                           (fp32_bytes: the same in fp32)
+        ratio_vs_fp16      fp16_bytes / stored_bytes: how many times smaller
+                           than plain fp16 the cache is, every byte it has
+                           allocated counted (codes with their scales, the
+                           f16 staging of tokens not yet encoded, unfilled
+                           page slots and holes left by eviction, page
+                           tables and per-slot positions and scores). Tokens
+                           an update gave neither weights nor a query stay
+                           staged in f16 until the next attend encodes them,
+                           so the ratio is below 1 until then. The fixed
+                           bytes do not shrink with the budget, so at a
+                           small budget the ratio is low, below 1 when they
+                           exceed what the codecs save (int8 keys and tq3
+                           values, budget 16, pages of 16: 0.6 to 0.8 at 2
+                           heads x head_dim 16, where 1952 bytes of tables
+                           stand beside 832 of codes; 1.2 at 4 x 64)
+        asymptotic_ratio_vs_fp16
+                           16 / asymptotic_bits_per_value: the same ratio for
+                           a long sequence's tokens in full pages, payload
+                           only (what ratio_vs_fp16 approaches as the budget
+                           grows; int8 keys with tq3 values at head_dim 128:
+                           2.84)
+        attention_updates  attends and observed weights
+        observed_weights   updates whose weights drove eviction
+        """
         s = self.cache.stats(layer)
-        values = s["tokens"] * self.heads * self.head_dim * 2
+        values = (s["tokens"] - s["tokens_cold"]) * self.heads * self.head_dim * 2
         s["effective_budget"] = self.effective_budget
         s["fp16_bytes"] = values * 2
         s["fp32_bytes"] = values * 4
         s["ratio_vs_fp16"] = s["fp16_bytes"] / s["stored_bytes"] if s["stored_bytes"] else 0.0
+        asym = s["asymptotic_bits_per_value"]
+        s["asymptotic_ratio_vs_fp16"] = 16.0 / asym if asym else 0.0
         s["attention_updates"] = self.attention_updates
         s["observed_weights"] = self.observed_weights
         return s

@@ -2,9 +2,10 @@
 dtype with TypeError instead of casting it (a float array given as encoded
 bytes used to decode to zeros, ints above 255 wrapped, float positions were
 truncated), integer arguments must be integers, and set_precision takes its
-arguments in the order of kvq_cache_set_precision. Float inputs of any float
-precision are accepted and give the float32 result; nothing is stored when
-a call is refused.
+arguments in the order of kvq_cache_set_precision. Float values are numpy
+float32 (float64 and float16 arrays raise TypeError naming the dtype and the
+fix, .astype(numpy.float32): nothing is cast), float32/float16/bfloat16
+tensors or lists of floats; nothing is stored when a call is refused.
 """
 
 import os
@@ -60,11 +61,53 @@ class TestDtypes(unittest.TestCase):
         # the accepted forms give the same bytes and values
         np.testing.assert_array_equal(c.decode(e.tobytes()), c.decode(e))
         np.testing.assert_array_equal(c.decode(bytearray(e.tobytes())), c.decode(e))
-        for ok in (x.astype(np.float64), x.astype(np.float16).astype(np.float32),
-                   x.tolist()):
+        for ok in (x.astype(np.float16).astype(np.float32), x.tolist()):
             np.testing.assert_array_equal(c.encode(ok), c.encode(np.asarray(ok, np.float32)))
-        np.testing.assert_array_equal(c.encode(x.astype(np.float16)),
-                                      c.encode(x.astype(np.float16).astype(np.float32)))
+
+    def test_float_arrays_must_be_float32(self):
+        # float64 numpy was accepted and converted although the contract says nothing is
+        # cast: every entry point now refuses it (and float16), naming the dtype and the fix
+        r = np.random.default_rng(7)
+        H, QH, d = 2, 4, 16
+        x = gauss(r, 3, H, d)
+        c = kvq.Codec("int8", d)
+        cache = kvq.KVCache(layers=1, kv_heads=H, q_heads=QH, head_dim=d, max_tokens=16,
+                            k_codec="int8", v_codec="int8", policy="utility", budget=8)
+        ac = kvq.AdaptiveKVCache(heads=H, head_dim=d, budget=8, q_heads=QH)
+        comp = kvq.KVCompressor(k_codec="int8", v_codec="int8")
+        e = c.encode(x)
+        for dt in (np.float64, np.float16, np.longdouble):
+            bad = x.astype(dt)
+            calls = {
+                "Codec.encode": lambda: c.encode(bad),
+                "Codec.fit": lambda: kvq.Codec("nuq4", d).fit(bad.reshape(-1, d)),
+                "Codec.score": lambda: c.score(bad[0], e[0]),
+                "Codec.accumulate": lambda: c.accumulate(bad[0, :, :3], e[0]),
+                "KVCache.append": lambda: cache.append(0, bad, x),
+                "KVCache.attend": lambda: cache.attend(0, bad[:1].repeat(2, axis=1), [0]),
+                "KVCache.observe_attention": lambda: cache.observe_attention(
+                    0, np.full((QH, 3), 1 / 3, dt)),
+                "AdaptiveKVCache.update": lambda: ac.update(bad.transpose(1, 0, 2), x.transpose(1, 0, 2)),
+                "KVCompressor.compress": lambda: comp.compress(x, bad),
+            }
+            for name, call in calls.items():
+                with self.subTest(call=name, dtype=np.dtype(dt).name):
+                    with self.assertRaises(TypeError) as cm:
+                        call()
+                    msg = str(cm.exception)
+                    self.assertIn("got %s" % np.dtype(dt), msg)
+                    self.assertIn(".astype(numpy.float32)", msg)
+                    self.assertIn(name, msg)
+            self.assertEqual(cache.tokens(0), 0)
+            self.assertEqual(len(ac), 0)
+        # a numpy float64 scalar is numpy data too; a list of floats has no dtype
+        with self.assertRaises(TypeError):
+            c.encode(np.float64(1.0))
+        np.testing.assert_array_equal(c.encode(x.tolist()), e)
+        # float32 as the message says: accepted, and C-contiguous input read in place
+        a, _ = _arrays.floats(x.astype(np.float64).astype(np.float32), "x")
+        self.assertEqual(a.dtype, np.float32)
+        self.assertIs(_arrays.floats(x, "x")[0], x)
 
     def test_zero_copy_and_layout(self):
         r = np.random.default_rng(2)
@@ -98,8 +141,15 @@ class TestDtypes(unittest.TestCase):
             with self.assertRaises(TypeError):
                 call()
             self.assertEqual(c.tokens(0), 0)  # nothing stored
-        # accepted: float16/float64 values, any integer positions and layers
-        c.append(np.int64(0), k.astype(np.float64), v.astype(np.float16),
+        # float64 and float16 arrays are refused, not cast (the message names the dtype
+        # and the fix); nothing is stored
+        for a, b in ((k.astype(np.float64), v), (k, v.astype(np.float16))):
+            with self.assertRaises(TypeError) as cm:
+                c.append(0, a, b)
+            self.assertIn(".astype(numpy.float32)", str(cm.exception))
+            self.assertEqual(c.tokens(0), 0)
+        # accepted: float32 values, any integer positions and layers
+        c.append(np.int64(0), k, v.astype(np.float16).astype(np.float32),
                  np.array([0, 1, 2], np.uint8))
         c.append(1, k, v)
         self.assertEqual(c.tokens(0), 3)
@@ -120,7 +170,9 @@ class TestDtypes(unittest.TestCase):
             with self.assertRaises(TypeError):
                 call()
         self.assertEqual(c.positions(0).tolist(), [0, 1, 2])
-        out = c.attend(0, q.astype(np.float64), np.int16(2))
+        with self.assertRaises(TypeError):
+            c.attend(0, q.astype(np.float64), [2])
+        out = c.attend(0, q, np.int16(2))
         self.assertEqual(out.dtype, np.float32)
         np.testing.assert_array_equal(out, c.attend(0, q, [2]))
         with self.assertRaises(TypeError):
@@ -222,6 +274,18 @@ class TestLimits(unittest.TestCase):
             self.assertIn(field, cm.exception.detail, repr(kw))
         # the last layer and head are fine
         kvq.KVCache(**dict(self.SHAPE, overrides=[(1, 1, True, "int4")])).close()
+
+    def test_max_tokens_left_zero(self):
+        # kvq_cache_config_init leaves max_tokens 0 (kvq.h says so): the create error
+        # names the field
+        with self.assertRaises(kvq.KvqError) as cm:
+            kvq.KVCache(layers=1, kv_heads=2, head_dim=16, max_tokens=0)
+        self.assertEqual(cm.exception.status, kvq.Status.ERR_INVALID_ARG)
+        self.assertIn("max_tokens 0 is outside 1..2^30", cm.exception.detail)
+        with open(os.path.join(REPO, "include", "kvq.h")) as f:
+            h = f.read()
+        at = h.index("KVQ_API void kvq_cache_config_init(")
+        self.assertIn("max_tokens", h[h.rindex("/*", 0, at):at])  # the comment beside it
 
     def test_set_budget_at_most_max_tokens(self):
         r = np.random.default_rng(6)

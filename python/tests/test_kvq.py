@@ -229,10 +229,9 @@ class TestCodec(unittest.TestCase):
         # flat bytes of whole vectors decode to [n, head_dim]
         np.testing.assert_array_equal(c.decode(e.tobytes()), y.reshape(-1, 64))
         np.testing.assert_array_equal(c.decode(e[0, 0, 0]), y[0, 0, 0])
-        # float64 and non-contiguous input give the same bytes as float32 contiguous
-        np.testing.assert_array_equal(c.encode(x.astype(np.float64)[:, ::-1]),
-                                      e[:, ::-1])
-        self.assertEqual(c.encode(np.zeros((0, 64))).shape, (0, c.vector_bytes))
+        # non-contiguous float32 input gives the same bytes as float32 contiguous
+        np.testing.assert_array_equal(c.encode(x[:, ::-1]), e[:, ::-1])
+        self.assertEqual(c.encode(np.zeros((0, 64), np.float32)).shape, (0, c.vector_bytes))
         self.assertEqual(kvq.Codec("tq3", 64, isa="scalar").spec, "tq3")
         self.assertEqual(kvq.Codec("tq3:seed=7:nc=0", 64).spec, "tq3:nc=0:seed=7")
 
@@ -379,7 +378,7 @@ class TestCodec(unittest.TestCase):
             with self.assertRaises(kvq.KvqError):
                 c.score(y, c.encode(x))
         with self.assertRaises(kvq.KvqError) as cm:
-            c.accumulate(np.full((1, 5), np.nan), c.encode(x))
+            c.accumulate(np.full((1, 5), np.nan, np.float32), c.encode(x))
         self.assertEqual(cm.exception.status, kvq.Status.ERR_NONFINITE)
         # wrong shapes: KvqShapeError, which is both a KvqError and a ValueError
         for call in (lambda: c.encode(gauss(rng(1), 5, 63)),
@@ -387,8 +386,8 @@ class TestCodec(unittest.TestCase):
                      lambda: c.decode(np.zeros((5, c.vector_bytes + 1), np.uint8)),
                      lambda: c.decode(b"\0" * (c.vector_bytes * 2 + 1)),
                      lambda: c.score(gauss(rng(1), 2, 32), c.encode(x)),
-                     lambda: c.accumulate(np.ones((2, 4)), c.encode(x)),
-                     lambda: c.accumulate(np.ones((2, 5)), c.encode(x),
+                     lambda: c.accumulate(np.ones((2, 4), np.float32), c.encode(x)),
+                     lambda: c.accumulate(np.ones((2, 5), np.float32), c.encode(x),
                                           out=np.zeros((2, 64), np.float64))):
             with self.assertRaises(kvq.KvqShapeError) as cm:
                 call()
@@ -876,10 +875,14 @@ class TestCompat(unittest.TestCase):
         self.assertLess(nmse(k, kd), NMSE_BOUND["tqp3"])
         self.assertLess(nmse(v, vd), NMSE_BOUND["tq3"])
         np.testing.assert_array_equal(vd, kvq.Codec("tq3", d).decode(c.v_codes))
-        # fp16 input: original bytes count 2 per value
-        c16 = comp.compress(k.astype(np.float16), v.astype(np.float16))
-        self.assertEqual(c16.original_bytes, (k.size + v.size) * 2)
-        self.assertEqual(c16.compressed_bytes, c.compressed_bytes)
+        # numpy float16 (or float64) is refused, not cast (a float16 torch tensor is
+        # accepted: test_torch); a list of floats counts as the float32 it becomes
+        for bad in (k.astype(np.float16), k.astype(np.float64)):
+            with self.assertRaises(TypeError):
+                comp.compress(bad, v)
+        cl = comp.compress(k.tolist(), v)
+        self.assertEqual(cl.original_bytes, k.nbytes + v.nbytes)
+        self.assertEqual(cl.compressed_bytes, c.compressed_bytes)
 
     def test_compressor_other_codecs_and_state(self):
         r = rng(20)
@@ -950,6 +953,53 @@ class TestCompat(unittest.TestCase):
                       query=q)
         with self.assertRaises(kvq.KvqShapeError):
             ac.update(gauss(r, H + 1, 1, d), gauss(r, H + 1, 1, d))
+
+    def test_adaptive_len_and_ratio_vs_fp16(self):
+        """len() is the tokens stored per layer (it read layer 0 alone); ratio_vs_fp16 is
+        plain fp16 bytes of the kept tokens over every byte the cache allocated."""
+        r = rng(23)
+        H, d = 2, 16
+        ac = kvq.AdaptiveKVCache(heads=H, head_dim=d, budget=16, layers=2)
+        ac.update(gauss(r, H, 5, d), gauss(r, H, 5, d), layer=1)
+        self.assertEqual((ac.tokens(0), ac.tokens(1)), (0, 5))
+        self.assertEqual(len(ac), 5)  # was 0: layer 0 only
+        ac.update(gauss(r, H, 5, d), gauss(r, H, 5, d), layer=0)
+        self.assertEqual(len(ac), 5)
+        self.assertEqual(ac.stats()["tokens"], 10)  # the total over the layers
+        # budget 16, int8 keys (16 bytes + an fp16 scale) and tq3 values (6 bytes + a
+        # scale) per head and token: 26 bytes per 32 values, 6.5 bits
+        ac = kvq.AdaptiveKVCache(heads=H, head_dim=d, budget=16)
+        for _ in range(60):
+            ac.update(gauss(r, H, 1, d), gauss(r, H, 1, d), query=gauss(r, H, d))
+        s = ac.stats()
+        self.assertEqual((len(ac), s["tokens"]), (16, 16))
+        self.assertEqual(s["fp16_bytes"], 16 * H * d * 2 * 2)
+        self.assertEqual(s["stored_bytes"], s["payload_bytes"] + s["metadata_bytes"])
+        self.assertAlmostEqual(s["ratio_vs_fp16"], s["fp16_bytes"] / s["stored_bytes"])
+        self.assertAlmostEqual(s["asymptotic_bits_per_value"], 6.5)
+        self.assertAlmostEqual(s["asymptotic_ratio_vs_fp16"], 16 / 6.5)
+        # the codes of the kept tokens are what the asymptotic figure says; the rest of
+        # what is stored is fixed (page slots, tables), which is why the ratio is low here
+        self.assertEqual(s["payload_bytes"] - s["fixed_bytes"], 16 * H * 26)
+        self.assertLess(s["ratio_vs_fp16"], 1.0)  # 2048 fp16 bytes against 832 + tables
+        self.assertGreater(s["metadata_bytes"], s["fp16_bytes"] - 16 * H * 26)
+        # tokens appended without attention stay in f16 staging (and count so) until an
+        # attend encodes them; then, at a larger budget, the fixed part fades and the
+        # ratio nears the asymptotic one
+        big = kvq.AdaptiveKVCache(heads=H, head_dim=d, budget=1024, page=64)
+        big.update(gauss(r, H, 1024, d), gauss(r, H, 1024, d))
+        b = big.stats()
+        self.assertEqual(b["fixed_bytes"], b["fp16_bytes"])  # all 1024 staged
+        self.assertLess(b["ratio_vs_fp16"], 1.0)
+        big.attend(gauss(r, H, d))
+        b = big.stats()
+        self.assertEqual(b["fixed_bytes"], 0)
+        self.assertEqual(b["payload_bytes"], 1024 * H * 26)  # the codes alone
+        # above 1 now; below the asymptotic figure by the tables (per-slot positions,
+        # states and scores, which weigh much at 2 heads x 16)
+        self.assertGreater(b["ratio_vs_fp16"], 1.0)
+        self.assertAlmostEqual(b["ratio_vs_fp16"] * (1 + b["metadata_bytes"] / b["payload_bytes"]),
+                               b["asymptotic_ratio_vs_fp16"])
 
     def test_adaptive_cache_layers_and_prefill(self):
         r = rng(22)

@@ -106,7 +106,8 @@ class TestObserve(unittest.TestCase):
         c.append(0, gauss(r, n, H, d), gauss(r, n, H, d))
         before = state(c, 1)
         good = softmax_rows(gauss(r, 3, QH, n))
-        shape_errors = [good[:, :, :-1], good[:, :3], good[0, 0], good[None], np.ones((5, n))]
+        shape_errors = [good[:, :, :-1], good[:, :3], good[0, 0], good[None],
+                        np.ones((5, n), np.float32)]
         for w in shape_errors:
             with self.assertRaises(kvq.KvqShapeError, msg=str(np.shape(w))):
                 c.observe_attention(0, w)
@@ -226,8 +227,9 @@ class TestAdaptiveWeights(unittest.TestCase):
         k, v = gauss(r, H, 1, d), gauss(r, H, 1, d)
         good = np.full((QH, 6), 1 / 6, np.float32)
         bad = {
-            "width (weights before the append)": (np.full((QH, 5), 0.2), kvq.KvqShapeError),
-            "rows": (np.full((3, 6), 1 / 6), kvq.KvqShapeError),
+            "width (weights before the append)": (np.full((QH, 5), 0.2, np.float32),
+                                                   kvq.KvqShapeError),
+            "rows": (np.full((3, 6), 1 / 6, np.float32), kvq.KvqShapeError),
             "NaN": (np.where(np.arange(6) == 2, np.nan, good), kvq.KvqError),
             "negative": (good - 0.2, kvq.KvqError),
             "logits": (gauss(r, QH, 6) + 2.0, kvq.KvqError),

@@ -110,9 +110,14 @@ class TestTorch(unittest.TestCase):
         c = kvq.Codec("int8", 16)
         e = c.encode(torch.randn(3, 16))
         for bad in (torch.ones(3, 16, dtype=torch.int32), torch.ones(3, 16, dtype=torch.bool),
-                    torch.ones(3, 16, dtype=torch.complex64), torch.empty(3, 16, device="meta")):
+                    torch.ones(3, 16, dtype=torch.complex64), torch.empty(3, 16, device="meta"),
+                    torch.ones(3, 16, dtype=torch.float64)):
             with self.assertRaises(TypeError, msg=str(bad.dtype)):
                 c.encode(bad)
+        with self.assertRaises(TypeError) as cm:  # float64 is not cast: the message says how
+            c.encode(torch.ones(3, 16, dtype=torch.float64))
+        self.assertIn("torch.float64", str(cm.exception))
+        self.assertIn("x.float()", str(cm.exception))
         for bad in (e.float(), e.to(torch.int64) + 256, e.to(torch.int8)):
             with self.assertRaises(TypeError, msg=str(bad.dtype)):
                 c.decode(bad)
