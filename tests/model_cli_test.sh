@@ -476,6 +476,8 @@ run 1 "eval --model truncated" eval --model "$TMP/cut.bin" --tokenizer "$T" --te
 expect_in "$TMP/err" "not a valid llama2.c checkpoint (100000 bytes)" "truncated model message"
 expect_in "$TMP/err" "truncated: the header's shape needs" "truncated model: what the header needs"
 expect_in "$TMP/err" "the file has 99972" "truncated model: what the file has"
+run 1 "eval --tokenizer a directory" eval --model "$M" --tokenizer "$TMP" --text "$TMP/two.txt"
+expect_in "$TMP/err" "--tokenizer $TMP: is a directory" "tokenizer directory message"
 run 1 "eval --tokenizer missing" eval --model "$M" --tokenizer "$TMP/none.bin" --text "$TMP/two.txt"
 expect_in "$TMP/err" "--tokenizer $TMP/none.bin: No such file or directory" "missing tokenizer message"
 run 1 "eval --tokenizer of the wrong file" eval --model "$M" --tokenizer "$TMP/cut.bin" --text "$TMP/two.txt"

@@ -155,6 +155,10 @@ static void kvqt_load_error(const char *cmd, const char *opt, const char *path, 
 
 int kvqt_load_model(const char *cmd, const char *path, kvq_model **m) {
     *m = NULL;
+    /* the file's own problems first (the loader sizes a directory by
+     * ftell, which is not its size) */
+    if (kvqt_check_input(cmd, "--model", path) != 0)
+        return -1;
     char why[256];
     kvq_status st = kvq_model_load_msg(m, path, NULL, why, sizeof why);
     if (st != KVQ_OK) {
@@ -198,6 +202,8 @@ static int kvqt_tokenizer_entries(const char *path, size_t *n) {
 
 int kvqt_load_tokenizer(const char *cmd, const char *path, size_t vocab, kvq_tokenizer **t) {
     *t = NULL;
+    if (kvqt_check_input(cmd, "--tokenizer", path) != 0)
+        return -1;
     char why[256];
     kvq_status st = kvq_tokenizer_load_msg(t, path, vocab, NULL, why, sizeof why);
     /* the loader reads the model's vocab_size entries: a tokenizer of another
