@@ -15,10 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Counts the entries of buf that are complete (up to limit) and whether all
- * their scores are finite. */
-static size_t kvq_fuzz_tok_entries(const uint8_t *buf, size_t len, size_t limit, int *finite) {
+/* Counts the entries of buf that are complete (up to limit), whether all
+ * their scores are finite, and where the last of them ends (*end). */
+static size_t kvq_fuzz_tok_entries(const uint8_t *buf, size_t len, size_t limit, int *finite,
+                                   size_t *end) {
     *finite = 1;
+    *end = 0;
     if (len < 4 || kvq__ld32(buf) > len - 4)
         return 0;
     size_t off = 4, n = 0;
@@ -33,6 +35,7 @@ static size_t kvq_fuzz_tok_entries(const uint8_t *buf, size_t len, size_t limit,
         off += 8 + (size_t)l;
         n++;
     }
+    *end = off;
     return n;
 }
 
@@ -70,19 +73,22 @@ static int kvq_fuzz_tok_check(const kvq_tokenizer *t, size_t vocab, const char *
 
 static int kvq_fuzz_tokenizer(const uint8_t *data, size_t size) {
     int finite = 1;
-    size_t count = kvq_fuzz_tok_entries(data, size, 1u << 20, &finite);
+    size_t end = 0;
+    size_t count = kvq_fuzz_tok_entries(data, size, 1u << 20, &finite, &end);
     size_t vocab = count < 259 ? 259 : count;
     int bad = 0;
     for (int extra = 0; extra < 2 && !bad; extra++) {
         size_t v = vocab + (size_t)extra;
         int fin = 1;
-        size_t have = kvq_fuzz_tok_entries(data, size, v, &fin);
+        size_t have = kvq_fuzz_tok_entries(data, size, v, &fin, &end);
         kvq_tokenizer *t = NULL;
         char why[256];
         kvq_status st = kvq__tokenizer_load_mem(&t, data, size, v, NULL, why, sizeof why);
         if (st == KVQ_ERR_NOMEM)
             continue;
-        if (have < v || !fin) {
+        /* refused: too few entries, a score not finite, or bytes after the
+         * v-th entry (a tokenizer of a larger vocabulary) */
+        if (have < v || !fin || end != size) {
             bad = st != KVQ_ERR_CORRUPT || t != NULL || !why[0];
             kvq_tokenizer_free(t);
             continue;
@@ -123,7 +129,8 @@ static int kvq_fuzz_tokenizer(const uint8_t *data, size_t size) {
  * (at least 259). */
 static int kvq_fuzz_tokenizer_accepts(const uint8_t *data, size_t size) {
     int finite;
-    size_t count = kvq_fuzz_tok_entries(data, size, 1u << 20, &finite);
+    size_t end = 0;
+    size_t count = kvq_fuzz_tok_entries(data, size, 1u << 20, &finite, &end);
     kvq_tokenizer *t = NULL;
     kvq_status st = kvq__tokenizer_load_mem(&t, data, size, count < 259 ? 259 : count, NULL,
                                             NULL, 0);

@@ -216,7 +216,7 @@ static void corpus_tokenizer(void) {
         buf_t t = {0};
         b_put(&t, b.p, b.n);
         b_str(&t, "tail");
-        put_file("tokenizer", "valid-289-trailing", t.p, t.n);
+        put_file("tokenizer", "bad-289-trailing", t.p, t.n); /* bytes after the last token */
         free(t.p);
     }
     /* the header's max_token_length is only a hint, but it must fit in the file */

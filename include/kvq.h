@@ -705,8 +705,11 @@ KVQ_API kvq_status kvq_model_forward(const kvq_model *model, kvq_cache *cache,
                                      size_t logits_capacity, int last_only);
 
 /* llama2.c tokenizer.bin: BPE encoder and decoder. vocab_size is 259..2^24
- * (ids 0..2 are <unk> <s> </s>, 3..258 the byte pieces); a file shorter than
- * its vocab_size entries or with a length past its end is KVQ_ERR_CORRUPT. */
+ * (ids 0..2 are <unk> <s> </s>, 3..258 the byte pieces) and must be the
+ * number of entries in the file: a file shorter than its vocab_size entries,
+ * with a length past its end, or with bytes after them (the tokenizer of a
+ * larger vocabulary) is KVQ_ERR_CORRUPT. A path that is not a regular file
+ * is KVQ_ERR_IO. */
 typedef struct kvq_tokenizer kvq_tokenizer;
 KVQ_API kvq_status kvq_tokenizer_load(kvq_tokenizer **out, const char *path, size_t vocab_size,
                                       const kvq_allocator *alloc);

@@ -66,6 +66,12 @@ nothing_done "a bad codec"
 brun 2 "a group that does not divide head_dim" simulate $HUGE --v-codec int4:g=48 --progress
 expect_in "$TMP/err" "^kvq simulate: --v-codec int4:g=48: .*does not divide head_dim 128" "the group rule is named"
 nothing_done "a bad group"
+brun 2 "a chan: value codec" simulate $HUGE --v-codec chan:int3 --progress
+expect_in "$TMP/err" "^kvq simulate: --v-codec chan:int3: chan: is a key-only layout" "chan: is named a key layout"
+expect_in "$TMP/err" "such as int4 or tq3" "a per-token value codec is suggested"
+brun 2 "a nuq codec" simulate $HUGE --k-codec nuq4 --progress
+expect_in "$TMP/err" "^kvq simulate: --k-codec nuq4: nuq codecs need per-channel tables" "nuq's tables are named"
+expect_in "$TMP/err" "kvq calibrate --codecs nuq4 --target-bits 4 -o FILE" "the command-line way is given"
 brun 2 "a bad warm codec" simulate $HUGE --hot-tokens 64 --warm-codec tq9 --progress
 expect_in "$TMP/err" "^kvq simulate: --warm-codec tq9: unknown codec" "the warm codec is named"
 nothing_done "a bad warm codec"

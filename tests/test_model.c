@@ -559,6 +559,26 @@ static void test_corrupt_files(void) {
         CHECK_STATUS(kvq_tokenizer_load(&t, path, 258, NULL), KVQ_ERR_INVALID_ARG);
         CHECK(t == NULL);
         CHECK_STATUS(kvq_tokenizer_load(&t, path, 280, NULL), KVQ_ERR_CORRUPT); /* one short */
+        /* one token more than the model's vocabulary (another model's
+         * tokenizer): ids past the model's were loaded without a word */
+        {
+            char why2[256] = "";
+            CHECK_STATUS(kvq_tokenizer_load_msg(&t, path, 278, NULL, why2, sizeof why2),
+                         KVQ_ERR_CORRUPT);
+            CHECK(t == NULL);
+            TU_REPORT(strstr(why2, "more tokens than the model's vocabulary of 278") != NULL,
+                      "larger tokenizer reason: '%s'", why2);
+        }
+        /* a directory opens as a FILE; its size made a huge allocation */
+        {
+            char why2[256] = "";
+            kvq_model *md = NULL;
+            CHECK_STATUS(kvq_tokenizer_load_msg(&t, "/tmp", 279, NULL, why2, sizeof why2),
+                         KVQ_ERR_IO);
+            TU_REPORT(strstr(why2, "directory") != NULL, "directory reason: '%s'", why2);
+            CHECK_STATUS(kvq_model_load(&md, "/tmp", NULL), KVQ_ERR_IO);
+            CHECK(md == NULL && t == NULL);
+        }
         /* a huge max_token_length: the encoder allocated 2 * it + 8 bytes */
         uint32_t huge = 0xffffffffu;
         memcpy(tb, &huge, 4);

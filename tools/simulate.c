@@ -566,10 +566,30 @@ static int sim_args(int argc, char **argv, sim_opts *o, kvq_policy *pol) {
  * the exit code of a usage error. */
 static int sim_check_codec_names(const sim_opts *o) {
     const char *opt[3] = {"--k-codec", "--v-codec", "--warm-codec"};
-    const char *val[3] = {strcmp(o->layout, "channel") ? o->kc : NULL, o->vc, o->warm_codec};
+    const char *val[3] = {strcmp(o->layout, "channel") && strncmp(o->kc, "chan:", 5) ? o->kc : NULL,
+                          o->vc, o->warm_codec};
     for (int i = 0; i < 3; i++) {
         if (!val[i])
             continue;
+        if (i > 0 && !strncmp(val[i], "chan:", 5)) { /* a key layout, not a value codec */
+            const char *b = val[i] + 5;
+            int same = !strcmp(b, "int2") || !strcmp(b, "int4") || !strcmp(b, "int8");
+            return kvqt_usage_error("simulate",
+                                    "%s %s: chan: is a key-only layout (per-channel scales over "
+                                    "each page's tokens, as KIVI keys; --k-codec %s or --k-layout "
+                                    "channel); %s stored per token: give a per-token codec such as "
+                                    "%s (kvq codecs lists them)",
+                                    opt[i], val[i], val[i],
+                                    i == 1 ? "values are" : "warm pages are re-encoded and",
+                                    same ? b : "int4 or tq3");
+        }
+        if (!strncmp(val[i], "nuq", 3) && val[i][3] >= '1' && val[i][3] <= '8')
+            return kvqt_usage_error("simulate",
+                                    "%s %s: nuq codecs need per-channel tables fitted to "
+                                    "calibration data, which simulate has no option to load: "
+                                    "measure them on a model with kvq calibrate --codecs %.4s "
+                                    "--target-bits %c -o FILE and kvq eval --alloc FILE",
+                                    opt[i], val[i], val[i], val[i][3]);
         char msg[256] = "";
         kvq_codec_params cp = {0};
         cp.err_msg = msg, cp.err_msg_size = sizeof msg;
@@ -866,9 +886,9 @@ int kvq_tool_simulate(int argc, char **argv) {
      * the options, the cache they describe, the memory the run needs; .npy
      * data gives the shape, so the cache is checked once it is read (its
      * files are first held against the memory there is) */
+    if ((r = sim_check_codec_names(&o)) != 0)
+        return r;
     if (real) {
-        if ((r = sim_check_codec_names(&o)) != 0)
-            return r;
         double bytes = 0;
         const char *names[4] = {"k.npy", "k_prerope.npy", "v.npy", "q.npy"};
         for (int i = 0; i < 4; i++) {

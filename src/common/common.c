@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -83,6 +84,15 @@ kvq_status kvq__read_file(const kvq_allocator *a, const char *path, size_t min, 
         return KVQ_ERR_IO;
     kvq_status st = KVQ_OK;
     long len = -1;
+    struct stat sb;
+    int fs = fstat(fileno(f), &sb);
+    if (fs != 0 || !S_ISREG(sb.st_mode)) {
+        /* a directory opens, and its "size" would be a huge allocation */
+        int e = fs != 0 ? errno : S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
+        fclose(f);
+        errno = e;
+        return KVQ_ERR_IO;
+    }
     if (fseek(f, 0, SEEK_END) == 0)
         len = ftell(f);
     if (len < 0 || fseek(f, 0, SEEK_SET) != 0)
