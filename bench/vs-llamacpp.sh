@@ -15,7 +15,7 @@
 #
 # Needs POSIX sh, awk, /usr/bin/python3 (JSON and the GGUF header), and for a
 # peer not yet built: bash, npm (and the network to reach its registry), g++,
-# git, numpy. Takes about 10 minutes on one core (2 more to build the peer).
+# git, numpy. Takes about 6 minutes on one core, 2 more to build the peer.
 # Exit status: 0 ok, 1 a failure (peer, kvq, files), 2 usage.
 
 usage() {
@@ -171,13 +171,13 @@ lbits() {
 }
 ALLOWED=$("$B/llama-perplexity" --help 2>&1 | sed -n 's/.*allowed values: //p' | head -n 1 | tr -d ',')
 lp() { "$B/llama-perplexity" -m "$PADDED" -c 256 -b 256 -fa on -t 1 "$@"; }
-# parse a llama-perplexity log: PPL(Q) KL-mean KL-p99 same-top-1-%
+# parse a llama-perplexity log: PPL(Q) KL-mean KL-p99 same-top-1-% KL-mean's-stderr
 lparse() {
     awk '/Mean PPL\(Q\) +:/ { sub(/.*: */, ""); p = $1 }
-         /Mean +KLD:/ { sub(/.*KLD: */, ""); k = $1 }
+         /Mean +KLD:/ { sub(/.*KLD: */, ""); k = $1; e = $3 }
          /99\.0% +KLD:/ { sub(/.*KLD: */, ""); q = $1 }
          /Same top p:/ { sub(/.*Same top p: */, ""); t = $1 }
-         END { if (p == "" || k == "" || q == "" || t == "") exit 1; print p, k, q, t }' "$1"
+         END { if (p == "" || k == "" || q == "" || t == "" || e == "") exit 1; print p, k, q, t, e }' "$1"
 }
 
 : >"$WORK/llama.tsv"
@@ -186,7 +186,7 @@ lp -f "$TEXT" -ctk f16 -ctv f16 --kl-divergence-base "$WORK/base.kld" >"$WORK/f1
     { tail -n 5 "$WORK/f16.log" >&2; die "llama-perplexity failed on the f16 base"; }
 PPL_BASE=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/f16.log")
 [ -n "$PPL_BASE" ] || die "no final PPL in llama-perplexity's f16 output"
-printf 'f16\t16\tok\t%s\t0\t0\t100\n' "$PPL_BASE" >>"$WORK/llama.tsv"
+printf 'f16\t16\tok\t%s\t0\t0\t100\t0\n' "$PPL_BASE" >>"$WORK/llama.tsv"
 for t in $LTYPES; do
     k=${t%/*} v=${t#*/}
     [ "$t" = f16 ] && continue
@@ -232,7 +232,7 @@ d = json.load(open(sys.argv[1]))
 b = d['bits_per_value']
 a = d.get('asymptotic_bits_per_value', b)
 print('\t'.join(str(x) for x in (sys.argv[2], a, b, d['kl'], d['kl_p99'],
-      d['ppl'] / d['ppl_f32'] - 1, 100 * d['top1_agree'], d['ppl_f32'])))
+      d['ppl'] / d['ppl_f32'] - 1, 100 * d['top1_agree'], d['ppl_f32'], d.get('kl_stderr', 0))))
 EOF
 done
 
@@ -250,6 +250,7 @@ cat >"$WORK/doc.awk" <<'EOF'
 function floor(y) { return (y >= 0 || y == int(y)) ? int(y) : int(y) - 1 }
 function fmt(x,   d) {               # 3 significant digits, at most 6 decimals
     if (x == 0) return "0"
+    if (x < 0.000001 && x > -0.000001) return sprintf("%.1e", x)
     d = 2 - floor(log(x < 0 ? -x : x) / log(10) + 1e-9)
     if (d < 0) d = 0; if (d > 6) d = 6
     return sprintf("%." d "f", x)
@@ -264,10 +265,10 @@ FILENAME ~ /llama.tsv$/ {
     if ($3 != "ok") { bad[++nbad] = $1; badwhy[nbad] = $3; next }
     n = ++nl; lt[n] = $1; lb[n] = $2; lr[n] = $2 * hdp / hdr
     if ($1 == "f16") { pbase = $4; lkl[n] = 0; lp99[n] = 0; ld[n] = 0; lt1[n] = 100; next }
-    ld[n] = $4 / pbase - 1; lkl[n] = $5; lp99[n] = $6; lt1[n] = $7; next
+    ld[n] = $4 / pbase - 1; lkl[n] = $5; lp99[n] = $6; lt1[n] = $7; lse[n] = $8; next
 }
 FILENAME ~ /kvq.tsv$/ {
-    n = ++nk; kc[n] = $1; ka[n] = $2; kb[n] = $3; kkl[n] = $4; kp99[n] = $5; kd[n] = $6; kt1[n] = $7; next
+    n = ++nk; kc[n] = $1; ka[n] = $2; kb[n] = $3; kkl[n] = $4; kp99[n] = $5; kd[n] = $6; kt1[n] = $7; kse[n] = $9; next
 }
 # the peer README table: | llama.cpp TYPE | bits | KL mean | KL p99 | dPPL | top-1 |
 /^\| llama\.cpp / {
@@ -286,7 +287,7 @@ function krow(j, pre) {
     return sprintf("| %skvq %s | %s | %s (all bytes %s) | %s | %s | %s | %s |", pre, kc[j], b2(ka[j]), b2(ka[j]),
         b2(kb[j]), fmt(kkl[j]), fmt(kp99[j]), pct(kd[j]), sprintf("%.2f", kt1[j]))
 }
-function wins(i, j,   s, kw, lw, f) {
+function wins(i, j,   s, kw, lw, f, noise, w, d) {
     kw = ""; lw = ""
     if (kp99[j] < lp99[i]) kw = kw ", KL p99"; else if (kp99[j] > lp99[i]) lw = lw ", KL p99"
     if (kd[j] < ld[i]) kw = kw ", ΔPPL"; else if (kd[j] > ld[i]) lw = lw ", ΔPPL"
@@ -294,21 +295,24 @@ function wins(i, j,   s, kw, lw, f) {
     f = 100 * (1 - ka[j] / lr[i])
     s = sprintf("- %s at %s real bits vs kvq %s at %s bits (%s): ", lname(lt[i]), b2(lr[i]),
         kc[j], b2(ka[j]), f < 0.5 ? "the same bits" : sprintf("%.0f %% fewer", f))
-    if (kkl[j] < lkl[i]) s = s sprintf("**kvq wins** on KL mean (%s vs %s, %s lower)", fmt(kkl[j]), fmt(lkl[i]), ratio(lkl[i], kkl[j]))
-    else if (kkl[j] > lkl[i]) s = s sprintf("**llama.cpp wins** on KL mean (%s vs %s, %s lower)", fmt(lkl[i]), fmt(kkl[j]), ratio(kkl[j], lkl[i]))
-    else s = s "a tie on KL mean"
-    if (kw != "") s = s "; kvq is also better on " substr(kw, 3)
-    if (lw != "") s = s "; llama.cpp is better on " substr(lw, 3)
+    # a difference of KL mean under twice its standard error is called a tie
+    noise = 2 * sqrt(lse[i] * lse[i] + kse[j] * kse[j])
+    d = kkl[j] - lkl[i]
+    if (d < -noise) { w = "k"; s = s sprintf("**kvq wins** on KL mean (%s vs %s, %s lower)", fmt(kkl[j]), fmt(lkl[i]), ratio(lkl[i], kkl[j])) }
+    else if (d > noise) { w = "l"; s = s sprintf("**llama.cpp wins** on KL mean (%s vs %s, %s lower)", fmt(lkl[i]), fmt(kkl[j]), ratio(kkl[j], lkl[i])) }
+    else { w = ""; s = s sprintf("**a tie** on KL mean (kvq %s, llama.cpp %s: the difference is under twice its standard error, %s)", fmt(kkl[j]), fmt(lkl[i]), fmt(noise)) }
+    if (kw != "") s = s "; kvq is " (w == "k" ? "also " : "") "better on " substr(kw, 3)
+    if (lw != "") s = s "; llama.cpp is " (w == "l" ? "also " : "") "better on " substr(lw, 3)
     return s "."
 }
 END {
     print "# kvq against llama.cpp: KV-cache quality on stories15M"
     print ""
-    printf "Made by `%s` on %s (UTC), kvq commit %s", cmd, date, commit
-    if (dirty > 0) printf " with uncommitted changes to %d source files", dirty
-    printf " (%s), llama.cpp %s", kvqv, peerv
+    printf "Made by `%s` on %s (UTC): kvq commit %s", cmd, date, commit
+    if (dirty > 0) printf " with uncommitted changes to %d source file%s", dirty, dirty == 1 ? "" : "s"
+    printf " (%s),\nllama.cpp %s", kvqv, peerv
     if (nlcv != "") printf " (the source and CPU libraries of npm's node-llama-cpp %s)", nlcv
-    printf ", CPU %s; the script took %d min %02d s%s.\n", cpu, int(secs / 60), secs % 60, built
+    printf ",\nCPU %s; the script took %d min %02d s%s.\n", cpu, int(secs / 60), secs % 60, built
     print ""
     print "Both tools read " text " (stories15M, KV caches of 6 layers x 6 heads). Each reports, against"
     print "its own full-precision cache: the mean and 99th percentile of the KL divergence of the next-token"
@@ -381,7 +385,7 @@ END {
         if (cnt == 0) print "The peer README has no llama.cpp rows to compare with."
         else {
             printf "The llama.cpp figures above against the table in the peer's README (same protocol, same text):\n"
-            printf "%d of %d types agree in every printed digit; the largest difference of KL mean is %.1f %%.\n\n", same, cnt, 100 * m
+            printf "%d of %d types agree in every digit the README prints; the largest difference of KL mean is\n%.1f %%%s.\n\n", same, cnt, 100 * m, same == cnt ? " (the README's rounding)" : ""
             print "| KV type | KL mean (here / README) | KL p99 | ΔPPL | same top-1 % |"
             print "|---|---|---|---|---|"
             printf "%s", rows
