@@ -116,9 +116,9 @@ kvq_status kvq__tokenizer_load_mem(kvq_tokenizer **out, const uint8_t *buf, size
      * (another model's), whose ids would not be this model's */
     if (st == KVQ_OK && off != len)
         st = kvq__why_corrupt(why, why_size,
-                              "%zu bytes after token %zu: the file holds more tokens than the "
-                              "model's vocabulary of %zu (another model's tokenizer?)",
-                              len - off, vocab - 1, vocab);
+                              "%zu bytes after the model's %zu tokens: the tokenizer of a "
+                              "larger vocabulary, or bytes that are not a whole token",
+                              len - off, vocab);
     if (st != KVQ_OK) {
         kvq_tokenizer_free(t);
         return st;
