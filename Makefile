@@ -6,6 +6,7 @@
 #                   valgrind), each logged to $(BUILD)/check-logs/<suite>.log, then one
 #                   summary line; it fails when any suite failed
 #   make bench      the benchmarks (kvq bench ...)
+#   make vs-llamacpp  kvq against the real llama.cpp's KV caches (docs/vs-llamacpp.md)
 #   make demo       the main job, printed as a table
 #   make install PREFIX=/usr/local [DESTDIR=...]   headers, libraries, kvq, kvq.pc, kvq.1
 #   make uninstall PREFIX=/usr/local [DESTDIR=...] removes what install put there
@@ -101,7 +102,7 @@ EX_BIN   := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 VERSION  := $(shell sed -n 's/^\#define KVQ_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' include/kvq.h | paste -sd. -)
 SOMAJOR  := $(firstword $(subst ., ,$(VERSION)))
 
-.PHONY: all deps check-suites check check-run check-run-inner check-san check-tsan tsan check-valgrind bench demo \
+.PHONY: vs-llamacpp all deps check-suites check check-run check-run-inner check-san check-tsan tsan check-valgrind bench demo \
         install uninstall clean python-test fuzz fuzz-long fuzz-corpus examples check-examples
 
 all: $(BUILD)/libkvq.a $(BUILD)/libkvq.so $(BUILD)/kvq
@@ -314,6 +315,12 @@ bench: all
 	$(BUILD)/kvq bench codecs --head-dim 8 --data gauss
 	$(BUILD)/kvq bench attend
 	$(BUILD)/kvq simulate --k-codec tq4 --v-codec tq3 --policy utility --budget 1024
+
+# kvq against the real llama.cpp's KV caches on stories15M (builds the peer
+# from ../shared/peers/llamacpp/ into PEER_DIR when missing; writes
+# docs/vs-llamacpp.md). About 6 minutes, 8 with the peer's build.
+vs-llamacpp: all
+	sh bench/vs-llamacpp.sh --kvq $(BUILD)/kvq --data $(DATA)
 
 # The main job: a prefill + decode session through a compressed cache with
 # utility eviction, against exact f32 attention and an f32 cache.
