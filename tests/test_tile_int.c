@@ -14,20 +14,24 @@
  *   bounds are the ones int.c documents, computed here in double from the
  *   stored codes:
  *     score  |err| <= sum_b e_b sum_{t in b} s_g(t) |c_t| + (d + 16) eps T,
- *            e_b = (max_b |q| / 127) / 2 (1 + 1e-4) (max|q_b| when below
- *            2^-100: the block is dropped), T = sum_t |q_t| (s |c_t| + |m|);
+ *            e_b = (max_b |q| / K) / 2 (1 + 8 K u) (max|q_b| when below
+ *            2^-100: the block is dropped), K = 16383 for int8 keys (int16
+ *            query codes), 127 for int4 (int8 codes), blocks of qb values
+ *            (query_block), T = sum_t |q_t| (s |c_t| + |m|);
  *     accum  (accum_bound) |err| <= sum_runs e_g sum_{j in run} |c'_{j,t}| +
- *            (P + 16) eps T, e_g = (max_j w_j s_{j,g} / W) / 2 (1 + 1e-4)
+ *            (P + 16) eps T, e_g = (max_j w_j s_{j,g} / W) / 2 (1 + 8 W u)
  *            (the max when below 2^-100; 0 for a run whose weights are not
- *            all >= 0 and finite: computed exactly), W = 255 or 127 and c' =
- *            c or c - 8 as the path rounds (path_w),
+ *            all >= 0 and finite: computed exactly), W = 32767 for int8
+ *            values, 255 for int4, and c' = c or c - 8 (int4) (path_w),
  *            T = |acc_t| + sum_j |w_j| (s (|c| + 8 [c' = c - 8]) + |m|);
  *   eps = FLT_EPSILON covers the float sums of both sides (each within
- *   gamma_n of exact); the 1e-4 covers the rounding of W/max and max/W
- *   (3 ulps of W = 2.3e-5 relative); one row of weights per run config
- *   sits 0.49 of a step of max/127 from the rounding points (half_steps),
- *   so that a kernel rounding with max/127 where the path claims max/255
- *   fails (by 1.96x);
+ *   gamma_n of exact); u = 2^-24, and 1 + 8 K u covers the roundings of
+ *   K / max, max / K and of q K / max before rint (together at most 6 K u
+ *   of a step, int.c; 8 K u: 0.8% for K = 16383, 1.6% for W = 32767,
+ *   1.2e-4 for 255); one row of weights per run config sits 0.49 of a step
+ *   of max/127 from the rounding points (half_steps), so that a kernel
+ *   rounding with max/127 where the path claims a finer step fails (by
+ *   1.96x against 255, far more against 32767);
  * - head_dim 8..256, groups 8..256, P 16/32/64/80 (80: a run of 64 and one
  *   of 16), data with outliers, zero, tiny, huge and saturated vectors,
  *   queries zero / tiny / with outliers, weights one-hot / zero / tiny /
@@ -250,18 +254,30 @@ static size_t make_paths(const char *spec, size_t d, tpath *p) {
 
 /* ---- tests ---- */
 
-/* The step of a path's rounded weights (int.c, "taccum"): W = 255, or 127
- * for int8 on AVX2 and on the AVX-512 BW kernel (maddubs pairs); *off: the
- * int4 codes taken as c - 8 (every path, W = 255). The AVX-512 paths keep
- * AVX2's taccum when g % 16 != 0; the AVX-VNNI paths (avxvnni,
- * simde-avxvnni) have their own for every g. */
+/* The step of a path's rounded weights (int.c, "taccum"): W = 32767 for
+ * int8 values on every path (u16 weights for vpmaddwd, split into bytes for
+ * vpdpbusd), 255 for int4; *off: the int4 codes taken as c - 8 (every
+ * path). */
 static double path_w(const char *name, int bits, size_t g, int *off) {
-    const int avxvnni = strstr(name, "avxvnni") != NULL;
-    const int avx512 = !avxvnni && (strncmp(name, "avx512", 6) == 0 || strncmp(name, "simde", 5) == 0) &&
-                       g % 16 == 0;
-    const int vnni = avxvnni || (avx512 && strstr(name, "vnni") != NULL);
+    (void)name;
+    (void)g;
     *off = bits == 4;
-    return bits == 8 && !vnni ? 127.0 : 255.0;
+    return bits == 8 ? 32767.0 : 255.0;
+}
+
+/* 1 + 8 K u (u = 2^-24): the margin of a rounding step of max / K (see the
+ * header). */
+static double step_margin(double K) { return 1.0 + 8.0 * K * 0x1p-24; }
+
+/* The query block of tscore (int_tile.h): for int8 keys the largest of
+ * 256..8 dividing g, for int4 of 32, 16, 8; and the codes' range K. */
+static size_t query_block(int bits, size_t g, double *K) {
+    *K = bits == 8 ? 16383.0 : 127.0;
+    if (bits == 8)
+        for (size_t qb = 256; qb >= 8; qb /= 2)
+            if (g % qb == 0)
+                return qb;
+    return g % 32 == 0 ? 32 : g % 16 == 0 ? 16 : 8;
 }
 
 /* The accumulation bound (int.c) of path `name` per row i < nq and
@@ -277,7 +293,8 @@ static double path_w(const char *name, int bits, size_t g, int *off) {
  *   error of each weight multiplies c - 8; m + 8 s is summed in float),
  *   T = |acc_t| + sum_j |w_j| (s (|c| + 8 off) + |m|),
  * W and off from path_w: the rounding error of each weight (at most half a
- * step alpha = max/W, the 1e-4 covering the rounding of W/max and max/W)
+ * step alpha = max/W, step_margin covering the roundings of W/max, max/W
+ * and w s W/max)
  * times the code it multiplies, plus the float sums of both sides (the
  * reference sums n products into acc in turn: gamma_n of T; the kernel one
  * product per run and group in float, the int32 sums being exact, and the
@@ -301,7 +318,7 @@ static void accum_bound(const char *name, int bits, size_t g, size_t vb, const u
                     exact |= !(p >= 0.0f && p <= FLT_MAX);
                     mx = p > mx ? p : mx;
                 }
-                double e = exact ? 0.0 : mx >= TINY ? (double)mx / W * 0.5 * (1 + 1e-4) : mx;
+                double e = exact ? 0.0 : mx >= TINY ? (double)mx / W * 0.5 * step_margin(W) : mx;
                 for (size_t j = j0; j < j0 + m; j++)
                     qerr += e * abs(row_code(bits, ng, rows + j * vb, t) - 8 * off);
                 j0 += m;
@@ -425,7 +442,8 @@ static void test_config(const char *spec, size_t d, size_t P, int kind) {
     double *sb = malloc(nq * P * sizeof(double)), *ab = malloc(nq * d * sizeof(double));
     for (size_t i = 0; i < nq; i++) {
         const float *qi = q + i * d;
-        size_t qb = g % 32 == 0 ? 32 : g % 16 == 0 ? 16 : 8;
+        double K;
+        const size_t qb = query_block(bits, g, &K);
         for (size_t j = 0; j < P; j++) {
             const uint8_t *row = rows + j * vb; /* same bytes for K and V */
             double qerr = 0, T = 0;
@@ -433,7 +451,7 @@ static void test_config(const char *spec, size_t d, size_t P, int kind) {
                 float mx = 0;
                 for (size_t t = b * qb; t < (b + 1) * qb; t++)
                     mx = fabsf(qi[t]) > mx ? fabsf(qi[t]) : mx;
-                double e = mx >= TINY ? (double)mx / 127 * 0.5 * (1 + 1e-4) : mx;
+                double e = mx >= TINY ? (double)mx / K * 0.5 * step_margin(K) : mx;
                 for (size_t t = b * qb; t < (b + 1) * qb; t++)
                     qerr += e * row_scale(row, g, t) * abs(row_code(bits, ng, row, t));
             }
@@ -458,16 +476,23 @@ static void test_config(const char *spec, size_t d, size_t P, int kind) {
         }
         void *qp = aligned_alloc(64, nq * c->tqp_bytes);
         accum_bound(paths[pi].name, bits, g, vb, rows, d, P, 1, w, P, nq, acc0, astride, ab);
-        /* every row count 1..nq against the same rows */
+        /* every row count 1..nq against the same rows; a row's results are
+         * the same bits whatever the rows beside it (srow, arow: row i as
+         * computed with m = i + 1 rows) */
         double worst_s = 0, worst_a = 0;
         size_t wi_s = 0, wj_s = 0, wi_a = 0, wt_a = 0;
         float got_s = 0, got_a = 0;
+        float *srow = malloc(nq * ostride * sizeof(float)), *arow = malloc(nq * astride * sizeof(float));
+        int same_rows = 1;
         for (size_t m = 1; m <= nq; m++) {
             for (size_t i = 0; i < m; i++)
                 c->k.tprep(c, (uint8_t *)qp + i * c->tqp_bytes, q + i * d);
             for (size_t k = 0; k < nq * ostride; k++)
                 sout[k] = -7.0f;
             c->k.tscore(c, sout, ostride, qp, m, page[0], P);
+            memcpy(srow + (m - 1) * ostride, sout + (m - 1) * ostride, P * sizeof(float));
+            for (size_t i = 0; i + 1 < m; i++)
+                same_rows &= memcmp(srow + i * ostride, sout + i * ostride, P * sizeof(float)) == 0;
             for (size_t i = 0; i < nq; i++)
                 for (size_t j = 0; j < ostride; j++) {
                     float v = sout[i * ostride + j];
@@ -486,6 +511,9 @@ static void test_config(const char *spec, size_t d, size_t P, int kind) {
                 }
             memcpy(aout, acc0, nq * astride * sizeof(float));
             c->k.taccum(c, aout, astride, w, P, m, page[1], P);
+            memcpy(arow + (m - 1) * astride, aout + (m - 1) * astride, d * sizeof(float));
+            for (size_t i = 0; i + 1 < m; i++)
+                same_rows &= memcmp(arow + i * astride, aout + i * astride, d * sizeof(float)) == 0;
             for (size_t i = 0; i < nq; i++)
                 for (size_t t = 0; t < astride; t++) {
                     float v = aout[i * astride + t];
@@ -503,6 +531,10 @@ static void test_config(const char *spec, size_t d, size_t P, int kind) {
                     }
                 }
         }
+        TU_REPORT(same_rows, "%s %s d=%zu P=%zu kind %d: a row's tscore or taccum depends on the rows beside it",
+                  paths[pi].name, spec, d, P, kind);
+        free(srow);
+        free(arow);
         TU_REPORT(worst_s <= 1.0,
                   "%s %s d=%zu P=%zu kind %d: tscore |err|/bound %.3g (row %zu key %zu: %.9g vs "
                   "%.9g, bound %.3g)",
@@ -651,9 +683,15 @@ static void test_run_config(const char *spec, size_t d, size_t P, size_t np, int
         double worst = 0;
         size_t wi = 0, wt = 0;
         float got = 0;
+        float *arow = malloc(nq * astride * sizeof(float));
+        int same_rows = 1;
         for (size_t mrows = 1; mrows <= nq; mrows++) {
             memcpy(aout, acc0, nq * astride * sizeof(float));
             c->k.taccum_run(c, aout, astride, w, wstride, mrows, (const uint8_t *const *)pages, np, P);
+            /* a row's sums are the same bits whatever the rows beside it */
+            memcpy(arow + (mrows - 1) * astride, aout + (mrows - 1) * astride, d * sizeof(float));
+            for (size_t i = 0; i + 1 < mrows; i++)
+                same_rows &= memcmp(arow + i * astride, aout + i * astride, d * sizeof(float)) == 0;
             for (size_t i = 0; i < nq; i++)
                 for (size_t t = 0; t < astride; t++) {
                     float v = aout[i * astride + t];
@@ -671,6 +709,9 @@ static void test_run_config(const char *spec, size_t d, size_t P, size_t np, int
                     }
                 }
         }
+        TU_REPORT(same_rows, "%s %s d=%zu P=%zu np=%zu kind %d: a row's taccum_run depends on the rows beside it",
+                  paths[pi].name, spec, d, P, np, kind);
+        free(arow);
         TU_REPORT(worst <= 1.0,
                   "%s %s d=%zu P=%zu np=%zu kind %d: taccum_run |err|/bound %.3g (row %zu dim %zu: "
                   "%.9g vs %.9g, bound %.3g)",

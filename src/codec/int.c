@@ -47,47 +47,58 @@
  * over tokens is a dot product of 4 tokens' bytes with 4 weights.
  *
  * Tiled kernels (src/kernels/x86/int_avx2.c, int_avx512.c; int_tile.h):
- *   tprep   q is cut into blocks of qb = 32 (16, 8: the largest dividing g)
- *           values; block b gets beta_b = max|q_b| / 127 and codes
- *           qq = rint(q * (127 / max|q_b|)) in -127..127 (a block with
- *           max|q_b| < 2^-100 gets beta 0 and zero codes);
+ *   tprep   q is cut into blocks of qb values (int8 keys: the largest of
+ *           256, 128, 64, 32, 16, 8 dividing g; int4: of 32, 16, 8); block
+ *           b gets beta_b = max|q_b| / K and codes qq = rint(q * (K /
+ *           max|q_b|)) in -K..K, K = 16383 for int8 keys (int16 codes,
+ *           taken by s16 x s16 products against the key bytes widened to
+ *           int16: vpmaddwd, or vpdpwssd with VNNI), K = 127 for int4 (int8
+ *           codes against the nibbles, u8 x s8) (a block with max|q_b| <
+ *           2^-100 gets beta 0 and zero codes);
  *   tscore  score = sum_g s_g sum_{b in g} beta_b D_b (+ m_g * sum of q over
- *           g, in float, for int4) with D_b = sum qq * c, exact in int32;
+ *           g, in float, for int4) with D_b = sum qq * c, exact in int32
+ *           (int8: every partial sum of the biased codes c + 128 below 128
+ *           * 256 * 16383 + 64 * 2 * 255 * 16383 < 2^31);
  *   taccum  for each row, group g and run of up to 64 tokens of the page
  *           (taccum_run: of whole pages, 64 tokens at P = 16),
  *           p_t = w_t * s_{t,g} (float) is rounded to wq_t = rint(p_t * (W
  *           / max_t p_t)) in 0..W, alpha = max_t p_t / W, and acc +=
  *           alpha * sum_t wq_t c'_t (exact in int32) + sum_t w_t m'_{t,g}
- *           (float, int4). W = 255 where the weights are the u8 operand of
- *           the u8 x s8 products: int8 with VNNI (vpdpbusd: no int16 step),
- *           int4 on every path, whose codes are taken as c' = c - 8 (s8
- *           -8..7) and m' = m + 8 s (one fma) puts the 8 back; W = 127,
- *           c' = c for int8 on AVX2 and on AVX-512 without VNNI, whose
- *           maddubs sums pairs in int16 (2 * 255 * 127 would saturate).
- *           int16 sums of int4 products (maddubs pairs added with vpaddw
- *           before the madd to int32) take at most 16 products: |sum| <=
- *           16 * 255 * 8 = 32640 < 32767 (AVX2: 2 blocks of 16 tokens x 2
- *           halves x 2 nibbles x 2 tokens per pair; AVX-512 BW: 4 products).
- *           The int32 sums stay far from overflow: int8 |sum| <=
- *           64 * 255 * 127, int4 <= 64 * 255 * 8. A run whose max is below
+ *           (float, int4). int8: W = 32767 and c' = c on every path, the
+ *           weights as u16 (s16 x s16 products against the codes widened
+ *           to int16: vpmaddwd on AVX2 and AVX-512BW, vpdpwssd on
+ *           AVX-VNNI) or split into bytes 256 wh + wl (wh <= 127; two
+ *           passes of vpdpbusd u8 x s8, the first sum times 256, AVX-512
+ *           VNNI); |sum| <= 64 * 32767 * 127 < 2^31. int4:
+ *           W = 255, the u8 operand of the u8 x s8 products, the codes taken
+ *           as c' = c - 8 (s8 -8..7) and m' = m + 8 s (one fma) putting the
+ *           8 back; int16 sums of int4 products (maddubs pairs added with
+ *           vpaddw before the madd to int32) take at most 16 products:
+ *           |sum| <= 16 * 255 * 8 = 32640 < 32767 (AVX2: 2 blocks of 16
+ *           tokens x 2 halves x 2 nibbles x 2 tokens per pair; AVX-512 BW: 4
+ *           products); int32 sums <= 64 * 255 * 8. A run whose max is below
  *           2^-100 is dropped; a row with a weight that is negative or not
  *           finite (or a product that overflows) takes the float row kernels
  *           for that run instead.
  * Error bounds (what tests/test_tile_int.c checks, beside float rounding of
  * (d + 16) eps sum|q| (s|c| + |m|) for scores and (P + 16) eps (|acc| +
  * sum |w| (s (|c| + 8 [c' = c - 8]) + |m|)) for accumulations; c = signed
- * int8 code or int4 code 0..15):
+ * int8 code or int4 code 0..15; u = 2^-24):
  *   |score - <q, k^>|  <= sum_b e_b sum_{t in b} s_g(t) |c_t|,
- *                         e_b = beta_b / 2 (1 + 1e-4), or max|q_b| if dropped
+ *                         e_b = beta_b / 2 (1 + 8 K u), or max|q_b| if dropped
  *   |acc_t - exact_t|   <= sum_runs sum_g e_g sum_{j in run} |c'_{j,t}| (g = the
- *                         group of t), e_g = alpha / 2 (1 + 1e-4), or the run's
+ *                         group of t), e_g = alpha / 2 (1 + 8 W u), or the run's
  *                         max if dropped, 0 for a run on the float kernels.
- * The 1e-4 covers the rounding of W/max and max/W (a few ulps of W). With
- * W = 255 and c' = c - 8 the int4 term is at most 8 e_g (alpha halved),
- * against 15 e_g at W = 127. Every path rounds the query the same way;
- * the weights are rounded the same way by the paths of the same W (int8 on
- * AVX2 and AVX-512 without VNNI; every int4 path and int8 with VNNI),
- * whose integer sums then agree exactly and results differ only in float
+ * The 8 K u (8 W u) covers the float roundings of K/max, max/K and of q K /
+ * max before rint, at most 6 K u of a step together (0.6% at K = 16383,
+ * 1.2% at W = 32767). The steps against the codecs' own: a query code is
+ * within max|q_b| / 32766 of q and an int8 key code within max|k| / 254 of
+ * k, a weight within max p / 65534 of p and a value code within max|v| /
+ * 254: the kernels' rounding adds about 1/128 of the codec's error per
+ * side (before, with K = 127 and W = 255 or 127, about as much as the
+ * codec's own: stories15M's int8 KL rose by 40-75%). Every path rounds
+ * the query the same way and, for each codec, the weights the same way:
+ * their integer sums agree exactly and results differ only in float
  * order.
  */
 #include "codec_impl.h"

@@ -1268,13 +1268,17 @@ static void kvq__int_score_avx2(const kvq_codec *c, float *out, size_t ostride, 
 
 /* ---- tiled pages (layouts: src/codec/int.c; shared parts: int_tile.h) ---- */
 
-/* The prepared query of tscore: int8 codes with one scale per block of qb
- * values (round to nearest even, like the reference's nearbyintf). */
+/* The prepared query of tscore (int_tile.h): per block of qb values, codes
+ * rint(q * K / max) with K = KVQ__TILE_QK (int8 keys: int16 codes) or 127
+ * (int4 keys: int8 codes), round to nearest even like the reference's
+ * nearbyintf. */
 void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
     kvq__tile_plan p;
     kvq__tile_plan_make(c, &p);
     uint8_t *base = (uint8_t *)qp;
     float *beta = (float *)(void *)(base + p.off_beta);
+    const int b8 = c->bits == 8;
+    const float K = b8 ? (float)KVQ__TILE_QK : 127.0f;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     memset(base, 0, p.bytes);
     for (size_t b = 0; b < p.nqb; b++) {
@@ -1283,12 +1287,16 @@ void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
         for (size_t t = 0; t < p.qb; t += 8)
             a = _mm256_max_ps(a, _mm256_and_ps(_mm256_loadu_ps(x + t), absmask));
         float mx = kvq__hmax256(a);
-        const __m256 iv = _mm256_set1_ps(mx >= KVQ__TILE_TINY ? 127.0f / mx : 0.0f);
-        beta[b] = mx >= KVQ__TILE_TINY ? mx / 127.0f : 0.0f;
+        const __m256 iv = _mm256_set1_ps(mx >= KVQ__TILE_TINY ? K / mx : 0.0f);
+        beta[b] = mx >= KVQ__TILE_TINY ? mx / K : 0.0f;
         for (size_t t = 0; t < p.qb; t += 8) {
+            const size_t at = b * p.qb + t;
             __m256i i = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + t), iv));
             __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
-            _mm_storel_epi64((__m128i *)(void *)(base + b * p.qb + t), _mm_packs_epi16(w, w));
+            if (b8)
+                _mm_storeu_si128((__m128i *)(void *)(base + 2 * at), w);
+            else
+                _mm_storel_epi64((__m128i *)(void *)(base + at), _mm_packs_epi16(w, w));
         }
     }
     kvq__tile_prep_tail(c, &p, base, q);
@@ -1296,29 +1304,56 @@ void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q) {
 
 KVQ__HRED8X8(kvq__hsum8x8, _mm256_add_ps)
 
+/* Rounded weights, 16 tokens at t of one (row, group), int32 in i0 (tokens
+ * t..t+7) and i1, to the format FMT (int_tile.h) at row, for group gi of
+ * ng and runs of n tokens. */
+static inline __attribute__((always_inline)) void
+kvq__int_wq_store16(uint8_t *row, size_t ng, size_t n, size_t gi, size_t t, __m256i i0, __m256i i1,
+                    const kvq__wq_fmt FMT) {
+    if (FMT == KVQ__WQ_U16) { /* packus lanes: 0-3 8-11 | 4-7 12-15 */
+        const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(i0, i1), 0xd8);
+        _mm256_storeu_si256((__m256i *)(void *)(row + 2 * (gi * n + t)), h);
+        return;
+    }
+    for (int part = 0; part < (FMT == KVQ__WQ_SPLIT ? 2 : 1); part++) {
+        __m256i a = i0, b = i1;
+        if (FMT == KVQ__WQ_SPLIT) { /* the high byte, then the low byte */
+            const __m256i m = _mm256_set1_epi32(255);
+            a = part ? _mm256_and_si256(i0, m) : _mm256_srli_epi32(i0, 8);
+            b = part ? _mm256_and_si256(i1, m) : _mm256_srli_epi32(i1, 8);
+        }
+        __m256i h = _mm256_packs_epi32(a, b); /* lanes: 0-3 8-11 | 4-7 12-15 */
+        __m128i v = _mm_packus_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        _mm_storeu_si128((__m128i *)(void *)(row + (size_t)part * ng * n + gi * n + t),
+                         _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 1, 2, 0)));
+    }
+}
+
 /* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for a
  * run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN; int.c, "taccum"):
- * al[r ng + g] = alpha = max / W, wq[r][g n + t] the bytes (0..W), msum[r ng
- * + g] = sum_t w_t m'_{t,g} (int4: W = 255, the codes taken as c - 8, so
- * m' = m + 8 s; int8: W = 127, maddubs pairs in int16). The run's tokens come in blocks of 16, each from its
+ * al[r ng + g] = alpha = max / W, wq[r] the weights 0..W in format FMT
+ * (int_tile.h), msum[r ng + g] = sum_t w_t m'_{t,g} (int4: W = 255, U8,
+ * the codes taken as c - 8, so m' = m + 8 s; int8: W = KVQ__TILE_WK, U16
+ * or SPLIT). The run's tokens come in blocks of 16, each from its
  * own page: sb[j] (j < n / 16) is the fp16 scale of group 0 of the block's
  * first token in its page's scale plane (group gi at sb[j] + 2 gi P, the
  * minima at sb[j] + 2 (ng + gi) P), so a run may span pages (taccum_run).
  * Groups go two at a time: their scales (and m') are converted once for
  * the 4 rows, the 8 (group, row) pairs' maxima and sums go through the
- * transposing reductions, and the bytes are formed from the same products
+ * transposing reductions, and the weights are formed from the same products
  * w * s. Returns the rows done (bit r); the others have a weight that is
- * negative or not finite, or a product that overflows (their bytes are
+ * negative or not finite, or a product that overflows (their weights are
  * written but not used). */
 static inline __attribute__((always_inline)) unsigned
 kvq__int_wquant4_body(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t nrt,
-                      const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                      float *al, float *msum, const float W, const size_t NT, const int ASYM) {
+                      const float *const *w, uint8_t (*wq)[KVQ__WQ_ROW], float *al, float *msum,
+                      const kvq__wq_fmt FMT, const size_t NT, const int ASYM) {
     const size_t ng = c->ngroups, n = NT ? 16 * NT : nrt;
     const int asym = ASYM;
     const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(FLT_MAX);
     const __m256 tiny = _mm256_set1_ps(KVQ__TILE_TINY);
-    const __m256 lW = _mm256_set1_ps(W), eight = _mm256_set1_ps(8.0f);
+    const __m256 lW = _mm256_set1_ps(FMT == KVQ__WQ_U8 ? 255.0f : (float)KVQ__TILE_WK);
+    const __m256 eight = _mm256_set1_ps(8.0f);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     _Alignas(32) float sf[2][KVQ__TILE_RUN], hf[2][KVQ__TILE_RUN], iv[8], av[8], mv[8];
     unsigned ok = 0;
@@ -1377,23 +1412,22 @@ kvq__int_wquant4_body(const kvq_codec *c, const uint8_t *const *sb, size_t P, si
             const float *wr = w[r], *s = sf[i / 4];
             uint8_t *dst = wq[r] + gi * n;
             size_t t = 0;
-            for (; t + 32 <= n; t += 32) {
-                __m256i q[4];
-                KVQ__UNROLL4 for (int k = 0; k < 4; k++)
-                    q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(
-                        _mm256_mul_ps(_mm256_loadu_ps(wr + t + 8 * k), _mm256_load_ps(s + t + 8 * k)), ivv));
-                /* lanes: dwords of 4 tokens 0 2 4 6 | 1 3 5 7 */
-                const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-                _mm256_storeu_si256((__m256i *)(void *)(dst + t), _mm256_permutevar8x32_epi32(b, perm));
-            }
+            if (FMT == KVQ__WQ_U8)
+                for (; t + 32 <= n; t += 32) {
+                    __m256i q[4];
+                    KVQ__UNROLL4 for (int k = 0; k < 4; k++)
+                        q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(
+                            _mm256_mul_ps(_mm256_loadu_ps(wr + t + 8 * k), _mm256_load_ps(s + t + 8 * k)), ivv));
+                    /* lanes: dwords of 4 tokens 0 2 4 6 | 1 3 5 7 */
+                    const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+                    _mm256_storeu_si256((__m256i *)(void *)(dst + t), _mm256_permutevar8x32_epi32(b, perm));
+                }
             for (; t < n; t += 16) {
                 __m256i i0 = _mm256_cvtps_epi32(
                     _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_load_ps(s + t)), ivv));
                 __m256i i1 = _mm256_cvtps_epi32(
                     _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(wr + t + 8), _mm256_load_ps(s + t + 8)), ivv));
-                __m256i h = _mm256_packs_epi32(i0, i1); /* lanes: 0-3 8-11 | 4-7 12-15 */
-                __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-                _mm_storeu_si128((__m128i *)(void *)(dst + t), _mm_shuffle_epi32(b, _MM_SHUFFLE(3, 1, 2, 0)));
+                kvq__int_wq_store16(wq[r], ng, n, gi, t, i0, i1, FMT);
             }
         }
     }
@@ -1401,16 +1435,19 @@ kvq__int_wquant4_body(const kvq_codec *c, const uint8_t *const *sb, size_t P, si
 }
 
 /* kvq__int_wquant4_body with the run's length (64 tokens: runs of 4 pages
- * of 16) and the codec's symmetry known at compile time where it can; W =
- * 255, or 127 for int8 weights taken by maddubs (int_tile.h). */
+ * of 16) and the format known at compile time where it can (int4: U8;
+ * int8: U16 or SPLIT, int_tile.h). */
 unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
-                               const float *const *w,
-                               uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al,
-                               float *msum, float W) {
-    if (n == 64)
-        return c->bits == 8 ? kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, W, 4, 0)
-                            : kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, W, 4, 1);
-    return kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, W, 0, c->bits != 8);
+                               const float *const *w, uint8_t (*wq)[KVQ__WQ_ROW], float *al,
+                               float *msum, kvq__wq_fmt fmt) {
+    if (fmt == KVQ__WQ_U8)
+        return n == 64 ? kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, KVQ__WQ_U8, 4, 1)
+                       : kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, KVQ__WQ_U8, 0, 1);
+    if (fmt == KVQ__WQ_U16)
+        return n == 64 ? kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, KVQ__WQ_U16, 4, 0)
+                       : kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, KVQ__WQ_U16, 0, 0);
+    return n == 64 ? kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, KVQ__WQ_SPLIT, 4, 0)
+                   : kvq__int_wquant4_body(c, sb, P, n, w, wq, al, msum, KVQ__WQ_SPLIT, 0, 0);
 }
 
 #define KVQ__VNNI 0

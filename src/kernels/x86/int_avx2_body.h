@@ -2,19 +2,35 @@
  * int_avx2_body.h - the tiled int8/int4 attention kernels of the AVX2 path
  * (tscore, taccum, taccum_run; layouts and bounds: src/codec/int.c),
  * included twice, as int_avx512_body.h is: by int_avx2.c with KVQ__VNNI 0
- * (maddubs + madd) and by int_avxvnni.c with KVQ__VNNI 1 (AVX-VNNI's
- * vpdpbusd on 256 bits, KVQ__DPB256; int8 only: for int4, maddubs sums up
- * to 4 steps in int16 and takes as many products per op as vpdpbusd, so
- * the VNNI copy has no int4 kernels). KVQ__TGT is the functions' target,
- * KVQ__FN names each copy. Needs kvq__ldu32 and KVQ__UNROLL4 (simd_avx2.h)
- * and int_tile.h. No include guard on purpose.
+ * and by int_avxvnni.c with KVQ__VNNI 1 (int8 only: for int4, maddubs sums
+ * up to 4 steps in int16 and takes as many products per op as vpdpbusd,
+ * so the VNNI copy has no int4 kernels). int8 keys and values go through
+ * s16 x s16 products (vpmaddwd + vpaddd, or AVX-VNNI's vpdpwssd,
+ * KVQ__DPW256, which does both): the int16 query codes and the u16
+ * weights of int_tile.h against the code bytes widened to int16. On Zen 5
+ * the VNNI copy's vpdpwssd measured 7-9% faster than two passes of
+ * vpdpbusd (high bytes, then low bytes) for the keys and 4-11% for the
+ * values (int8, 32k tokens, in-process A/B). KVQ__TGT is the functions'
+ * target, KVQ__FN names each copy. Needs kvq__ldu32, kvq__ldu64,
+ * kvq__int_pairsum8 and KVQ__UNROLL4 (simd_avx2.h) and int_tile.h. No
+ * include guard on purpose.
  */
 
-#if !KVQ__VNNI
+#if KVQ__VNNI /* acc + the s16 x s16 pairs of a and b in each int32 lane */
+#define KVQ__I16ACC(acc, a, b) KVQ__DPW256(acc, a, b)
+#else
+#define KVQ__I16ACC(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#endif
+
 /* Scores of 8 tokens [tb, tb + 8) of a tiled K page for 4 query rows q[r]
  * (rows past nr repeat the last one and are not stored). Integer dots per
- * query block: int8 by |c| * sign(q, c) (the stored byte is c + 128), int4
- * by the two nibble planes, int16 sums of up to 4 lane steps (below
+ * query block: int8 by s16 x s16 products (KVQ__I16ACC) of the stored
+ * bytes c + 128 zero-extended (4 tokens x 4 dimensions a vector, a token
+ * in two int32 lanes) with the int16 codes Q, the bias -128 sum Q in the
+ * even lanes first, the lane pairs added at the block's end
+ * (kvq__int_pairsum8): a lane stays below 128 * 256 * 16383 + 64 * 2 * 255
+ * * 16383 < 2^31 (qb <= 256); int4 (not in the VNNI copy) by the two
+ * nibble planes, int16 sums of up to 4 lane steps (below
  * 4 * 2 * 2 * 15 * 127 = 30480) before madd. */
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, float *out, size_t ostride,
@@ -23,7 +39,6 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
     const size_t ng = c->ngroups, qb = QB ? QB : tp->qb, bpg = BPG1 ? 1 : c->group / qb;
     const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    const __m256i x80 = _mm256_set1_epi8((char)0x80);
     /* the same lines of the next page, once per line (tb % 16 == 0) */
     const uint8_t *pf = kvq__pf_next && tb % 16 == 0 ? kvq__pf_next + tb * 4 : NULL;
     __m256 F[4];
@@ -35,18 +50,24 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
         for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
             __m256i I[4];
             if (BITS == 8) {
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
+                __m256i IA[4], IB[4]; /* tokens tb..tb+3, tb+4..tb+7 */
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
+                    const int32_t bias = ((const int32_t *)(const void *)(q[r] + tp->off_bias))[b];
+                    IA[r] = IB[r] = _mm256_set1_epi64x((long long)(uint32_t)bias);
+                }
                 for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
                     if (pf)
                         _mm_prefetch((const char *)(pf + k * P * 4), _MM_HINT_T0);
-                    __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(page + (k * P + tb) * 4));
-                    __m256i cs = _mm256_xor_si256(u, x80), ab = _mm256_abs_epi8(cs);
+                    const uint8_t *kp = page + (k * P + tb) * 4;
+                    const __m256i A = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)kp));
+                    const __m256i B = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(kp + 16)));
                     KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                        __m256i qv = _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k));
-                        I[r] = _mm256_add_epi32(
-                            I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ab, _mm256_sign_epi8(qv, cs)), ones));
+                        const __m256i qv = _mm256_set1_epi64x((long long)kvq__ldu64(q[r] + 8 * k));
+                        IA[r] = KVQ__I16ACC(IA[r], A, qv);
+                        IB[r] = KVQ__I16ACC(IB[r], B, qv);
                     }
                 }
+                KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = kvq__int_pairsum8(IA[r], IB[r]);
             } else {
                 __m256i S[4];
                 KVQ__UNROLL4 for (int r = 0; r < 4; r++) S[r] = _mm256_setzero_si256();
@@ -91,65 +112,6 @@ KVQ__FN(kvq__int_tscore_8tok)(const kvq_codec *c, const kvq__tile_plan *tp, floa
         _mm256_storeu_ps(out + r * ostride + tb, F[r]);
 }
 
-#else
-/* int8 keys: the scores of 16 tokens [tb, tb + 16) for 4 query rows q[r]
- * (rows past nr repeat the last and are not stored), each query broadcast
- * feeding both halves of 8 tokens: 8 vpdpbusd chains taking the stored
- * bytes (c + 128, u8) times the query codes (s8), the block's bias -128 sum
- * qq first; the float steps are kvq__int_tscore_8tok's, in the same order. */
-KVQ__TGT static inline __attribute__((always_inline)) void
-KVQ__FN(kvq__int_tscore_16tok)(const kvq_codec *c, const kvq__tile_plan *tp, float *out,
-                               size_t ostride, const uint8_t *const *q, size_t nr,
-                               const uint8_t *page, size_t P, size_t tb, const size_t QB,
-                               const int BPG1) {
-    const size_t ng = c->ngroups, qb = QB ? QB : tp->qb, bpg = BPG1 ? 1 : c->group / qb;
-    const uint8_t *sp = page + c->d * P;
-    __m256 F[4][2];
-    KVQ__UNROLL4 for (int r = 0; r < 4; r++) F[r][0] = F[r][1] = _mm256_setzero_ps();
-    for (size_t gi = 0; gi < ng; gi++) {
-        __m256 G[4][2];
-        if (!BPG1)
-            KVQ__UNROLL4 for (int r = 0; r < 4; r++) G[r][0] = G[r][1] = _mm256_setzero_ps();
-        for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
-            __m256i I[4][2];
-            KVQ__UNROLL4 for (int r = 0; r < 4; r++)
-                I[r][0] = I[r][1] = _mm256_set1_epi32(((const int32_t *)(const void *)(q[r] + tp->off_bias))[b]);
-            for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
-                const uint8_t *kp = page + (k * P + tb) * 4;
-                if (kvq__pf_next) /* the same line of the next page */
-                    _mm_prefetch((const char *)(kvq__pf_next + (kp - page)), _MM_HINT_T0);
-                const __m256i u0 = _mm256_loadu_si256((const __m256i *)(const void *)kp);
-                const __m256i u1 = _mm256_loadu_si256((const __m256i *)(const void *)(kp + 32));
-                KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                    const __m256i qv = _mm256_set1_epi32((int)kvq__ldu32(q[r] + 4 * k));
-                    I[r][0] = KVQ__DPB256(I[r][0], u0, qv);
-                    I[r][1] = KVQ__DPB256(I[r][1], u1, qv);
-                }
-            }
-            KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                const __m256 be = _mm256_broadcast_ss((const float *)(const void *)(q[r] + tp->off_beta) + b);
-                for (int z = 0; z < 2; z++)
-                    G[r][z] = BPG1 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I[r][z]), be)
-                                   : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r][z]), be, G[r][z]);
-            }
-        }
-        const uint8_t *sg = sp + 2 * (gi * P + tb);
-        if (kvq__pf_next)
-            _mm_prefetch((const char *)(kvq__pf_next + (sg - page)), _MM_HINT_T0);
-        const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)sg));
-        const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sg + 16)));
-        KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-            F[r][0] = _mm256_fmadd_ps(G[r][0], s0, F[r][0]);
-            F[r][1] = _mm256_fmadd_ps(G[r][1], s1, F[r][1]);
-        }
-    }
-    for (size_t r = 0; r < nr; r++) {
-        _mm256_storeu_ps(out + r * ostride + tb, F[r][0]);
-        _mm256_storeu_ps(out + r * ostride + tb + 8, F[r][1]);
-    }
-}
-#endif
-
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__int_tscore_body)(const kvq_codec *c, float *out, size_t ostride, const void *qp, size_t nq,
                      const uint8_t *page, size_t P, const int BITS) {
@@ -161,28 +123,18 @@ KVQ__FN(kvq__int_tscore_body)(const kvq_codec *c, float *out, size_t ostride, co
         const uint8_t *q[4];
         for (size_t r = 0; r < 4; r++)
             q[r] = (const uint8_t *)qp + (i0 + KVQ__MIN(r, nr - 1)) * qs;
-#if KVQ__VNNI /* int8 only here; P % 16 == 0 */
-        if (tp.qb == 32 && c->group == 32)
-            for (size_t tb = 0; tb < P; tb += 16)
-                KVQ__FN(kvq__int_tscore_16tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, 32, 1);
-        else if (tp.qb == 32)
-            for (size_t tb = 0; tb < P; tb += 16)
-                KVQ__FN(kvq__int_tscore_16tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, 32, 0);
-        else
-            for (size_t tb = 0; tb < P; tb += 16)
-                KVQ__FN(kvq__int_tscore_16tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, 0, 0);
-        (void)BITS;
-#else
         if (tp.qb == 32 && c->group == 32) /* int4:g=32, int8:g=32 */
             for (size_t tb = 0; tb < P; tb += 8)
                 KVQ__FN(kvq__int_tscore_8tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 32, 1);
         else if (tp.qb == 32)
             for (size_t tb = 0; tb < P; tb += 8)
                 KVQ__FN(kvq__int_tscore_8tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 32, 0);
+        else if (tp.qb == c->group) /* one block per group (int8, g <= 256) */
+            for (size_t tb = 0; tb < P; tb += 8)
+                KVQ__FN(kvq__int_tscore_8tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 0, 1);
         else
             for (size_t tb = 0; tb < P; tb += 8)
                 KVQ__FN(kvq__int_tscore_8tok)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P, tb, BITS, 0, 0);
-#endif
     }
 }
 
@@ -199,65 +151,16 @@ KVQ__TGT static void KVQ__FN(kvq__int_tscore4)(const kvq_codec *c, float *out, s
 
 static const float KVQ__FN(kvq__int_zeros)[KVQ__TILE_RUN];
 
-#if KVQ__VNNI
 /* One run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN) whose blocks of 16
  * tokens start at cb[j] (each in its own page: taccum_run) for 4 weight
- * rows of int8 values (BITS 8 only), 16 dimensions at a time: int32 sums of
- * vpdpbusd(wq u8 0..255, code s8), 8 chains (4 rows x 2 chunks of 8
- * dimensions, each weight broadcast taken by both chunks where they share a
- * group), then acc += alpha * sum once for the run, for the rows with a[r]
- * set. int32 sums of the run below 64 * 255 * 127. */
-KVQ__TGT static inline __attribute__((always_inline)) void
-KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t nrt,
-                             const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
-                             const float *ms, const int BITS, const size_t NN, const size_t GG) {
-    const size_t d = c->d, g = GG ? GG : c->group, ng = c->ngroups, n = NN ? NN : nrt;
-    (void)BITS, (void)ms; /* int8: no minimum term */
-    for (size_t dc = 0; dc < d; dc += 16) {
-        const int two = dc + 16 <= d; /* d % 8 == 0 */
-        const size_t g0 = dc / g, g1 = two ? (dc + 8) / g : g0;
-        __m256i I[4][2];
-        KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r][0] = I[r][1] = _mm256_setzero_si256();
-        for (size_t j = 0; j < n / 16; j++) {
-            const uint8_t *cp = cb[j] + dc * 4;
-            {
-                KVQ__UNROLL4 for (size_t b = 0; b < 4; b++) {
-                    if (kvq__pf_delta) /* the line in the next head's area */
-                        _mm_prefetch((const char *)(cp + b * d * 4 + kvq__pf_delta), _MM_HINT_T0);
-                    const __m256i v0 = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
-                    const __m256i v1 =
-                        two ? _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4 + 32)) : v0;
-                    KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                        const uint8_t *wp = wq[r] + 16 * j + 4 * b;
-                        const __m256i w0 = _mm256_set1_epi32((int)kvq__ldu32(wp + g0 * n));
-                        const __m256i w1 = g1 == g0 ? w0 : _mm256_set1_epi32((int)kvq__ldu32(wp + g1 * n));
-                        I[r][0] = KVQ__DPB256(I[r][0], w0, v0);
-                        I[r][1] = KVQ__DPB256(I[r][1], w1, v1);
-                    }
-                }
-            }
-        }
-        KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-            if (!a[r])
-                continue;
-            for (int z = 0; z < 1 + two; z++) {
-                const size_t k = (size_t)r * ng + (z ? g1 : g0);
-                float *ap = a[r] + dc + 8 * (size_t)z;
-                __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r][z]), _mm256_broadcast_ss(al + k),
-                                           _mm256_loadu_ps(ap));
-                _mm256_storeu_ps(ap, x);
-            }
-        }
-    }
-}
-#else
-/* One run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN) whose blocks of 16
- * tokens start at cb[j] (each in its own page: taccum_run) for 4 weight
- * rows, 8 dimensions at a time: int32 sums of maddubs(wq u8, code s8) (with
- * VNNI: vpdpbusd into int32, int8 weights 0..255 too), then
- * acc += alpha * sum (+ msum for int4) once for the run, for the rows with
- * a[r] set. int8: wq 0..127, pairs below 2 * 127 * 127, int32 sums of the
- * run below 64 * 127 * 127. int4: wq 0..255 times c - 8 (-8..7); an int16
+ * rows, 8 dimensions at a time, then acc += alpha * sum (+ msum for int4)
+ * once for the run, for the rows with a[r] set. int8: s16 x s16 products
+ * (KVQ__I16ACC) of the codes sign-extended (4 dimensions x 4 tokens a
+ * vector, a dimension in two int32 lanes) with the u16 weights 0..32767
+ * (U16, int_tile.h), the lane pairs added at the run's end
+ * (kvq__int_pairsum8); int32 sums below 64 * 32767 * 127 < 2^31. int4
+ * (not in the VNNI copy): maddubs(wq u8, code s8),
+ * wq 0..255 times c - 8 (-8..7); an int16
  * lane of S sums, per block j of 16 tokens, 2 halves b (8 tokens) x 2
  * maddubs (lo, hi nibbles) x 2 tokens (one pair), and S takes 2 blocks
  * (j0, j0 + 1) before madd to int32: 16 products, |S| <= 16 * 255 * 8 =
@@ -265,7 +168,7 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
  * run below 64 * 255 * 8. */
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t *const *cb, size_t nrt,
-                    const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], const float *al,
+                    const uint8_t (*wq)[KVQ__WQ_ROW], const float *al,
                     const float *ms, const int BITS, const size_t NN, const size_t GG) {
     const size_t d = c->d, g = GG ? GG : c->group, ng = c->ngroups, n = NN ? NN : nrt;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
@@ -273,19 +176,25 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
         __m256i I[4];
         KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = _mm256_setzero_si256();
         if (BITS == 8) {
+            __m256i IA[4], IB[4]; /* dimensions dc..dc+3, dc+4..dc+7 */
+            KVQ__UNROLL4 for (int r = 0; r < 4; r++) IA[r] = IB[r] = _mm256_setzero_si256();
             for (size_t j = 0; j < n / 16; j++) {
                 const uint8_t *cp = cb[j] + dc * 4;
-                const uint8_t *wj = wq[0] + gi * n + 16 * j;
+                const uint8_t *wj = wq[0] + 2 * (gi * n + 16 * j);
                 KVQ__UNROLL4 for (size_t b = 0; b < 4; b++) {
                     if (kvq__pf_delta && dc % 16 == 0) /* the line in the next head's area */
                         _mm_prefetch((const char *)(cp + b * d * 4 + kvq__pf_delta), _MM_HINT_T0);
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(cp + b * d * 4));
+                    const uint8_t *vp = cp + b * d * 4;
+                    const __m256i A = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)vp));
+                    const __m256i B = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(vp + 16)));
                     KVQ__UNROLL4 for (int r = 0; r < 4; r++) {
-                        __m256i wv = _mm256_set1_epi32((int)kvq__ldu32(wj + (size_t)r * sizeof wq[0] + 4 * b));
-                        I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, v), ones));
+                        const __m256i wv = _mm256_set1_epi64x((long long)kvq__ldu64(wj + (size_t)r * sizeof wq[0] + 8 * b));
+                        IA[r] = KVQ__I16ACC(IA[r], A, wv);
+                        IB[r] = KVQ__I16ACC(IB[r], B, wv);
                     }
                 }
             }
+            KVQ__UNROLL4 for (int r = 0; r < 4; r++) I[r] = kvq__int_pairsum8(IA[r], IB[r]);
         } else {
             const __m256i e8 = _mm256_set1_epi8(8);
             for (size_t j0 = 0; j0 < n / 16; j0 += 2) { /* 16 tokens per int16 lane of S */
@@ -330,7 +239,6 @@ KVQ__FN(kvq__int_taccum_run)(const kvq_codec *c, float *const *a, const uint8_t 
         }
     }
 }
-#endif
 
 /* One run of n tokens (see kvq__int_run_blocks) for every row, by 4: one
  * rounding of the weights (row i's at w + i * wstride, contiguous), one
@@ -339,7 +247,7 @@ KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__int_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, const float *w,
                      size_t wstride, size_t nq, const uint8_t *const *pages, size_t P, size_t t0,
                      size_t n, const int BITS) {
-    _Alignas(32) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
+    _Alignas(32) uint8_t wq[4][KVQ__WQ_ROW];
     _Alignas(32) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 8], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 8];
     const uint8_t *sb[KVQ__TILE_RUN / 16], *cb[KVQ__TILE_RUN / 16];
     kvq__int_run_blocks(c, pages, P, t0, n, sb, cb);
@@ -349,10 +257,10 @@ KVQ__FN(kvq__int_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, co
         const float *wr[4];
         for (size_t r = 0; r < 4; r++)
             wr[r] = r < nr ? w + (i0 + r) * wstride : KVQ__FN(kvq__int_zeros);
-        const unsigned ok = kvq__int_wquant4_avx2(c, sb, P, n, wr, wq, al, ms, KVQ__VNNI || BITS != 8 ? 255.0f : 127.0f);
+        const unsigned ok = kvq__int_wquant4_avx2(c, sb, P, n, wr, wq, al, ms,
+                                                  BITS != 8 ? KVQ__WQ_U8 : KVQ__WQ_U16);
         kvq__tile_run_rows(c, ok, nr, acc + i0 * astride, astride, wr, wq, pages, P, t0, n, a);
-        const uint8_t(*wc)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
-            (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
+        const uint8_t(*wc)[KVQ__WQ_ROW] = (const uint8_t(*)[KVQ__WQ_ROW])wq;
         if (n == KVQ__TILE_RUN && c->group == 32) /* runs of 4 pages of 16, int4:g=32 */
             KVQ__FN(kvq__int_taccum_run)(c, a, cb, n, wc, al, ms, BITS, KVQ__TILE_RUN, 32);
         else if (n == KVQ__TILE_RUN)
@@ -415,3 +323,5 @@ KVQ__TGT static void KVQ__FN(kvq__int_taccum_run4)(const kvq_codec *c, float *ac
     KVQ__FN(kvq__int_taccum_pages)(c, acc, astride, w, wstride, nq, pages, np, P, 4);
 }
 #endif
+
+#undef KVQ__I16ACC

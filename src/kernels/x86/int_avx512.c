@@ -2,25 +2,27 @@
  * int_avx512.c - AVX-512 kernels of int8/int4 over tiled pages (layouts and
  * error bounds in src/codec/int.c; simd_avx512.h says how this file is
  * built natively and through SIMDe):
- *  - tscore: 16 tokens (one 32-bit lane each) x 4 query rows; with VNNI one
- *    vpdpbusd per 4 dimensions (int8: the stored byte c + 128 times the
- *    query code, the bias -128 * sum q starting the accumulator; int4: the
- *    low and high nibble planes), without it the AVX-512BW sequence
- *    maddubs + madd (int8 by |c| * sign(q, c));
+ *  - tscore: 16 tokens (one 32-bit lane each) x 4 query rows; int8: the
+ *    stored bytes c + 128 widened to int16 times the int16 query codes
+ *    (vpdpwssd with VNNI, vpmaddwd + vpaddd without), the bias -128 sum Q
+ *    starting the accumulators; int4: the low and high nibble planes times
+ *    the int8 codes (vpdpbusd, or maddubs + madd on AVX-512BW);
  *  - taccum (g % 16 == 0): 64 dimensions x 4 weight rows in 16 int32
- *    accumulators, one vpdpbusd (or maddubs + madd) per 4 tokens (int4: per
- *    nibble plane of 8 tokens, the codes as c - 8) with the rounded u8
- *    weights broadcast (0..255, 0..127 for int8 on BW: int.c);
+ *    accumulators (int8 on BW: 32 dimensions, two accumulators each), int8
+ *    values against u16 weights 0..32767 (two vpdpbusd passes over their
+ *    high and low bytes with VNNI, vpmaddwd of the codes widened to int16
+ *    on BW), int4 per nibble plane of 8 tokens, the codes as c - 8, against
+ *    u8 weights 0..255 (int.c);
  *  - taccum_run: the same over runs of whole pages (64 / P pages of P <= 64
  *    tokens; larger pages one by one as taccum): the weights of a run are
  *    rounded once (one scale per row and group), every page of the run
  *    goes into the same int32 accumulators, and those are converted,
  *    scaled and added to the float accumulators once per run.
  * The query rounding (tprep) is the AVX2 path's (int_avx2.c); the weights
- * are rounded by the same operations with a step of max/255 where the
- * instruction allows it (int.c), so paths of the same step compute the
- * same integer dot products and the same float steps in the same order.
- * The two variants (VNNI and BW) are int_avx512_body.h included twice.
+ * are rounded by the same operations with the same step (int.c), so every
+ * path computes the same integer dot products and the same float steps in
+ * the same order. The two variants (VNNI and BW) are int_avx512_body.h
+ * included twice.
  */
 #include "../kernels.h"
 #include "simd_avx512.h"
@@ -83,6 +85,30 @@ static inline float kvq__i512_hsum(__m512 v) {
         s += x[k];
     return s;
 }
+static inline void kvq__i512_store_w16(uint8_t *p, __m512i v) {
+    int32_t x[16];
+    _mm512_storeu_si512((void *)x, v);
+    for (int k = 0; k < 16; k++) {
+        p[2 * k] = (uint8_t)x[k];
+        p[2 * k + 1] = (uint8_t)(x[k] >> 8);
+    }
+}
+static inline __m512i kvq__i512_cvtepu8_epi16(__m256i v) {
+    uint8_t b[32];
+    int16_t x[32];
+    _mm256_storeu_si256((__m256i *)(void *)b, v);
+    for (int k = 0; k < 32; k++)
+        x[k] = b[k];
+    return _mm512_loadu_si512((const void *)x);
+}
+static inline __m512i kvq__i512_cvtepi8_epi16(__m256i v) {
+    int8_t b[32];
+    int16_t x[32];
+    _mm256_storeu_si256((__m256i *)(void *)b, v);
+    for (int k = 0; k < 32; k++)
+        x[k] = b[k];
+    return _mm512_loadu_si512((const void *)x);
+}
 static inline void kvq__i512_store_b64(uint8_t *p, __m512i a, __m512i b, __m512i c, __m512i d) {
     kvq__i512_store_b16(p, a);
     kvq__i512_store_b16(p + 16, b);
@@ -94,6 +120,9 @@ static inline void kvq__i512_store_b64(uint8_t *p, __m512i a, __m512i b, __m512i
 #define kvq__i512_f2i(v) _mm512_cvtps_epi32(v)
 #define kvq__i512_h2f(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
 #define kvq__i512_store_b16(p, v) _mm_storeu_si128((__m128i *)(void *)(p), _mm512_cvtepi32_epi8(v))
+#define kvq__i512_store_w16(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), _mm512_cvtepi32_epi16(v))
+#define kvq__i512_cvtepu8_epi16(v) _mm512_cvtepu8_epi16(v)
+#define kvq__i512_cvtepi8_epi16(v) _mm512_cvtepi8_epi16(v)
 #define kvq__i512_hmax(v) _mm512_reduce_max_ps(v)
 #define kvq__i512_hsum(v) _mm512_reduce_add_ps(v)
 #define kvq__i512_f2h(v) _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)
@@ -115,7 +144,22 @@ static inline uint32_t kvq__i512_ld32(const uint8_t *p) {
     return v;
 }
 
+static inline uint64_t kvq__i512_ld64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
 #define KVQ__I512_UNROLL4 _Pragma("GCC unroll 4")
+
+/* The sums of the int32 lane pairs (2i, 2i + 1) of a (i < 8) then of b, in
+ * order: what vpmaddwd leaves of 8 items (tokens, dimensions) x 4 bytes
+ * widened to int16, each item's two pair sums in adjacent lanes. */
+KVQ__T512 static inline __attribute__((always_inline)) __m512i kvq__i512_pairsum16(__m512i a, __m512i b) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(a, ev, b), _mm512_permutex2var_epi32(a, od, b));
+}
 
 /* acc + u8 x s8 dot of a's bytes with the 4 bytes at p in every lane:
  * vpdpbusd with an embedded broadcast (one instruction; GCC 12 does not
@@ -182,10 +226,26 @@ KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__i512_red16(co
 }
 #endif
 
+/* 16 rounded weights (int32 lanes: tokens t..t+15 of group gi of ng, runs
+ * of n tokens) into a row of wq in format fmt (int_tile.h). */
+KVQ__T512 static inline __attribute__((always_inline)) void
+kvq__i512_wq_store16(uint8_t *row, size_t ng, size_t n, size_t gi, size_t t, __m512i v,
+                     kvq__wq_fmt fmt) {
+    if (fmt == KVQ__WQ_U16) {
+        kvq__i512_store_w16(row + 2 * (gi * n + t), v);
+    } else if (fmt == KVQ__WQ_SPLIT) {
+        kvq__i512_store_b16(row + gi * n + t, _mm512_srli_epi32(v, 8));
+        kvq__i512_store_b16(row + (ng + gi) * n + t, _mm512_and_si512(v, _mm512_set1_epi32(255)));
+    } else {
+        kvq__i512_store_b16(row + gi * n + t, v);
+    }
+}
+
 /* The rounded weights of 4 rows w[r] (rows past the call's use zeros) for
  * a run of n tokens (n % 16 == 0, n <= KVQ__TILE_RUN): rint(w s W / max)
- * in 0..W, al = max / W (at W = 127 the AVX2 path's bytes: the same
- * operations), msum = sum w m, or sum w (m + 8 s) with off8 (the int4
+ * in 0..W in format fmt (int_tile.h: U8 with W = 255 for int4, U16 or
+ * SPLIT with W = KVQ__TILE_WK for int8; the AVX2 path's weights: the same
+ * operations), al = max / W, msum = sum w (m + 8 s) for int4 (its
  * codes taken as c - 8), summed in another order than AVX2's; al and msum
  * (4 ng + 16 floats) are indexed r * ng + group. The run's tokens come in
  * blocks of 16, each from its own page: sb[j] (j < n / 16) is the fp16
@@ -197,9 +257,11 @@ KVQ__T512 static inline __attribute__((always_inline)) __m512 kvq__i512_red16(co
  * overflow. */
 KVQ__T512 static unsigned
 kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
-                  const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                  float *al, float *msum, float W, int off8) {
+                  const float *const *w, uint8_t (*wq)[KVQ__WQ_ROW],
+                  float *al, float *msum, kvq__wq_fmt fmt) {
     const size_t ng = c->ngroups, npair = 4 * ng;
+    const float W = fmt == KVQ__WQ_U8 ? 255.0f : (float)KVQ__TILE_WK;
+    const int off8 = c->bits != 8;
     const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(FLT_MAX);
     const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), lW = _mm512_set1_ps(W);
     unsigned ok = 0;
@@ -249,7 +311,7 @@ kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *const *sb, size_t P, si
             const __m512 iv = _mm512_set1_ps(inv[pr]);
             for (size_t t = 0; t < n; t += 16) {
                 __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w[r] + t), kvq__i512_h2f(sb[t / 16] + 2 * gi * P));
-                kvq__i512_store_b16(wq[r] + gi * n + t, kvq__i512_f2i(_mm512_mul_ps(x, iv)));
+                kvq__i512_wq_store16(wq[r], ng, n, gi, t, kvq__i512_f2i(_mm512_mul_ps(x, iv)), fmt);
             }
         }
     }
@@ -285,9 +347,11 @@ kvq__i512_wquant4_any(const kvq_codec *c, const uint8_t *const *sb, size_t P, si
  * them (64 at NG = NT = 4) do not fit in the 32 registers. */
 KVQ__T512 static inline __attribute__((always_inline)) unsigned
 kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *const *sb, size_t P,
-                      const float *const *w, uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                      float *al, float *msum, float W, int off8, const int NG, const int NT) {
+                      const float *const *w, uint8_t (*wq)[KVQ__WQ_ROW],
+                      float *al, float *msum, kvq__wq_fmt fmt, const int NG, const int NT) {
     const size_t n = 16 * (size_t)NT;
+    const float W = fmt == KVQ__WQ_U8 ? 255.0f : (float)KVQ__TILE_WK;
+    const int off8 = c->bits != 8;
     const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(FLT_MAX);
     const __m512 tiny = _mm512_set1_ps(KVQ__TILE_TINY), lW = _mm512_set1_ps(W);
     __m512 S[4][4], v[16];
@@ -340,7 +404,15 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *const *sb, size_t P,
                 Q[g][t] = kvq__i512_f2i(
                     _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(w[r] + 16 * t), S[g][t]), iv));
         }
-        /* the bytes of row r: groups one after the other, 16 NT each */
+        /* the weights of row r: groups one after the other, 16 NT each */
+        if (fmt != KVQ__WQ_U8) {
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++)
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    kvq__i512_wq_store16(wq[r], (size_t)NG, n, (size_t)g, 16 * (size_t)t, Q[g][t], fmt);
+            continue;
+        }
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++) {
             if (NT == 4) {
@@ -388,9 +460,8 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *const *sb, size_t P,
 #define KVQ__I512_WQ(NG, NT)                                                                       \
     KVQ__T512 static unsigned kvq__i512_wq_##NG##_##NT(                                            \
         const kvq_codec *c, const uint8_t *const *sb, size_t P, const float *const *w,             \
-        uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al, float *msum, float W,     \
-        int off8) {                                                                                \
-        return kvq__i512_wquant4_fix(c, sb, P, w, wq, al, msum, W, off8, NG, NT);                  \
+        uint8_t (*wq)[KVQ__WQ_ROW], float *al, float *msum, kvq__wq_fmt fmt) {                     \
+        return kvq__i512_wquant4_fix(c, sb, P, w, wq, al, msum, fmt, NG, NT);                      \
     }
 KVQ__I512_WQ(1, 1)
 KVQ__I512_WQ(2, 1)
@@ -405,11 +476,10 @@ KVQ__I512_WQ(4, 4)
 /* The rounded weights of a run (see kvq__i512_wquant4_any). */
 static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
                                   const float *const *w,
-                                  uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al,
-                                  float *msum, float W, int off8) {
+                                  uint8_t (*wq)[KVQ__WQ_ROW], float *al,
+                                  float *msum, kvq__wq_fmt fmt) {
     typedef unsigned (*fn)(const kvq_codec *, const uint8_t *const *, size_t, const float *const *,
-                           uint8_t (*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *, float *,
-                           float, int);
+                           uint8_t (*)[KVQ__WQ_ROW], float *, float *, kvq__wq_fmt);
     static const fn tab[3][3] = {
         {kvq__i512_wq_1_1, kvq__i512_wq_2_1, kvq__i512_wq_4_1},
         {kvq__i512_wq_1_2, kvq__i512_wq_2_2, kvq__i512_wq_4_2},
@@ -419,8 +489,8 @@ static unsigned kvq__i512_wquant4(const kvq_codec *c, const uint8_t *const *sb, 
     const int gi = ng == 1 ? 0 : ng == 2 ? 1 : ng == 4 ? 2 : -1;
     const int ti = n == 16 ? 0 : n == 32 ? 1 : n == 64 ? 2 : -1;
     if (gi >= 0 && ti >= 0)
-        return tab[ti][gi](c, sb, P, w, wq, al, msum, W, off8);
-    return kvq__i512_wquant4_any(c, sb, P, n, w, wq, al, msum, W, off8);
+        return tab[ti][gi](c, sb, P, w, wq, al, msum, fmt);
+    return kvq__i512_wquant4_any(c, sb, P, n, w, wq, al, msum, fmt);
 }
 
 /* ---- encode: bit-exact with the reference (src/codec/int.c), as the

@@ -1,24 +1,33 @@
 /*
  * int_avx512_body.h - the tiled int8/int4 kernels of int_avx512.c, included
- * twice: KVQ__VNNI 1 (vpdpbusd, target KVQ__T512VNNI) and 0 (AVX-512BW
- * maddubs + madd, target KVQ__T512); KVQ__FN names each copy. No include
- * guard on purpose.
+ * twice: KVQ__VNNI 1 (vpdpbusd, vpdpwssd; target KVQ__T512VNNI) and 0
+ * (AVX-512BW maddubs / madd, target KVQ__T512); KVQ__FN names each copy.
+ * No include guard on purpose.
  *
- * Integer ranges: int8 keys |c| * (+-q) pairs below 2 * 128 * 127, weight
- * pairs 2 * 127 * 127 (values), int4 nibble products summed in int16 over
- * at most 4 lane steps (4 * 2 * 2 * 15 * 127 = 30480): no saturation.
- * taccum and taccum_run round the weights to u8 0..W (int.c): W = 255 for
- * int8 with VNNI (u8 weights x s8 codes) and for int4 on both variants
- * (u8 weights x s8 codes c - 8 in -8..7, the 8 put back through the
- * minimum term), W = 127 for int8 on BW, where maddubs sums a pair in
- * int16 and 2 * 255 * 127 = 64770 would saturate. They sum a run of at
- * most KVQ__TILE_RUN = 64 tokens (one page, or whole pages of P <= 64
- * tokens side by side) in int32: int8 |sum| <= 64 * 255 * 127 = 2072640,
- * int4 <= 64 * 255 * 8 = 130560; the int16 steps (BW) hold one lane step
- * before madd widens it (int8: 2 * 127 * 127 = 32258; int4: low plus high
- * nibble pairs, 4 * 255 * 8 = 8160), so a longer run adds nothing in
- * int16.
+ * int8 (int_tile.h, int.c), exact in int32: the keys' stored bytes c + 128
+ * widened to int16 times the int16 query codes Q (|Q| <= 16383) by s16 x
+ * s16 products (vpdpwssd with VNNI, vpmaddwd + vpaddd on BW), each token in
+ * two int32 lanes added at the block's end (kvq__i512_pairsum16), the bias
+ * -128 sum Q in the even lanes: a lane below 128 * 256 * 16383 + 64 * 2 *
+ * 255 * 16383 < 2^31. The values against weights 0..32767: with VNNI two
+ * passes of vpdpbusd (the weights' high bytes 0..127, the sums times 256,
+ * then their low bytes; below 256 * 64 * 127 * 127 + 64 * 255 * 127), on
+ * BW vpmaddwd of the codes widened to int16 with the u16 weights (a lane
+ * below 16 * 2 * 32767 * 127). On Zen 5 (int8, 32k tokens, in-process
+ * A/B) the int16 keys measured 3-4% faster than two vpdpbusd passes (qh,
+ * ql bytes of Q) and the two-pass values 5-8% faster than vpdpwssd.
+ * int4: keys u8 nibbles x s8 query codes (int16 sums over at most 4 lane
+ * steps on BW: 4 * 2 * 2 * 15 * 127 = 30480); values u8 weights 0..255 x
+ * s8 codes c - 8 in -8..7 (the 8 put back through the minimum term), int32
+ * sums of a run of at most KVQ__TILE_RUN = 64 tokens below 64 * 255 * 8 =
+ * 130560, the BW int16 steps below 4 * 255 * 8 = 8160.
  */
+
+#if KVQ__VNNI /* acc + the s16 x s16 pairs of a and b in each int32 lane */
+#define KVQ__I512_I16ACC(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
+#else
+#define KVQ__I512_I16ACC(acc, a, b) _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
+#endif
 
 /* u8 x s8 products of 4 bytes summed into the int32 lanes of acc. */
 KVQ__TGT static inline __attribute__((always_inline)) __m512i KVQ__FN(kvq__i512_dp)(__m512i acc,
@@ -33,9 +42,10 @@ KVQ__TGT static inline __attribute__((always_inline)) __m512i KVQ__FN(kvq__i512_
 
 /* Scores of the 16 tokens [tb, tb + 16) of a tiled K page for 4 query rows
  * q[r] (rows past nr repeat the last and are not stored). Per query block:
- * two int32 chains per row (even and odd lane steps), then G += beta_b *
- * dot; per group F += s_g * G (+ m_g * qsum_g) - the float steps of the
- * AVX2 kernel in the same order. */
+ * two int32 chains per row (int8: tokens tb..tb+7 and tb+8..tb+15, two
+ * lanes each; int4: even and odd lane steps), then G += beta_b * dot; per
+ * group F += s_g * G (+ m_g * qsum_g) - the float steps of the AVX2 kernel
+ * in the same order. */
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float *out,
                             size_t ostride, const uint8_t *const *q, size_t nr,
@@ -45,7 +55,6 @@ KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float 
     const uint8_t *sp = page + (BITS == 8 ? c->d : c->d / 2) * P;
     const __m512i m4 = _mm512_set1_epi8(15);
 #if !KVQ__VNNI
-    const __m512i x80 = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
     const __m512i ones = _mm512_set1_epi16(1);
 #endif
     __m512 F[4];
@@ -56,40 +65,28 @@ KVQ__FN(kvq__i512_tscore16)(const kvq_codec *c, const kvq__tile_plan *tp, float 
         for (size_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
             __m512i Ia[4], Jb[4];
             KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
-#if KVQ__VNNI
-                Ia[r] = BITS == 8 ? _mm512_set1_epi32(((const int32_t *)(const void *)(q[r] + tp->off_bias))[b])
-                                 : _mm512_setzero_si512();
-#else
-                Ia[r] = _mm512_setzero_si512();
-#endif
-                Jb[r] = _mm512_setzero_si512();
+                const int32_t bias = ((const int32_t *)(const void *)(q[r] + tp->off_bias))[b];
+                /* int8: -128 sum Q in the even lanes (a token's sum is lanes 2i + 2i + 1) */
+                Ia[r] = BITS == 8 ? _mm512_set1_epi64((long long)(uint32_t)bias) : _mm512_setzero_si512();
+                Jb[r] = Ia[r];
             }
             if (BITS == 8) {
-                for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k += 2) {
-                    if (kvq__pf_next) { /* the same lines of the next page */
-                        _mm_prefetch((const char *)(kvq__pf_next + (k * P + tb) * 4), _MM_HINT_T0);
-                        _mm_prefetch((const char *)(kvq__pf_next + ((k + 1) * P + tb) * 4), _MM_HINT_T0);
-                    }
-                    const __m512i u0 = _mm512_loadu_si512((const void *)(page + (k * P + tb) * 4));
-                    const __m512i u1 = _mm512_loadu_si512((const void *)(page + ((k + 1) * P + tb) * 4));
-#if KVQ__VNNI
+                /* Ia tokens tb..tb+7, Jb tb+8..tb+15, each in two lanes */
+                for (size_t k = b * qb / 4; k < (b + 1) * qb / 4; k++) {
+                    const uint8_t *kp = page + (k * P + tb) * 4;
+                    if (kvq__pf_next) /* the same line of the next page */
+                        _mm_prefetch((const char *)(kvq__pf_next + (kp - page)), _MM_HINT_T0);
+                    const __m512i A = kvq__i512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)kp));
+                    const __m512i B = kvq__i512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(kp + 32)));
                     KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
-                        Ia[r] = kvq__i512_dpb(Ia[r], u0, q[r] + 4 * k);
-                        Jb[r] = kvq__i512_dpb(Jb[r], u1, q[r] + 4 * k + 4);
+                        const __m512i qv = _mm512_set1_epi64((long long)kvq__i512_ld64(q[r] + 8 * k));
+                        Ia[r] = KVQ__I512_I16ACC(Ia[r], A, qv);
+                        Jb[r] = KVQ__I512_I16ACC(Jb[r], B, qv);
                     }
-#else
-                    const __m512i c0 = _mm512_xor_si512(u0, x80), c1 = _mm512_xor_si512(u1, x80);
-                    const __m512i a0 = _mm512_abs_epi8(c0), a1 = _mm512_abs_epi8(c1);
-                    const __mmask64 n0 = _mm512_movepi8_mask(c0), n1 = _mm512_movepi8_mask(c1);
-                    KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
-                        __m512i q0 = _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 4 * k));
-                        __m512i q1 = _mm512_set1_epi32((int)kvq__i512_ld32(q[r] + 4 * k + 4));
-                        q0 = _mm512_mask_sub_epi8(q0, n0, zero, q0);
-                        q1 = _mm512_mask_sub_epi8(q1, n1, zero, q1);
-                        Ia[r] = _mm512_add_epi32(Ia[r], _mm512_madd_epi16(_mm512_maddubs_epi16(a0, q0), ones));
-                        Jb[r] = _mm512_add_epi32(Jb[r], _mm512_madd_epi16(_mm512_maddubs_epi16(a1, q1), ones));
-                    }
-#endif
+                }
+                KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                    Ia[r] = kvq__i512_pairsum16(Ia[r], Jb[r]);
+                    Jb[r] = _mm512_setzero_si512();
                 }
             } else {
 #if !KVQ__VNNI
@@ -174,6 +171,10 @@ KVQ__FN(kvq__i512_tscore_body)(const kvq_codec *c, float *out, size_t ostride, c
             for (size_t tb = 0; tb < P; tb += 16)
                 KVQ__FN(kvq__i512_tscore16)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P,
                                             tb, BITS, 32, 0);
+        else if (tp.qb == 128 && c->group == 128) /* int8 (d = 128): one block */
+            for (size_t tb = 0; tb < P; tb += 16)
+                KVQ__FN(kvq__i512_tscore16)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P,
+                                            tb, BITS, 128, 128);
         else
             for (size_t tb = 0; tb < P; tb += 16)
                 KVQ__FN(kvq__i512_tscore16)(c, &tp, out + i0 * ostride, ostride, q, nr, page, P,
@@ -202,7 +203,7 @@ KVQ__TGT static void KVQ__FN(kvq__i512_tscore4)(const kvq_codec *c, float *out, 
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8_t *const *cb,
                                 size_t n, size_t dc, size_t g0,
-                                const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                                const uint8_t (*wq)[KVQ__WQ_ROW],
                                 const float *al, const float *ms, const int NZ, const int GM,
                                 const int BITS) {
     const size_t d = c->d, ng = c->ngroups;
@@ -216,21 +217,52 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
                          : (dc + 16 * (size_t)z) / c->group;
         KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) Ia[r][z] = _mm512_setzero_si512();
     }
+#if KVQ__VNNI
+    /* int8: the weights' high bytes, the sums times 256, then the low bytes */
+    for (int pass = 0; pass < (BITS == 8 ? 2 : 1); pass++) {
+        if (pass)
+            KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++)
+                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) Ia[r][z] = _mm512_slli_epi32(Ia[r][z], 8);
+#else
+    __m512i Ib[4][4]; /* int8: dimensions 8..15 of strip z (Ia: 0..7), two lanes each */
+    if (BITS == 8)
+        KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++)
+            KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) Ib[r][z] = _mm512_setzero_si512();
+    {
+        const int pass = 0;
+#endif
     for (size_t j = 0; j < n / 16; j++) {
         if (BITS == 8) {
-            for (size_t b = 0; b < 4; b++) { /* not unrolled: (BW) 16 accumulators plus the steps of 4 would spill */
+            for (size_t b = 0; b < 4; b++) { /* not unrolled: 16 accumulators plus the steps of 4 would spill */
                 const uint8_t *cp = cb[j] + (b * d + dc) * 4;
-                if (kvq__pf_delta) /* the lines in the next head's area */
+                if (!pass && kvq__pf_delta) /* the lines in the next head's area */
                     KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++)
                         _mm_prefetch((const char *)(cp + kvq__pf_delta + 64 * z), _MM_HINT_T0);
+#if KVQ__VNNI
                 __m512i v[4];
                 KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) v[z] = _mm512_loadu_si512((const void *)(cp + 64 * z));
                 KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
                     KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
-                        const __m512i wv = _mm512_set1_epi32((int)kvq__i512_ld32(wq[r] + gz[z] * n + 16 * j + 4 * b));
+                        const uint8_t *wp = wq[r] + ((size_t)pass * ng + gz[z]) * n + 16 * j + 4 * b;
+                        const __m512i wv = _mm512_set1_epi32((int)kvq__i512_ld32(wp));
                         Ia[r][z] = KVQ__FN(kvq__i512_dp)(Ia[r][z], wv, v[z]);
                     }
                 }
+#else
+                __m512i A[4], B[4];
+                KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+                    A[z] = kvq__i512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(cp + 64 * z)));
+                    B[z] = kvq__i512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(cp + 64 * z + 32)));
+                }
+                KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
+                    KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) {
+                        const uint8_t *wp = wq[r] + 2 * (gz[z] * n + 16 * j + 4 * b);
+                        const __m512i wv = _mm512_set1_epi64((long long)kvq__i512_ld64(wp));
+                        Ia[r][z] = KVQ__I512_I16ACC(Ia[r][z], A[z], wv);
+                        Ib[r][z] = KVQ__I512_I16ACC(Ib[r][z], B[z], wv);
+                    }
+                }
+#endif
             }
         } else {
             for (size_t b = 0; b < 2; b++) {
@@ -262,6 +294,12 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
             }
         }
     }
+    }
+#if !KVQ__VNNI
+    if (BITS == 8)
+        KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++)
+            KVQ__I512_UNROLL4 for (int z = 0; z < NZ; z++) Ia[r][z] = kvq__i512_pairsum16(Ia[r][z], Ib[r][z]);
+#endif
     KVQ__I512_UNROLL4 for (int r = 0; r < 4; r++) {
         if (!a[r])
             continue;
@@ -279,10 +317,18 @@ KVQ__FN(kvq__i512_taccum_strip)(const kvq_codec *c, float *const *a, const uint8
 /* The strips of one run: GM as in kvq__i512_taccum_strip. */
 KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__i512_taccum_strips)(const kvq_codec *c, float *const *a, const uint8_t *const *cb,
-                                 size_t n, const uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
+                                 size_t n, const uint8_t (*wq)[KVQ__WQ_ROW],
                                  const float *al, const float *ms, const int GM, const int BITS) {
     const size_t d = c->d, g = c->group;
     size_t dc = 0, g0 = 0, left = g;
+    if (BITS == 8 && !KVQ__VNNI) { /* two accumulators a strip: 2 strips at a time */
+        for (; dc + 32 <= d; dc += 32)
+            KVQ__FN(kvq__i512_taccum_strip)(c, a, cb, n, dc, 0, wq, al, ms, 2, 0, BITS);
+        if (dc < d)
+            KVQ__FN(kvq__i512_taccum_strip)(c, a, cb, n, dc, 0, wq, al, ms, 1, 0, BITS);
+        (void)GM, (void)g0, (void)left;
+        return;
+    }
     for (; dc + 64 <= d; dc += 64) {
         KVQ__FN(kvq__i512_taccum_strip)(c, a, cb, n, dc, GM == 64 ? g0 : dc / (GM ? (size_t)GM : 64),
                                         wq, al, ms, 4, GM, BITS);
@@ -317,7 +363,7 @@ KVQ__TGT static inline __attribute__((always_inline)) void
 KVQ__FN(kvq__i512_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, const float *w,
                                size_t wstride, size_t nq, const uint8_t *const *pages, size_t P,
                                size_t t0, size_t n, const int BITS) {
-    _Alignas(64) uint8_t wq[4][KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN];
+    _Alignas(64) uint8_t wq[4][KVQ__WQ_ROW];
     _Alignas(64) float al[4 * KVQ__MAX_HEAD_DIM / 8 + 16], ms[4 * KVQ__MAX_HEAD_DIM / 8 + 16];
     const uint8_t *sb[KVQ__TILE_RUN / 16], *cb[KVQ__TILE_RUN / 16];
     const size_t g = c->group;
@@ -328,13 +374,12 @@ KVQ__FN(kvq__i512_taccum_run1)(const kvq_codec *c, float *acc, size_t astride, c
         const float *wr[4];
         for (size_t r = 0; r < 4; r++)
             wr[r] = r < nr ? w + (i0 + r) * wstride : kvq__i512_zeros;
-        /* weights in 0..255 but on the int8 BW path (maddubs pairs: 2 * 255 * 127
-         * would saturate int16); int4 codes taken as c - 8, 8 s added to m */
+        /* int8: weights 0..32767, split in bytes for vpdpbusd, u16 for vpmaddwd;
+         * int4: 0..255, the codes taken as c - 8, 8 s added to m */
         const unsigned ok = kvq__i512_wquant4(c, sb, P, n, wr, wq, al, ms,
-                                              BITS == 8 && !KVQ__VNNI ? 127.0f : 255.0f, BITS != 8);
+                                              BITS != 8 ? KVQ__WQ_U8 : KVQ__VNNI ? KVQ__WQ_SPLIT : KVQ__WQ_U16);
         kvq__tile_run_rows(c, ok, nr, acc + i0 * astride, astride, wr, wq, pages, P, t0, n, a);
-        const uint8_t(*cwq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN] =
-            (const uint8_t(*)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN])wq;
+        const uint8_t(*cwq)[KVQ__WQ_ROW] = (const uint8_t(*)[KVQ__WQ_ROW])wq;
         if (g == 16)
             KVQ__FN(kvq__i512_taccum_strips)(c, a, cb, n, cwq, al, ms, 16, BITS);
         else if (g == 32)
@@ -396,3 +441,5 @@ KVQ__TGT static void KVQ__FN(kvq__i512_taccum_run4)(const kvq_codec *c, float *a
                                                     size_t P) {
     KVQ__FN(kvq__i512_taccum_pages)(c, acc, astride, w, wstride, nq, pages, np, P, 4);
 }
+
+#undef KVQ__I512_I16ACC

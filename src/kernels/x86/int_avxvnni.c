@@ -1,23 +1,18 @@
 /*
- * int_avxvnni.c - the tiled int8/int4 attention kernels of the AVX-VNNI
- * path (KVQ_ISA_AVXVNNI: AVX2 + VEX vpdpbusd on 256 bits, the CPUs with
- * AVX-VNNI and without AVX-512, such as Intel's Alder Lake and later):
- * int_avx2_body.h built with KVQ__VNNI 1, for int8 (int4 keeps AVX2's:
- * maddubs sums its nibble products in int16 over up to 4 steps, as many
- * products per op as vpdpbusd, measured even). One vpdpbusd takes 4 u8 x
- * s8 products into each int32 lane, where plain AVX2 spends maddubs, madd
- * and an add (and, for keys, a sign step), so:
- *  - tscore: the keys' stored bytes (c + 128) times the query codes, the
- *    bias -128 sum qq of the block starting the sum (as the AVX-512 VNNI
- *    kernel does), two chains a row (vpdpbusd's latency);
- *  - taccum: u8 weights 0..255 (no int16 pair sums to fit), 16 dimensions
- *    x 4 rows in 8 chains, each weight broadcast used twice.
+ * int_avxvnni.c - the tiled int8 attention kernels of the AVX-VNNI path
+ * (KVQ_ISA_AVXVNNI: AVX2 + the VEX forms of the VNNI instructions on 256
+ * bits, the CPUs with AVX-VNNI and without AVX-512, such as Intel's Alder
+ * Lake and later): int_avx2_body.h built with KVQ__VNNI 1, for int8 (int4
+ * keeps AVX2's: maddubs sums its nibble products in int16 over up to 4
+ * steps, as many products per op as vpdpbusd, measured even). The int8
+ * keys and values are s16 x s16 products (int_tile.h: int16 query codes,
+ * u16 weights), where one vpdpwssd does plain AVX2's vpmaddwd + vpaddd.
  * Everything else of the AVX2 path (encode, decode, row kernels, the
  * prepared query, the weight rounding) stays int_avx2.c's.
  *
  * Built natively with the AVX2 flags, the kernels carry the avxvnni target
  * and run only after run-time detection; built with -DKVQ_SIMDE for the
- * tests (Makefile: $(BUILD)/simde/), vpdpbusd comes from SIMDe's portable
+ * tests (Makefile: $(BUILD)/simde/), vpdpwssd comes from SIMDe's portable
  * version and the selector is kvq__int_avxvnni_select_simde, so that
  * `make check` checks these kernels on CPUs without AVX-VNNI too.
  */
@@ -26,12 +21,12 @@
 #include "int_tile.h"
 
 #ifdef KVQ_SIMDE
-#include <simde/x86/avx512/dpbusd.h>
-#define KVQ__DPB256(acc, a, b) simde_mm256_dpbusd_epi32(acc, a, b)
+#include <simde/x86/avx512/dpwssd.h>
+#define KVQ__DPW256(acc, a, b) simde_mm256_dpwssd_epi32(acc, a, b)
 #define KVQ__TVNNI
 #define KVQ__SELVNNI(name) name##_simde
 #else
-#define KVQ__DPB256(acc, a, b) _mm256_dpbusd_avx_epi32(acc, a, b)
+#define KVQ__DPW256(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
 #define KVQ__TVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define KVQ__SELVNNI(name) name
 #endif

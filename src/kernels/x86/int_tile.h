@@ -5,12 +5,20 @@
  * and the fallback for weights that rounding does not cover. Plain C: both
  * files (and the SIMDe build of the AVX-512 one) include it.
  *
- * Prepared query (tprep, one row, 64-byte aligned, c->tqp_bytes apart):
- *   [d x int8 query codes in value order, zero padded to a multiple of 64]
- *   [nqb x f32 beta_b]            query block scales (blocks of qb values)
- *   [nqb x int32 -128 * sum_b qq] int8 keys: the bias of the stored codes
- *   [ng x f32 sum of q over g]    int4: the float query sums of the groups
- * qb = 32, 16 or 8, the largest of them that divides g.
+ * Prepared query (tprep, one row, 64-byte aligned, c->tqp_bytes apart),
+ * blocks of qb values (kvq__tile_plan_make), m_b = max |q| over block b:
+ *   int8 keys: int16 codes Q = rint(q * KVQ__TILE_QK / m_b), |Q| <= 16383,
+ *   taken by s16 x s16 products (vpmaddwd, vpdpwssd) against the stored
+ *   bytes c + 128 widened to int16:
+ *     [d x int16 Q, zero padded to a multiple of 64 bytes]
+ *     [nqb x f32 beta_b = m_b / KVQ__TILE_QK]
+ *     [nqb x int32 -128 sum_b Q]               the bias of the stored c + 128
+ *   int4 keys: qq = rint(q * 127 / m_b) in -127..127:
+ *     [d x int8 qq][nqb x f32 beta_b = m_b / 127][nqb x int32, unused]
+ *     [ng x f32 sum of q over g]               the float query sums of the groups
+ * int8: qb = 256, 128, 64, 32, 16 or 8, the largest of them that divides g
+ * (one block per group up to 256 values; the partial sums of D_b = sum_b Q
+ * c stay below 2^31, see int.c); int4: 32, 16 or 8.
  */
 #ifndef KVQ_INT_TILE_H
 #define KVQ_INT_TILE_H
@@ -24,17 +32,39 @@
 #define KVQ__TILE_TINY 0x1p-100f
 /* Weights of a page are rounded in runs of at most this many tokens. */
 #define KVQ__TILE_RUN 64
+/* int8 keys: the range of the query codes Q, 2^14 - 1. */
+#define KVQ__TILE_QK 16383
+/* int8 values: the range of the rounded weights, 2^15 - 1: an s16 for
+ * vpmaddwd / vpdpwssd, or 256 wh + wl with wh in 0..127 for vpdpbusd's u8
+ * operand (two passes). */
+#define KVQ__TILE_WK 32767
+/* Bytes of one row's rounded weights of a run: ng groups of up to
+ * KVQ__TILE_RUN tokens, 2 bytes a weight for int8 (kvq__wq_fmt). */
+#define KVQ__WQ_ROW (2 * KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN)
+
+/* How the rounded weights of a row are stored (n tokens in the run, group
+ * gi, token t): U8 the byte wq[gi n + t] (int4: W = 255); U16 a
+ * little-endian u16 at wq + 2 (gi n + t) (int8 through s16 x s16
+ * products); SPLIT the high byte (0..127) at wq[gi n + t] and the low byte
+ * at wq[ng n + gi n + t] (int8 on AVX-512 VNNI: two passes of vpdpbusd). */
+typedef enum { KVQ__WQ_U8 = 0, KVQ__WQ_U16 = 1, KVQ__WQ_SPLIT = 2 } kvq__wq_fmt;
 
 typedef struct {
-    size_t qb, nqb;              /* query block, blocks per vector */
+    size_t qb, nqb; /* query block, blocks per vector */
     size_t off_beta, off_bias, off_qsum, bytes;
 } kvq__tile_plan;
 
 static inline void kvq__tile_plan_make(const kvq_codec *c, kvq__tile_plan *p) {
     const size_t d = c->d, g = c->group;
-    p->qb = g % 32 == 0 ? 32 : g % 16 == 0 ? 16 : 8;
+    if (c->bits == 8) {
+        p->qb = g % 256 == 0 ? 256 : g % 128 == 0 ? 128 : g % 64 == 0 ? 64
+              : g % 32 == 0  ? 32  : g % 16 == 0  ? 16  : 8;
+        p->off_beta = kvq__round64(2 * d);
+    } else {
+        p->qb = g % 32 == 0 ? 32 : g % 16 == 0 ? 16 : 8;
+        p->off_beta = kvq__round64(d);
+    }
     p->nqb = d / p->qb;
-    p->off_beta = kvq__round64(d);
     p->off_bias = p->off_beta + 4 * p->nqb;
     p->off_qsum = p->off_bias + 4 * p->nqb;
     p->bytes = kvq__round64(p->off_qsum + 4 * c->ngroups);
@@ -49,24 +79,28 @@ static inline int kvq__tile_ok(const kvq_codec *c) {
 /* int_avx2.c, also the AVX-512 path's: the prepared query of tscore. */
 void kvq__int_tprep_avx2(const kvq_codec *c, void *qp, const float *q);
 /* int_avx2.c, also int_avxvnni.c's: a run's weights of 4 rows rounded to
- * bytes 0..W (W = 255, or 127 for int8 weights that maddubs takes). */
+ * 0..W in format fmt: W = 255 (U8, int4) or KVQ__TILE_WK (int8: U16 for
+ * vpmaddwd, SPLIT for vpdpbusd). */
 unsigned kvq__int_wquant4_avx2(const kvq_codec *c, const uint8_t *const *sb, size_t P, size_t n,
-                               const float *const *w,
-                               uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN], float *al,
-                               float *msum, float W);
+                               const float *const *w, uint8_t (*wq)[KVQ__WQ_ROW], float *al,
+                               float *msum, kvq__wq_fmt fmt);
 
-/* The scalar tail of tprep: block scales from the block maxima, the int8
- * bias and the float group sums (qq already written). */
+/* The scalar tail of tprep: the int8 bias -128 sum_b Q (Q already
+ * written) and the float group sums. */
 static inline void kvq__tile_prep_tail(const kvq_codec *c, const kvq__tile_plan *p, uint8_t *qp,
                                        const float *q) {
-    const int8_t *qq = (const int8_t *)qp;
     int32_t *bias = (int32_t *)(void *)(qp + p->off_bias);
     float *qs = (float *)(void *)(qp + p->off_qsum);
-    for (size_t b = 0; b < p->nqb; b++) {
-        int32_t s = 0;
-        for (size_t t = b * p->qb; t < (b + 1) * p->qb; t++)
-            s += qq[t];
-        bias[b] = -128 * s;
+    if (c->bits == 8) {
+        const int16_t *Q = (const int16_t *)(const void *)qp;
+        for (size_t b = 0; b < p->nqb; b++) {
+            int32_t s = 0;
+            for (size_t t = b * p->qb; t < (b + 1) * p->qb; t++)
+                s += Q[t];
+            bias[b] = -128 * s;
+        }
+    } else {
+        memset(bias, 0, 4 * p->nqb);
     }
     for (size_t gi = 0; gi < c->ngroups; gi++) {
         float s = 0.0f;
@@ -124,15 +158,14 @@ static inline void kvq__tile_accum_exact_run(const kvq_codec *c, float *acc, con
  * row whose byte weights are zeroed and that takes the exact path. */
 static inline void kvq__tile_run_rows(const kvq_codec *c, unsigned ok, size_t nr, float *acc,
                                       size_t astride, const float *const *wr,
-                                      uint8_t (*wq)[KVQ__MAX_HEAD_DIM / 8 * KVQ__TILE_RUN],
-                                      const uint8_t *const *pages, size_t P, size_t t0, size_t n,
-                                      float **a) {
+                                      uint8_t (*wq)[KVQ__WQ_ROW], const uint8_t *const *pages,
+                                      size_t P, size_t t0, size_t n, float **a) {
     for (size_t r = 0; r < nr; r++) {
         if ((ok >> r) & 1) {
             a[r] = acc + r * astride;
             continue;
         }
-        memset(wq[r], 0, c->ngroups * n); /* a row the rounding does not take */
+        memset(wq[r], 0, (c->bits == 8 ? 2 : 1) * c->ngroups * n); /* a row the rounding does not take */
         kvq__tile_accum_exact_run(c, acc + r * astride, wr[r], pages, P, t0, n);
     }
 }

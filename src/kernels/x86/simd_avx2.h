@@ -18,6 +18,23 @@ static inline uint32_t kvq__ldu32(const uint8_t *p) {
     return v;
 }
 
+/* 8 bytes at p (any alignment) as one 64-bit value. */
+static inline uint64_t kvq__ldu64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* The sums of the int32 lane pairs (2i, 2i + 1) of a (i < 4) then of b, in
+ * order: what vpmaddwd leaves of 4 items (tokens, dimensions) x 4 bytes
+ * widened to int16, each item's two pair sums in adjacent lanes. */
+static inline __m256i kvq__int_pairsum8(__m256i a, __m256i b) {
+    const __m256 x = _mm256_castsi256_ps(a), y = _mm256_castsi256_ps(b);
+    const __m256i s = _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(x, y, 0x88)),
+                                       _mm256_castps_si256(_mm256_shuffle_ps(x, y, 0xdd)));
+    return _mm256_permute4x64_epi64(s, 0xd8); /* items 0 1 4 5 | 2 3 6 7 in order */
+}
+
 static inline float kvq__hsum256(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
     __m128 hi = _mm256_extractf128_ps(v, 1);
