@@ -405,6 +405,19 @@ kvq__i512_wquant4_fix(const kvq_codec *c, const uint8_t *const *sb, size_t P,
                     _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(w[r] + 16 * t), S[g][t]), iv));
         }
         /* the weights of row r: groups one after the other, 16 NT each */
+        if (fmt == KVQ__WQ_SPLIT && NT == 4) { /* the high bytes' plane, then the low bytes' */
+            const __m512i m255 = _mm512_set1_epi32(255);
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) {
+                kvq__i512_store_b64(wq[r] + (size_t)g * n, _mm512_srli_epi32(Q[g][0], 8),
+                                    _mm512_srli_epi32(Q[g][1], 8), _mm512_srli_epi32(Q[g][2], 8),
+                                    _mm512_srli_epi32(Q[g][3], 8));
+                kvq__i512_store_b64(wq[r] + (size_t)(NG + g) * n, _mm512_and_si512(Q[g][0], m255),
+                                    _mm512_and_si512(Q[g][1], m255), _mm512_and_si512(Q[g][2], m255),
+                                    _mm512_and_si512(Q[g][3], m255));
+            }
+            continue;
+        }
         if (fmt != KVQ__WQ_U8) {
 #pragma GCC unroll 4
             for (int g = 0; g < NG; g++)
